@@ -1,0 +1,126 @@
+// DType tables and type printing.
+#include "ir/types.h"
+
+#include <array>
+#include <sstream>
+
+namespace tp::ir {
+namespace {
+
+struct DTypeInfo {
+  DType dtype;
+  const char* name;
+  const char* short_name;
+  int64_t item_size;
+  bool floating;
+};
+
+constexpr std::array<DTypeInfo, 15> kDTypes = {{
+    {DType::kUnknown, "unknown", "?", 0, false},
+    {DType::kBool, "bool", "b8", 1, false},
+    {DType::kUInt8, "uint8", "u8", 1, false},
+    {DType::kInt8, "int8", "i8", 1, false},
+    {DType::kInt16, "int16", "i16", 2, false},
+    {DType::kInt32, "int32", "i32", 4, false},
+    {DType::kInt64, "int64", "i64", 8, false},
+    {DType::kFloat16, "float16", "f16", 2, true},
+    {DType::kBFloat16, "bfloat16", "bf16", 2, true},
+    {DType::kFloat32, "float32", "f32", 4, true},
+    {DType::kFloat64, "float64", "f64", 8, true},
+    {DType::kComplex64, "complex64", "c64", 8, false},
+    {DType::kComplex128, "complex128", "c128", 16, false},
+    {DType::kFloat8E4M3, "float8_e4m3fn", "f8e4m3", 1, true},
+    {DType::kFloat8E5M2, "float8_e5m2", "f8e5m2", 1, true},
+}};
+
+const DTypeInfo& Info(DType dtype) {
+  for (const auto& info : kDTypes) {
+    if (info.dtype == dtype) return info;
+  }
+  return kDTypes[0];
+}
+
+}  // namespace
+
+DType DTypeFromName(const std::string& name) {
+  for (const auto& info : kDTypes) {
+    if (name == info.name) return info.dtype;
+  }
+  return DType::kUnknown;
+}
+
+const char* DTypeName(DType dtype) { return Info(dtype).name; }
+const char* DTypeShortName(DType dtype) { return Info(dtype).short_name; }
+int64_t ItemSize(DType dtype) { return Info(dtype).item_size; }
+bool IsFloatingPoint(DType dtype) { return Info(dtype).floating; }
+
+std::optional<int64_t> TensorType::NumelHint() const {
+  int64_t n = 1;
+  for (const auto& d : shape) {
+    auto h = d.hint();
+    if (!h) return std::nullopt;
+    n *= *h;
+  }
+  return n;
+}
+
+std::optional<int64_t> TensorType::BytesHint() const {
+  auto n = NumelHint();
+  if (!n) return std::nullopt;
+  return *n * ItemSize(dtype);
+}
+
+bool TensorType::operator==(const TensorType& o) const {
+  return shape == o.shape && stride == o.stride && dtype == o.dtype && device == o.device &&
+         requires_grad == o.requires_grad;
+}
+
+const char* ValueKindName(ValueKind kind) {
+  switch (kind) {
+    case ValueKind::kTensor:
+      return "tensor";
+    case ValueKind::kSymInt:
+      return "symint";
+    case ValueKind::kSymFloat:
+      return "symfloat";
+    case ValueKind::kSymBool:
+      return "symbool";
+    case ValueKind::kNone:
+      return "none";
+    case ValueKind::kOpaque:
+      return "opaque";
+  }
+  return "?";
+}
+
+std::string ValueType::ToString() const {
+  std::ostringstream os;
+  switch (kind) {
+    case ValueKind::kTensor: {
+      os << DTypeShortName(tensor.dtype) << "[";
+      for (size_t i = 0; i < tensor.shape.size(); ++i) {
+        if (i) os << ", ";
+        os << tensor.shape[i].ToString();
+      }
+      os << "]";
+      if (tensor.device != "cpu") os << "@" << tensor.device;
+      if (tensor.requires_grad) os << " grad";
+      break;
+    }
+    case ValueKind::kSymInt:
+    case ValueKind::kSymFloat:
+    case ValueKind::kSymBool:
+      os << ValueKindName(kind) << "(" << expr << ")";
+      break;
+    case ValueKind::kNone:
+      os << "none";
+      break;
+    case ValueKind::kOpaque:
+      os << "opaque";
+      if (!note.empty()) os << "<" << note << ">";
+      break;
+  }
+  return os.str();
+}
+
+}  // namespace tp::ir
