@@ -1,0 +1,92 @@
+"""Builds torch_plugin._C from csrc/ (torch-free core + pybind11 bindings) and kernels/.
+
+Env switches: DEBUG=1 (-O0 -g), TP_CUDA=0/1 (force CUDA kernels off/on; default: on when
+torch was built with CUDA and nvcc is found), MAX_JOBS (ninja parallelism).
+CBC is found with pkg-config; without it the build stops naming the Debian package.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import setup
+
+import torch
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CORE_DIRS = ["ir", "pattern", "cost", "solver", "passes", "sim"]
+
+
+def pkg_config(*args: str) -> list[str]:
+    if shutil.which("pkg-config") is None:
+        sys.exit("torch_plugin: pkg-config is missing. Install it: apt-get install pkg-config")
+    try:
+        out = subprocess.check_output(["pkg-config", *args, "cbc"], text=True)
+    except subprocess.CalledProcessError:
+        sys.exit(
+            "torch_plugin: CBC (the ILP solver) was not found by `pkg-config cbc`.\n"
+            "Install the Debian package coinor-libcbc-dev: apt-get install coinor-libcbc-dev"
+        )
+    return out.split()
+
+
+def rel(paths: list[str]) -> list[str]:
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+def sources(with_cuda: bool) -> list[str]:
+    files: list[str] = []
+    for d in CORE_DIRS:
+        files += glob.glob(os.path.join(ROOT, "csrc", d, "*.cc"))
+    files += glob.glob(os.path.join(ROOT, "csrc", "bindings", "*.cc"))
+    files += [os.path.join(ROOT, "kernels", "ops.cpp")]
+    files += glob.glob(os.path.join(ROOT, "kernels", "cpu", "*.cc"))
+    if with_cuda:
+        files += glob.glob(os.path.join(ROOT, "kernels", "cuda", "*.cu"))
+        files += glob.glob(os.path.join(ROOT, "kernels", "cuda", "*.cpp"))
+    return rel(files)
+
+
+def want_cuda() -> bool:
+    flag = os.environ.get("TP_CUDA")
+    if flag is not None:
+        return flag == "1"
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def extension():
+    debug = os.environ.get("DEBUG") == "1"
+    with_cuda = want_cuda()
+    cflags = pkg_config("--cflags")
+    libs = pkg_config("--libs")
+    cxx = ["-std=c++17", "-O0" if debug else "-O3", "-fvisibility=hidden"] + cflags
+    if debug:
+        cxx.append("-g")
+    kwargs = dict(
+        name="torch_plugin._C",
+        sources=sources(with_cuda),
+        include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "kernels")],
+        extra_compile_args={"cxx": cxx},
+        extra_link_args=libs,
+    )
+    if with_cuda:
+        kwargs["extra_compile_args"]["nvcc"] = [
+            "-O3",
+            "-std=c++17",
+            "-gencode=arch=compute_80,code=sm_80",
+            "-gencode=arch=compute_90,code=sm_90",
+        ]
+        kwargs["define_macros"] = [("TP_WITH_CUDA", "1")]
+        return CUDAExtension(**kwargs)
+    return CppExtension(**kwargs)
+
+
+setup(
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,172 @@
+"""The torch.compile backend: Dynamo graph -> AOTAutograd (ATen, fw + bw) -> C++ pipeline -> FX.
+
+AOTAutograd is configured exactly like PyTorch's `aot_eager` (same partitioner, no extra
+decompositions), so the identity pipeline executes the very same ATen graph and is
+bit-identical to `aot_eager`. Each ATen graph (forward, backward, or inference) goes through
+`fx_bridge.to_ir`, `_C.run_pipeline` and `fx_bridge.from_ir`. Any failure there falls back to
+the unrewritten graph with one log line (or re-raises with on_error="raise").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from . import _C, fx_bridge
+from .options import Options
+
+log = logging.getLogger("torch_plugin")
+BACKEND_NAME = "torch_plugin"
+
+# Stats sinks opened by collect_stats(); each compiled ATen graph appends one record per sink.
+_STATS_SINKS: list[list[dict[str, Any]]] = []
+
+
+@contextlib.contextmanager
+def collect_stats() -> Iterator[list[dict[str, Any]]]:
+    """Collects one record per compiled ATen graph: kind, node count, export/pipeline/import ms."""
+    sink: list[dict[str, Any]] = []
+    _STATS_SINKS.append(sink)
+    try:
+        yield sink
+    finally:
+        _STATS_SINKS.remove(sink)
+
+
+def _source_path(name: str) -> str:
+    """"L['self']._modules['fc']._parameters['weight']" -> "fc.weight"."""
+    parts = re.findall(r"\[['\"]?([^\]'\"]+)['\"]?\]|\.(\w+)", name)
+    keep = [a or b for a, b in parts]
+    keep = [p for p in keep if p not in ("self", "_modules", "_parameters", "_buffers")]
+    return ".".join(keep)
+
+
+def _dynamo_input_kinds(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[tuple[str, str]]:
+    """(kind, source) per Dynamo graph input: parameters and buffers by their module path."""
+    kinds = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        example = example_inputs[i] if i < len(example_inputs) else None
+        grapharg = node.meta.get("grapharg")
+        source = ""
+        if grapharg is not None and getattr(grapharg, "source", None) is not None:
+            source = grapharg.source.name
+            source = source() if callable(source) else str(source)
+        if isinstance(example, torch.nn.Parameter):
+            kinds.append(("parameter", _source_path(source)))
+        elif "_buffers" in source:
+            kinds.append(("buffer", _source_path(source)))
+        elif isinstance(example, (torch.SymInt, int)) and not isinstance(example, bool):
+            kinds.append(("symbol", ""))
+        else:
+            kinds.append(("user", ""))
+    return kinds
+
+
+def _dump(opts: Options, tag: str, text: str) -> None:
+    if opts.dump_ir is None:
+        return
+    os.makedirs(opts.dump_ir, exist_ok=True)
+    with open(os.path.join(opts.dump_ir, f"{tag}.ir"), "w") as f:
+        f.write(text)
+
+
+def rewrite_aten_graph(
+    gm: fx.GraphModule,
+    opts: Options,
+    kind: str = "forward",
+    input_kinds: Sequence[tuple[str, str]] | None = None,
+) -> fx.GraphModule:
+    """Round-trips one ATen graph through the C++ pipeline; falls back to `gm` on failure."""
+    t0 = time.perf_counter()
+    record: dict[str, Any] = {"kind": kind, "nodes": len(gm.graph.nodes), "fallback": None}
+    try:
+        graph, ctx = fx_bridge.to_ir(gm, input_kinds)
+        t1 = time.perf_counter()
+        tag = f"{kind}_{id(gm):x}"
+        _dump(opts, f"{tag}.before", str(graph))
+        log_fn = log.info if opts.log_passes else log.debug
+        new_graph, report = _C.run_pipeline(graph, list(opts.passes), opts.verify_each, log_fn)
+        t2 = time.perf_counter()
+        _dump(opts, f"{tag}.after", str(new_graph))
+        new_gm = fx_bridge.from_ir(new_graph, ctx)
+        t3 = time.perf_counter()
+        record.update(export_ms=(t1 - t0) * 1e3, pipeline_ms=(t2 - t1) * 1e3,
+                      import_ms=(t3 - t2) * 1e3, verify_ms=report["verify_ms"],
+                      passes=report["passes"])  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - any failure of ours must not break the user's model
+        if opts.on_error == "raise":
+            raise
+        log.warning(
+            "torch_plugin: falling back to the unrewritten %s graph (%s: %s)",
+            kind, type(e).__name__, e,
+        )  # fmt: skip
+        record["fallback"] = f"{type(e).__name__}: {e}"
+        new_gm = gm
+    for sink in _STATS_SINKS:
+        sink.append(record)
+    return new_gm
+
+
+def torch_plugin_backend(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | Options | None = None,
+    mode: str | None = None,
+    **kwargs: Any,
+) -> Any:
+    """`torch.compile(model, backend="torch_plugin", options={...})` lands here."""
+    if mode is not None:
+        raise ValueError(
+            "torch_plugin: `mode` is not supported; pass options={...} "
+            "(valid keys: passes, on_error, verify_each, dump_ir, log_passes)"
+        )
+    if kwargs:
+        raise ValueError(f"torch_plugin: unexpected arguments {sorted(kwargs)}")
+    opts = Options.from_user(options)
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+
+    input_kinds = _dynamo_input_kinds(gm, example_inputs)
+
+    def forward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
+        kinds = input_kinds if n_inputs == len(input_kinds) else None
+        return boxed_nop(rewrite_aten_graph(fx_g, opts, "forward", kinds), inputs)
+
+    def backward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        return boxed_nop(rewrite_aten_graph(fx_g, opts, "backward"), inputs)
+
+    # Same configuration as torch's aot_eager, so the identity path is bit-identical to it.
+    return aot_autograd(
+        fw_compiler=forward_compiler,
+        bw_compiler=backward_compiler,
+        partition_fn=min_cut_rematerialization_partition,
+        keep_inference_input_mutations=True,
+    )(gm, example_inputs)
+
+
+def register() -> None:
+    """Registers the backend name with Dynamo unless its entry point will do it.
+
+    With the package installed, Dynamo finds `torch_plugin` through the `torch_dynamo_backends`
+    entry point and registers it itself; registering here as well would make Dynamo's lookup
+    fail with "duplicate name". So register only when Dynamo has not seen the name yet, as an
+    entry point or otherwise.
+    """
+    from torch._dynamo.backends import registry
+
+    compiler_fns = getattr(registry, "_COMPILER_FNS", {})
+    backends = getattr(registry, "_BACKENDS", {})
+    if BACKEND_NAME in compiler_fns or backends.get(BACKEND_NAME) is not None:
+        return
+    registry.register_backend(compiler_fn=torch_plugin_backend, name=BACKEND_NAME)

@@ -1,0 +1,147 @@
+"""A Llama-style decoder (RMSNorm, RoPE, grouped-query attention through SDPA, SwiGLU) with a
+preallocated KV cache held in buffers.
+
+`model(tokens)` runs the whole sequence without the cache (training); `model(tokens, start_pos)`
+writes this step's keys/values into the cache at `start_pos` and attends over positions
+[0, start_pos + len) (prefill, then one-token decode steps). Defaults: TinyLlama-1.1B shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass
+class LlamaConfig:
+    dim: int = 2048
+    n_layers: int = 22
+    n_heads: int = 32
+    n_kv_heads: int = 4
+    ffn_dim: int = 5632
+    vocab_size: int = 32000
+    max_seq_len: int = 2048
+    max_batch: int = 4
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    seq_len: int = 128  # length of the example inputs
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        self.head_dim = cfg.dim // cfg.n_heads
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.dim, bias=False)
+        cache_shape = (cfg.max_batch, cfg.n_kv_heads, cfg.max_seq_len, self.head_dim)
+        self.register_buffer("cache_k", torch.zeros(cache_shape), persistent=False)
+        self.register_buffer("cache_v", torch.zeros(cache_shape), persistent=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                start_pos: int | None) -> torch.Tensor:  # fmt: skip
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if start_pos is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            end = start_pos + s
+            self.cache_k[:b, :, start_pos:end] = k
+            self.cache_v[:b, :, start_pos:end] = v
+            keys, values = self.cache_k[:b, :, :end], self.cache_v[:b, :, :end]
+            # Query i sits at position start_pos + i and sees keys up to it.
+            mask = torch.ones(s, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                start_pos: int | None) -> torch.Tensor:  # fmt: skip
+        h = x + self.attention(self.attention_norm(x), cos, sin, start_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        self.vocab_size, self.seq_len = cfg.vocab_size, cfg.seq_len
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        head_dim = cfg.dim // cfg.n_heads
+        inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+        angles = torch.outer(torch.arange(cfg.max_seq_len).float(), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("rope_cos", angles.cos(), persistent=False)
+        self.register_buffer("rope_sin", angles.sin(), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, start_pos: int | None = None) -> torch.Tensor:
+        s = tokens.shape[1]
+        first = 0 if start_pos is None else start_pos
+        if first + s > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence end {first + s} exceeds the cache capacity max_seq_len="
+                f"{self.config.max_seq_len}; build the model with a larger max_seq_len"
+            )
+        cos, sin = self.rope_cos[first : first + s], self.rope_sin[first : first + s]
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin, start_pos)
+        return self.output(self.norm(h))
+
+
+def build_llama(small: bool = False, **kw: object) -> Llama:
+    cfg = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=1000,
+                      max_seq_len=64, max_batch=4, seq_len=16) if small else LlamaConfig()  # fmt: skip
+    cfg = dataclasses.replace(cfg, **kw)
+    return Llama(cfg)
+
+
+def llama_inputs(model: nn.Module, batch: int) -> tuple[torch.Tensor]:
+    return (torch.randint(0, model.vocab_size, (batch, model.seq_len)),)

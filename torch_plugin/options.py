@@ -1,0 +1,79 @@
+"""User options of the torch_plugin backend, validated once into a frozen dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from . import _C
+
+_ON_ERROR = ("fallback", "raise")
+
+
+def registered_passes() -> dict[str, str]:
+    """Pass name -> one-line summary, as the C++ pipeline knows them."""
+    return dict(_C.registered_passes())
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Options of `torch.compile(model, backend="torch_plugin", options={...})`.
+
+    passes: C++ passes to run, in order; [] is the identity pipeline (verify only).
+    on_error: "fallback" runs the unrewritten graph and logs one line; "raise" re-raises.
+    verify_each: verify the IR after every pass.
+    dump_ir: directory to write the IR text before and after the pipeline, per graph.
+    log_passes: log each pass's time and node counts at INFO level.
+    """
+
+    passes: tuple[str, ...] = ()
+    on_error: str = "fallback"
+    verify_each: bool = True
+    dump_ir: str | None = None
+    log_passes: bool = False
+
+    @classmethod
+    def from_user(cls, options: Mapping[str, Any] | Options | None) -> Options:
+        if options is None:
+            return cls()
+        if isinstance(options, Options):
+            return options
+        if not isinstance(options, Mapping):
+            raise TypeError(
+                f"torch_plugin options must be a dict, got {type(options).__name__}; "
+                f"valid keys: {', '.join(f.name for f in dataclasses.fields(cls))}"
+            )
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - valid)
+        if unknown:
+            raise ValueError(
+                f"torch_plugin: unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"valid options: {', '.join(sorted(valid))}"
+            )
+        kwargs = dict(options)
+        passes = kwargs.get("passes", ())
+        if isinstance(passes, str) or not isinstance(passes, (list, tuple)):
+            raise TypeError(
+                "torch_plugin option 'passes' must be a list of pass names, "
+                f"got {passes!r}; valid passes: {', '.join(registered_passes())}"
+            )
+        known = registered_passes()
+        bad = [p for p in passes if p not in known]
+        if bad:
+            raise ValueError(
+                f"torch_plugin: unknown pass(es) {', '.join(map(repr, bad))}; "
+                f"valid passes: {', '.join(known)}"
+            )
+        kwargs["passes"] = tuple(passes)
+        if kwargs.get("on_error", "fallback") not in _ON_ERROR:
+            raise ValueError(
+                f"torch_plugin option 'on_error' must be one of {', '.join(_ON_ERROR)}, "
+                f"got {kwargs['on_error']!r}"
+            )
+        for flag in ("verify_each", "log_passes"):
+            if flag in kwargs and not isinstance(kwargs[flag], bool):
+                raise TypeError(f"torch_plugin option {flag!r} must be a bool")
+        if kwargs.get("dump_ir") is not None and not isinstance(kwargs["dump_ir"], str):
+            raise TypeError("torch_plugin option 'dump_ir' must be a directory path (str)")
+        return cls(**kwargs)
