@@ -101,7 +101,8 @@ def rewrite_aten_graph(
         t3 = time.perf_counter()
         record.update(export_ms=(t1 - t0) * 1e3, pipeline_ms=(t2 - t1) * 1e3,
                       import_ms=(t3 - t2) * 1e3, verify_ms=report["verify_ms"],
-                      passes=report["passes"])  # fmt: skip
+                      passes=report["passes"], symbolic_inputs=ctx.symbolic_inputs,
+                      ir_nodes=new_graph.num_nodes)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - any failure of ours must not break the user's model
         if opts.on_error == "raise":
             raise

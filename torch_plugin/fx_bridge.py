@@ -49,6 +49,7 @@ class BridgeContext:
     opaques: list[Any] = dataclasses.field(default_factory=list)
     meta: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     ops: dict[str, str] = dataclasses.field(default_factory=dict)  # node name -> op at export
+    symbolic_inputs: int = 0  # tensor inputs with at least one symbolic dimension
 
 
 # ---------------------------------------------------------------- export helpers
@@ -212,7 +213,10 @@ def to_ir(
                 input_kinds[len(inputs)] if input_kinds is not None else _default_input_kind(node)
             )
             ex.new_value(node)
-            inputs.append((node.name, type_record(node.meta.get("val")), kind, source))
+            rec = type_record(node.meta.get("val"))
+            if rec[0] == "tensor" and any(isinstance(d, tuple) for d in rec[1]):
+                ctx.symbolic_inputs += 1
+            inputs.append((node.name, rec, kind, source))
             continue
         if node.op == "output":
             output = ex.arg(node.args[0])
