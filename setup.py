@@ -64,7 +64,7 @@ def extension():
     with_cuda = want_cuda()
     cflags = pkg_config("--cflags")
     libs = pkg_config("--libs")
-    cxx = ["-std=c++17", "-O0" if debug else "-O3", "-fvisibility=hidden"] + cflags
+    cxx = ["-O0" if debug else "-O3", "-fvisibility=hidden"] + cflags  # torch picks the -std
     if debug:
         cxx.append("-g")
     kwargs = dict(
@@ -77,7 +77,6 @@ def extension():
     if with_cuda:
         kwargs["extra_compile_args"]["nvcc"] = [
             "-O3",
-            "-std=c++17",
             "-gencode=arch=compute_80,code=sm_80",
             "-gencode=arch=compute_90,code=sm_90",
         ]

@@ -95,8 +95,9 @@ template <class Fn>
 auto NamingErrors(const std::string& owner, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
-  } catch (const ir::GraphError&) {
-    throw;
+  } catch (const ir::GraphError& e) {
+    if (!e.node().empty()) throw;
+    throw ir::GraphError(owner, e.what());
   } catch (const py::error_already_set& e) {
     throw ir::GraphError(owner, std::string("malformed record: ") + e.what());
   } catch (const std::exception& e) {
@@ -109,10 +110,11 @@ ir::Graph GraphFromRecords(const py::list& inputs, const py::list& nodes, const 
   ir::GraphBuilder b;
   size_t index = 0;
   for (const auto& item : inputs) {
-    const std::string owner = "input #" + std::to_string(index++);
+    std::string owner = "input #" + std::to_string(index++);
     NamingErrors(owner, [&] {
       auto rec = item.cast<py::tuple>();
       if (rec.size() != 4) throw std::invalid_argument("input record needs 4 fields");
+      if (py::isinstance<py::str>(rec[0])) owner = rec[0].cast<std::string>();
       b.AddInput(rec[0].cast<std::string>(), TypeFromPy(rec[1]),
                  ir::InputKindFromName(rec[2].cast<std::string>()), rec[3].cast<std::string>());
       return 0;
