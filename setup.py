@@ -86,6 +86,8 @@ def extension():
 
 
 setup(
-    ext_modules=[extension()],
+    # TP_METADATA_ONLY=1: install metadata and the entry point only (scripts/bootstrap.sh then
+    # builds the extension in place, incrementally, instead of twice).
+    ext_modules=[] if os.environ.get("TP_METADATA_ONLY") == "1" else [extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

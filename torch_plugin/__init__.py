@@ -1,12 +1,12 @@
 """torch_plugin: a torch.compile backend whose decisions are made by C++ passes.
 
-    import torch, torch_plugin
-    fast = torch.compile(model, backend="torch_plugin", options={"passes": []})
+import torch, torch_plugin
+fast = torch.compile(model, backend="torch_plugin", options={"passes": []})
 """
 
 from __future__ import annotations
 
-from . import _C, ops  # noqa: F401  (ops registers fake kernels and autograd formulas)
+from . import _C, models, ops  # noqa: F401  (ops registers fake kernels and autograd formulas)
 from ._C import GraphError, PassError
 from .backend import register, torch_plugin_backend
 from .options import Options
@@ -15,6 +15,7 @@ __all__ = [
     "GraphError",
     "Options",
     "PassError",
+    "models",
     "torch_plugin_backend",
 ]
 __version__ = "0.1.0"

@@ -42,7 +42,7 @@ def collect_stats() -> Iterator[list[dict[str, Any]]]:
 
 
 def _source_path(name: str) -> str:
-    """"L['self']._modules['fc']._parameters['weight']" -> "fc.weight"."""
+    """ "L['self']._modules['fc']._parameters['weight']" -> "fc.weight"."""
     parts = re.findall(r"\[['\"]?([^\]'\"]+)['\"]?\]|\.(\w+)", name)
     keep = [a or b for a, b in parts]
     keep = [p for p in keep if p not in ("self", "_modules", "_parameters", "_buffers")]
@@ -99,17 +99,27 @@ def rewrite_aten_graph(
         _dump(opts, f"{tag}.after", str(new_graph))
         new_gm = fx_bridge.from_ir(new_graph, ctx)
         t3 = time.perf_counter()
-        record.update(export_ms=(t1 - t0) * 1e3, pipeline_ms=(t2 - t1) * 1e3,
-                      import_ms=(t3 - t2) * 1e3, verify_ms=report["verify_ms"],
-                      passes=report["passes"], symbolic_inputs=ctx.symbolic_inputs,
-                      ir_nodes=new_graph.num_nodes)  # fmt: skip
+        estimates = new_graph.estimate() if _STATS_SINKS else []
+        record.update(
+            export_ms=(t1 - t0) * 1e3,
+            pipeline_ms=(t2 - t1) * 1e3,
+            import_ms=(t3 - t2) * 1e3,
+            verify_ms=report["verify_ms"],
+            passes=report["passes"],
+            symbolic_inputs=ctx.symbolic_inputs,
+            ir_nodes=new_graph.num_nodes,
+            flops=sum(e[3] for e in estimates if e[5]),
+            bytes=sum(e[4] for e in estimates if e[5]),
+        )
     except Exception as e:  # noqa: BLE001 - any failure of ours must not break the user's model
         if opts.on_error == "raise":
             raise
         log.warning(
             "torch_plugin: falling back to the unrewritten %s graph (%s: %s)",
-            kind, type(e).__name__, e,
-        )  # fmt: skip
+            kind,
+            type(e).__name__,
+            e,
+        )
         record["fallback"] = f"{type(e).__name__}: {e}"
         new_gm = gm
     for sink in _STATS_SINKS:

@@ -30,9 +30,21 @@ from . import _C
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _KNOWN_DTYPES = {
-    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
-    "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
-}  # fmt: skip
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e5m2",
+}
 _GET_ATTR, _CALL_MODULE, _CALL_METHOD = "fx::get_attr", "fx::call_module", "fx::call_method"
 
 
@@ -261,8 +273,9 @@ def to_ir(
         else:
             ex.new_value(node)
             types = [type_record(node.meta.get("val"))]
-            nodes.append((node.name, op, enc_args, enc_kwargs, types, [node.name], False,
-                          _scope(node)))  # fmt: skip
+            nodes.append(
+                (node.name, op, enc_args, enc_kwargs, types, [node.name], False, _scope(node))
+            )
     graph = _C.Graph.from_records(inputs, nodes, output)
     return graph, ctx
 
@@ -338,7 +351,7 @@ def from_ir(graph: _C.Graph, ctx: BridgeContext) -> fx.GraphModule:
             collect(a)
     collect(output)
 
-    for name, op, args, kwargs, _types, out_names, tuple_output, _scope_, out_ids in nodes:
+    for name, op, args, kwargs, _, out_names, tuple_output, _, out_ids in nodes:
         try:
             a = [dec(x) for x in args]
             kw = {k: dec(v) for k, v in kwargs}
@@ -356,7 +369,7 @@ def from_ir(graph: _C.Graph, ctx: BridgeContext) -> fx.GraphModule:
         if not tuple_output:
             env[out_ids[0]] = new
             continue
-        for i, (out_name, out_id) in enumerate(zip(out_names, out_ids)):
+        for i, (out_name, out_id) in enumerate(zip(out_names, out_ids, strict=True)):
             if not out_name and out_id not in used:
                 continue
             item = g.create_node(

@@ -38,7 +38,9 @@ def run_model(
         if dynamic:
             for t in tensors_in(inputs):
                 torch._dynamo.mark_dynamic(t, 0)
-        fn = torch.compile(model, backend=backend, options=options, dynamic=False if not dynamic else None)
+        fn = torch.compile(
+            model, backend=backend, options=options, dynamic=False if not dynamic else None
+        )
     torch.manual_seed(seed)
     with torch.set_grad_enabled(train):
         out = fn(*inputs)

@@ -26,8 +26,9 @@ def test_backend_works_without_importing_torch_plugin() -> None:
         "assert 'torch_plugin' in sys.modules  # loaded through the entry point\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd="/")  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/"
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ok")
 
@@ -42,7 +43,11 @@ def test_backend_registered_after_import() -> None:
 @pytest.mark.parametrize(
     "options, error, fragment",
     [
-        ({"pases": []}, ValueError, "valid options: dump_ir, log_passes, on_error, passes, verify_each"),
+        (
+            {"pases": []},
+            ValueError,
+            "valid options: dump_ir, log_passes, on_error, passes, verify_each",
+        ),
         ({"passes": ["fuse_everything"]}, ValueError, "valid passes: dead_code_elimination"),
         ({"passes": "dead_code_elimination"}, TypeError, "must be a list of pass names"),
         ({"on_error": "ignore"}, ValueError, "must be one of fallback, raise"),
@@ -77,7 +82,9 @@ def test_dead_code_elimination_through_the_backend_keeps_numerics() -> None:
     model, inputs = small_model("gpt2")
     reference = run_model(model, inputs, "aot_eager")
     with collect_stats() as stats:
-        ours = run_model(model, inputs, "torch_plugin", options={"passes": ["dead_code_elimination"]})
+        ours = run_model(
+            model, inputs, "torch_plugin", options={"passes": ["dead_code_elimination"]}
+        )
     assert_bit_exact(reference, ours, "gpt2 with dead_code_elimination")
     assert all(r["fallback"] is None for r in stats)
     assert all(r["passes"][0]["name"] == "dead_code_elimination" for r in stats)
@@ -131,11 +138,16 @@ def test_on_error_raise_reraises(monkeypatch) -> None:
 
 
 def test_dump_ir_writes_before_and_after(tmp_path) -> None:
-    f = torch.compile(lambda x: torch.relu(x) @ x.T, backend="torch_plugin",
-                      options={"dump_ir": str(tmp_path), "passes": ["dead_code_elimination"]})  # fmt: skip
+    f = torch.compile(
+        lambda x: torch.relu(x) @ x.T,
+        backend="torch_plugin",
+        options={"dump_ir": str(tmp_path), "passes": ["dead_code_elimination"]},
+    )
     f(torch.randn(3, 3))
     files = sorted(os.listdir(tmp_path))
-    assert any(n.endswith(".before.ir") for n in files) and any(n.endswith(".after.ir") for n in files)
+    assert any(n.endswith(".before.ir") for n in files) and any(
+        n.endswith(".after.ir") for n in files
+    )
     text = (tmp_path / [n for n in files if n.endswith(".before.ir")][0]).read_text()
     assert "aten::relu.default" in text and "aten::mm.default" in text
 

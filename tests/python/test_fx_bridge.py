@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_plugin import GraphError, _C, fx_bridge
+from torch_plugin import _C, GraphError, fx_bridge
 
 
 def aten_graph(fn, *args, **kw) -> fx.GraphModule:
@@ -24,8 +24,9 @@ def roundtrip(gm: fx.GraphModule) -> fx.GraphModule:
 
 def test_roundtrip_keeps_code_and_numerics_for_odd_arguments() -> None:
     def f(x, idx):
-        y = torch.ops.aten._to_copy.default(x, dtype=torch.float64, layout=torch.strided,
-                                            device=torch.device("cpu"))  # fmt: skip
+        y = torch.ops.aten._to_copy.default(
+            x, dtype=torch.float64, layout=torch.strided, device=torch.device("cpu")
+        )
         z = torch.ops.aten.clone.default(x, memory_format=torch.contiguous_format)
         a, b = torch.ops.aten.split.Tensor(z, 2, 1)
         m = torch.ops.aten.var_mean.correction(x, [1], correction=0, keepdim=True)
@@ -36,13 +37,15 @@ def test_roundtrip_keeps_code_and_numerics_for_odd_arguments() -> None:
     gm = aten_graph(f, x, idx)
     new = roundtrip(gm)
     assert new.code == gm.code
-    for a, b in zip(gm(x, idx), new(x, idx)):
+    for a, b in zip(gm(x, idx), new(x, idx), strict=True):
         assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
 
 
 def test_records_fold_getitems_into_multi_output_nodes() -> None:
-    gm = aten_graph(lambda x: torch.ops.aten.native_layer_norm.default(x, [4], None, None, 1e-5)[0],
-                    torch.randn(2, 4))  # fmt: skip
+    gm = aten_graph(
+        lambda x: torch.ops.aten.native_layer_norm.default(x, [4], None, None, 1e-5)[0],
+        torch.randn(2, 4),
+    )
     gm.graph.eliminate_dead_code()  # unused getitems go: those outputs cross unnamed
     gm.recompile()
     graph, ctx = fx_bridge.to_ir(gm)
@@ -120,22 +123,58 @@ def test_valid_records_build() -> None:
     "mutate, node, fragment",
     [
         # cycle: a uses b's output, b uses a's
-        (lambda i, n, o: (i, [("a", "aten::neg.default", [("v", 2)], [], [i[0][1]], ["a"], False, ""),
-                              ("b", "aten::neg.default", [("v", 1)], [], [i[0][1]], ["b"], False, "")],
-                          o), "a", "cycle"),  # fmt: skip
+        (
+            lambda i, n, o: (
+                i,
+                [
+                    ("a", "aten::neg.default", [("v", 2)], [], [i[0][1]], ["a"], False, ""),
+                    ("b", "aten::neg.default", [("v", 1)], [], [i[0][1]], ["b"], False, ""),
+                ],
+                o,
+            ),
+            "a",
+            "cycle",
+        ),
         (lambda i, n, o: (i, [(*n[0][:2], [("v", 99)], *n[0][3:])], o), "neg", "dangling"),
-        (lambda i, n, o: (i, [("mm", "aten::mm.default", [("v", 0)], [], [i[0][1]], ["mm"], False,
-                               "")], o), "mm", "wrong arity"),  # fmt: skip
-        (lambda i, n, o: (i, [(*n[0][:2], [("bogus", 1)], *n[0][3:])], o), "neg", "unknown argument tag"),
+        (
+            lambda i, n, o: (
+                i,
+                [("mm", "aten::mm.default", [("v", 0)], [], [i[0][1]], ["mm"], False, "")],
+                o,
+            ),
+            "mm",
+            "wrong arity",
+        ),
+        (
+            lambda i, n, o: (i, [(*n[0][:2], [("bogus", 1)], *n[0][3:])], o),
+            "neg",
+            "unknown argument tag",
+        ),
         (lambda i, n, o: (i, [("neg", "aten::neg.default", [("v", 0)])], o), "#0", "8 fields"),
-        (lambda i, n, o: (i, [(*n[0][:4], [("tensor", [2], [1], "float99", "cpu", False)],
-                               *n[0][5:])], o), "neg", "unknown dtype"),  # fmt: skip
+        (
+            lambda i, n, o: (
+                i,
+                [(*n[0][:4], [("tensor", [2], [1], "float99", "cpu", False)], *n[0][5:])],
+                o,
+            ),
+            "neg",
+            "unknown dtype",
+        ),
         (lambda i, n, o: (i, [(42, *n[0][1:])], o), "#0", "malformed record"),
         (lambda i, n, o: ([("x", i[0][1], "weights", "")], n, o), "x", "unknown input kind"),
         (lambda i, n, o: (i, n, ("tuple", [("v", 5)])), "output", "dangling"),
     ],
-    ids=["cycle", "dangling", "arity", "bad_tag", "short_record", "bad_dtype", "bad_name_type",
-         "bad_input_kind", "dangling_output"],  # fmt: skip
+    ids=[
+        "cycle",
+        "dangling",
+        "arity",
+        "bad_tag",
+        "short_record",
+        "bad_dtype",
+        "bad_name_type",
+        "bad_input_kind",
+        "dangling_output",
+    ],
 )
 def test_malformed_records_raise_graph_error_naming_node(mutate, node, fragment) -> None:
     with pytest.raises(GraphError) as info:
@@ -174,7 +213,7 @@ def test_python_targets_roundtrip() -> None:
 def test_estimates_reach_python() -> None:
     gm = aten_graph(lambda a, b: torch.mm(a, b), torch.randn(4, 8), torch.randn(8, 3))
     graph, _ = fx_bridge.to_ir(gm)
-    (name, op, cls, flops, nbytes, known), = graph.estimate()  # fmt: skip
+    ((name, op, cls, flops, nbytes, known),) = graph.estimate()
     assert (op, cls, known) == ("aten::mm.default", "matmul", True)
     assert flops == 2 * 4 * 8 * 3 and nbytes == 4 * (32 + 24 + 12)
 

@@ -72,7 +72,7 @@ def test_inference_graph_with_kv_cache_mutation_is_exact() -> None:
     with collect_stats() as stats:
         ours = steps(torch.compile(ours_model, backend="torch_plugin"))
     assert stats and all(r["fallback"] is None for r in stats)
-    for a, b in zip(eager, ours):
+    for a, b in zip(eager, ours, strict=True):
         assert torch.equal(a, b)
-    for (n, a), (_, b) in zip(eager_model.named_buffers(), ours_model.named_buffers()):
+    for (n, a), (_, b) in zip(eager_model.named_buffers(), ours_model.named_buffers(), strict=True):
         assert torch.equal(a, b), f"KV cache buffer {n} differs"

@@ -13,7 +13,7 @@ from torch_plugin import models
 def test_small_models_run_forward_and_backward(name: str) -> None:
     model, inputs = models.build(name, small=True)
     again, _ = models.build(name, small=True)
-    for (n, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+    for (n, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         assert torch.equal(a, b), f"{name}: seeded build is not deterministic at {n}"
     out = model(*inputs)
     models.loss_of(out).backward()
@@ -22,8 +22,15 @@ def test_small_models_run_forward_and_backward(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name, params_millions",
-    [("resnet50", 25.6), ("resnext50", 25.0), ("bert", 108.9), ("gpt2", 124.4), ("mlp", 24.1),
-     ("mmt", 404.0), ("candle_uno", 637.7)],  # fmt: skip  (mmt, uno: from the thesis config)
+    [
+        ("resnet50", 25.6),
+        ("resnext50", 25.0),
+        ("bert", 108.9),
+        ("gpt2", 124.4),
+        ("mlp", 24.1),
+        ("mmt", 404.0),
+        ("candle_uno", 637.7),
+    ],
 )
 def test_default_shapes_are_the_published_ones(name: str, params_millions: float) -> None:
     with torch.device("meta"):
@@ -42,7 +49,9 @@ def test_thesis_shapes_of_multibranch_models() -> None:
     assert len(dlrm.dense) == 7 and len(dlrm.sparse) == 7
     assert dlrm.sparse[0].num_embeddings == 1_000_000 and dlrm.sparse[0].embedding_dim == 64
     assert dlrm.bag_size == 100 and dlrm.dense[0][-2].out_features == 4096
-    assert len(uno.branches) == 7 and sum(isinstance(m, torch.nn.Linear) for m in uno.branches[0]) == 4
+    assert (
+        len(uno.branches) == 7 and sum(isinstance(m, torch.nn.Linear) for m in uno.branches[0]) == 4
+    )
 
 
 def test_llama_kv_cache_matches_full_sequence() -> None:

@@ -34,7 +34,10 @@ def test_forward_matches_pytorch(shape, dtype, approximate) -> None:
     eps = torch.finfo(dtype).eps
     our_err = (ours - exact).abs().max().item()
     their_err = (theirs - exact).abs().max().item()
-    assert our_err <= 2 * their_err + 4 * eps * exact.abs().max().item() + 1e-12, (our_err, their_err)
+    assert our_err <= 2 * their_err + 4 * eps * exact.abs().max().item() + 1e-12, (
+        our_err,
+        their_err,
+    )
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
@@ -92,8 +95,9 @@ def test_bad_inputs_raise_clear_errors(args, fragment) -> None:
 
 def test_backward_op_checks_grad_shape() -> None:
     with pytest.raises(RuntimeError, match="grad must have x's shape"):
-        torch.ops.torch_plugin.bias_gelu_backward(torch.randn(3, 8), torch.randn(4, 8),
-                                                  torch.randn(8))  # fmt: skip
+        torch.ops.torch_plugin.bias_gelu_backward(
+            torch.randn(3, 8), torch.randn(4, 8), torch.randn(8)
+        )
 
 
 def test_cuda_kernel_when_available() -> None:

@@ -40,8 +40,9 @@ ZOO: dict[str, ZooModel] = {
     "llama": ZooModel("llama", llama.build_llama, llama.llama_inputs, 2, 2),
     "mmt": ZooModel("mmt", multibranch.build_mmt, multibranch.mmt_inputs, 64, 2),
     "dlrm": ZooModel("dlrm", multibranch.build_dlrm, multibranch.dlrm_inputs, 256, 2),
-    "candle_uno": ZooModel("candle_uno", multibranch.build_candle_uno, multibranch.candle_inputs,
-                           4096, 2),  # fmt: skip
+    "candle_uno": ZooModel(
+        "candle_uno", multibranch.build_candle_uno, multibranch.candle_inputs, 4096, 2
+    ),
 }
 
 

@@ -36,8 +36,15 @@ class Bottleneck(nn.Module):
 class ResNet(nn.Module):
     """ResNet/ResNeXt with bottleneck blocks (He et al. 2016; Xie et al. 2017)."""
 
-    def __init__(self, layers: list[int], width: int = 64, groups: int = 1,
-                 base_width: int = 64, num_classes: int = 1000, image_size: int = 224):  # fmt: skip
+    def __init__(
+        self,
+        layers: list[int],
+        width: int = 64,
+        groups: int = 1,
+        base_width: int = 64,
+        num_classes: int = 1000,
+        image_size: int = 224,
+    ):
         super().__init__()
         self.image_size = image_size
         self.stem = nn.Sequential(conv_bn(3, width, 7, 2), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
@@ -46,8 +53,9 @@ class ResNet(nn.Module):
         for i, n in enumerate(layers):
             planes = width * 2**i
             for j in range(n):
-                blocks.append(Bottleneck(cin, planes, 2 if (j == 0 and i > 0) else 1, groups,
-                                         base_width))  # fmt: skip
+                blocks.append(
+                    Bottleneck(cin, planes, 2 if (j == 0 and i > 0) else 1, groups, base_width)
+                )
                 cin = planes * Bottleneck.expansion
         self.blocks = nn.Sequential(*blocks)
         self.fc = nn.Linear(cin, num_classes)
@@ -58,15 +66,21 @@ class ResNet(nn.Module):
 
 
 def build_resnet50(small: bool = False, **kw: object) -> ResNet:
-    cfg = dict(layers=[1, 1, 1, 1], width=8, num_classes=10, image_size=32) if small else dict(
-        layers=[3, 4, 6, 3])  # fmt: skip
+    cfg = (
+        dict(layers=[1, 1, 1, 1], width=8, num_classes=10, image_size=32)
+        if small
+        else dict(layers=[3, 4, 6, 3])
+    )
     cfg.update(kw)
     return ResNet(**cfg)  # type: ignore[arg-type]
 
 
 def build_resnext50(small: bool = False, **kw: object) -> ResNet:
-    cfg = dict(layers=[1, 1, 1, 1], width=16, groups=4, base_width=16, num_classes=10,
-               image_size=32) if small else dict(layers=[3, 4, 6, 3], groups=32, base_width=4)  # fmt: skip
+    cfg = (
+        dict(layers=[1, 1, 1, 1], width=16, groups=4, base_width=16, num_classes=10, image_size=32)
+        if small
+        else dict(layers=[3, 4, 6, 3], groups=32, base_width=4)
+    )
     cfg.update(kw)
     return ResNet(**cfg)  # type: ignore[arg-type]
 
@@ -84,13 +98,20 @@ class DCGANGenerator(nn.Module):
         self.nz = nz
 
         def up(cin: int, cout: int, stride: int, pad: int) -> list[nn.Module]:
-            return [nn.ConvTranspose2d(cin, cout, 4, stride, pad, bias=False),
-                    nn.BatchNorm2d(cout), nn.ReLU(True)]  # fmt: skip
+            return [
+                nn.ConvTranspose2d(cin, cout, 4, stride, pad, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(True),
+            ]
 
         self.main = nn.Sequential(
-            *up(nz, ngf * 8, 1, 0), *up(ngf * 8, ngf * 4, 2, 1), *up(ngf * 4, ngf * 2, 2, 1),
-            *up(ngf * 2, ngf, 2, 1), nn.ConvTranspose2d(ngf, nc, 4, 2, 1, bias=False), nn.Tanh(),
-        )  # fmt: skip
+            *up(nz, ngf * 8, 1, 0),
+            *up(ngf * 8, ngf * 4, 2, 1),
+            *up(ngf * 4, ngf * 2, 2, 1),
+            *up(ngf * 2, ngf, 2, 1),
+            nn.ConvTranspose2d(ngf, nc, 4, 2, 1, bias=False),
+            nn.Tanh(),
+        )
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.main(z)
@@ -113,9 +134,12 @@ class SepConv(nn.Module):
         super().__init__()
         layers: list[nn.Module] = []
         for i in range(2):
-            layers += [nn.ReLU(), nn.Conv2d(c, c, k, stride if i == 0 else 1, k // 2, groups=c,
-                                            bias=False),
-                       nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c)]  # fmt: skip
+            layers += [
+                nn.ReLU(),
+                nn.Conv2d(c, c, k, stride if i == 0 else 1, k // 2, groups=c, bias=False),
+                nn.Conv2d(c, c, 1, bias=False),
+                nn.BatchNorm2d(c),
+            ]
         self.op = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,8 +155,11 @@ class NasCell(nn.Module):
     def __init__(self, c_prev: int, c_in: int, c: int, reduction: bool, prev_reduced: bool):
         super().__init__()
         self.reduction = reduction
-        self.pre_prev = nn.Sequential(nn.ReLU(), nn.Conv2d(c_prev, c, 1, 2 if prev_reduced else 1,
-                                                           bias=False), nn.BatchNorm2d(c))  # fmt: skip
+        self.pre_prev = nn.Sequential(
+            nn.ReLU(),
+            nn.Conv2d(c_prev, c, 1, 2 if prev_reduced else 1, bias=False),
+            nn.BatchNorm2d(c),
+        )
         self.pre = nn.Sequential(nn.ReLU(), nn.Conv2d(c_in, c, 1, bias=False), nn.BatchNorm2d(c))
         s = 2 if reduction else 1
         self.b0 = nn.ModuleList([SepConv(c, 3, s), SepConv(c, 5, s)])
@@ -144,8 +171,11 @@ class NasCell(nn.Module):
     def forward(self, h_prev: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         p, x = self.pre_prev(h_prev), self.pre(h)
         s = self.stride
-        down = (lambda t: F.avg_pool2d(t, 3, s, 1, count_include_pad=False)) if s > 1 else (
-            lambda t: t)  # fmt: skip
+        down = (
+            (lambda t: F.avg_pool2d(t, 3, s, 1, count_include_pad=False))
+            if s > 1
+            else (lambda t: t)
+        )
         y0 = self.b0[0](x) + self.b0[1](p)
         y1 = self.b1[0](p) + self.b1[1](x)
         y2 = F.avg_pool2d(x, 3, s, 1, count_include_pad=False) + down(p)
@@ -155,12 +185,19 @@ class NasCell(nn.Module):
 
 
 class NasNetLike(nn.Module):
-    def __init__(self, channels: int = 44, cells_per_stage: int = 4, stages: int = 3,
-                 num_classes: int = 1000, image_size: int = 224):  # fmt: skip
+    def __init__(
+        self,
+        channels: int = 44,
+        cells_per_stage: int = 4,
+        stages: int = 3,
+        num_classes: int = 1000,
+        image_size: int = 224,
+    ):
         super().__init__()
         self.image_size = image_size
-        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, 2, 1, bias=False),
-                                  nn.BatchNorm2d(channels))  # fmt: skip
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, channels, 3, 2, 1, bias=False), nn.BatchNorm2d(channels)
+        )
         cells: list[NasCell] = []
         c_prev, c_in, prev_reduced = channels, channels, False
         c = channels
@@ -183,7 +220,10 @@ class NasNetLike(nn.Module):
 
 
 def build_nasnet(small: bool = False, **kw: object) -> NasNetLike:
-    cfg = dict(channels=8, cells_per_stage=1, stages=2, num_classes=10, image_size=32) if small \
-        else {}  # fmt: skip
+    cfg = (
+        dict(channels=8, cells_per_stage=1, stages=2, num_classes=10, image_size=32)
+        if small
+        else {}
+    )
     cfg.update(kw)
     return NasNetLike(**cfg)  # type: ignore[arg-type]

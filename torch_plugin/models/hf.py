@@ -23,20 +23,43 @@ class HFWrapper(nn.Module):
 def build_bert(small: bool = False, seq_len: int | None = None, **kw: object) -> HFWrapper:
     from transformers import BertConfig, BertModel
 
-    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-               intermediate_size=128, vocab_size=1000, max_position_embeddings=64) if small else {}  # fmt: skip
+    cfg = (
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            vocab_size=1000,
+            max_position_embeddings=64,
+        )
+        if small
+        else {}
+    )
     cfg.update(kw)
     config = BertConfig(**cfg)
     config._attn_implementation = "sdpa"
     model = BertModel(config, add_pooling_layer=False)
-    return HFWrapper(model, "last_hidden_state", config.vocab_size, seq_len or (16 if small else 128))
+    return HFWrapper(
+        model, "last_hidden_state", config.vocab_size, seq_len or (16 if small else 128)
+    )
 
 
 def build_gpt2(small: bool = False, seq_len: int | None = None, **kw: object) -> HFWrapper:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=64, bos_token_id=999,
-               eos_token_id=999) if small else {}  # fmt: skip
+    cfg = (
+        dict(
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            vocab_size=1000,
+            n_positions=64,
+            bos_token_id=999,
+            eos_token_id=999,
+        )
+        if small
+        else {}
+    )
     cfg.update(kw)
     config = GPT2Config(use_cache=False, **cfg)
     config._attn_implementation = "sdpa"

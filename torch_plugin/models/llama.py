@@ -38,7 +38,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(
+            x
+        ) * self.weight
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -59,8 +61,9 @@ class Attention(nn.Module):
         self.register_buffer("cache_k", torch.zeros(cache_shape), persistent=False)
         self.register_buffer("cache_v", torch.zeros(cache_shape), persistent=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                start_pos: int | None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | None
+    ) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -99,8 +102,9 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                start_pos: int | None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | None
+    ) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, start_pos)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -137,8 +141,21 @@ class Llama(nn.Module):
 
 
 def build_llama(small: bool = False, **kw: object) -> Llama:
-    cfg = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=1000,
-                      max_seq_len=64, max_batch=4, seq_len=16) if small else LlamaConfig()  # fmt: skip
+    cfg = (
+        LlamaConfig(
+            dim=64,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            ffn_dim=128,
+            vocab_size=1000,
+            max_seq_len=64,
+            max_batch=4,
+            seq_len=16,
+        )
+        if small
+        else LlamaConfig()
+    )
     cfg = dataclasses.replace(cfg, **kw)
     return Llama(cfg)
 

@@ -11,7 +11,7 @@ class MLP(nn.Module):
         super().__init__()
         dims = [in_features, *hidden]
         layers: list[nn.Module] = []
-        for a, b in zip(dims[:-1], dims[1:]):
+        for a, b in zip(dims[:-1], dims[1:], strict=True):
             layers += [nn.Linear(a, b), nn.GELU()]
         layers.append(nn.Linear(dims[-1], out_features))
         self.layers = nn.Sequential(*layers)
@@ -22,8 +22,11 @@ class MLP(nn.Module):
 
 
 def build_mlp(small: bool = False, **kw: object) -> MLP:
-    cfg = dict(in_features=64, hidden=[128, 128], out_features=10) if small else dict(
-        in_features=784, hidden=[4096, 4096], out_features=1000)  # fmt: skip
+    cfg = (
+        dict(in_features=64, hidden=[128, 128], out_features=10)
+        if small
+        else dict(in_features=784, hidden=[4096, 4096], out_features=1000)
+    )
     cfg.update(kw)
     return MLP(**cfg)  # type: ignore[arg-type]
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 def feed_forward(dims: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for a, b in zip(dims[:-1], dims[1:]):
+    for a, b in zip(dims[:-1], dims[1:], strict=True):
         layers += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*layers)
 
@@ -32,8 +32,12 @@ class TransformerLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, h // self.heads).permute(
-            2, 0, 3, 1, 4).unbind(0)  # fmt: skip
+        q, k, v = (
+            self.qkv(self.ln1(x))
+            .view(b, s, 3, self.heads, h // self.heads)
+            .permute(2, 0, 3, 1, 4)
+            .unbind(0)
+        )
         a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, h)
         x = x + self.proj(a)
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
@@ -42,8 +46,16 @@ class TransformerLayer(nn.Module):
 class MultiModalTransformer(nn.Module):
     """Parallel transformer branches (one per modality), concatenated at the end."""
 
-    def __init__(self, branches: int = 4, layers_per_branch: int = 8, hidden: int = 1024,
-                 heads: int = 16, ffn: int = 4096, seq_len: int = 256, num_classes: int = 1000):  # fmt: skip
+    def __init__(
+        self,
+        branches: int = 4,
+        layers_per_branch: int = 8,
+        hidden: int = 1024,
+        heads: int = 16,
+        ffn: int = 4096,
+        seq_len: int = 256,
+        num_classes: int = 1000,
+    ):
         super().__init__()
         self.seq_len, self.hidden, self.num_branches = seq_len, hidden, branches
         self.branches = nn.ModuleList(
@@ -53,13 +65,18 @@ class MultiModalTransformer(nn.Module):
         self.head = nn.Linear(branches * hidden, num_classes)
 
     def forward(self, *modalities: torch.Tensor) -> torch.Tensor:
-        pooled = [branch(x).mean(dim=1) for branch, x in zip(self.branches, modalities)]
+        pooled = [
+            branch(x).mean(dim=1) for branch, x in zip(self.branches, modalities, strict=True)
+        ]
         return self.head(torch.cat(pooled, dim=-1))
 
 
 def build_mmt(small: bool = False, **kw: object) -> MultiModalTransformer:
-    cfg = dict(layers_per_branch=2, hidden=32, heads=4, ffn=64, seq_len=8, num_classes=10) \
-        if small else {}  # fmt: skip
+    cfg = (
+        dict(layers_per_branch=2, hidden=32, heads=4, ffn=64, seq_len=8, num_classes=10)
+        if small
+        else {}
+    )
     cfg.update(kw)
     return MultiModalTransformer(**cfg)  # type: ignore[arg-type]
 
@@ -72,9 +89,18 @@ class DLRM(nn.Module):
     """Dense branches (feed-forward) and sparse branches (embedding bags, embeddings of a bag
     concatenated), concatenated and post-processed by a top feed-forward stack."""
 
-    def __init__(self, dense_branches: int = 7, sparse_branches: int = 7, dense_in: int = 4096,
-                 hidden: int = 4096, layers_per_branch: int = 4, embedding_dim: int = 64,
-                 bag_size: int = 100, num_embeddings: int = 1_000_000, top_layers: int = 4):  # fmt: skip
+    def __init__(
+        self,
+        dense_branches: int = 7,
+        sparse_branches: int = 7,
+        dense_in: int = 4096,
+        hidden: int = 4096,
+        layers_per_branch: int = 4,
+        embedding_dim: int = 64,
+        bag_size: int = 100,
+        num_embeddings: int = 1_000_000,
+        top_layers: int = 4,
+    ):
         super().__init__()
         self.dense_in, self.bag_size, self.num_embeddings = dense_in, bag_size, num_embeddings
         self.num_dense, self.num_sparse = dense_branches, sparse_branches
@@ -89,30 +115,41 @@ class DLRM(nn.Module):
         self.out = nn.Linear(hidden, 1)
 
     def forward(self, dense: list[torch.Tensor], sparse: list[torch.Tensor]) -> torch.Tensor:
-        feats = [f(x) for f, x in zip(self.dense, dense)]
-        feats += [emb(idx).flatten(1) for emb, idx in zip(self.sparse, sparse)]
+        feats = [f(x) for f, x in zip(self.dense, dense, strict=True)]
+        feats += [emb(idx).flatten(1) for emb, idx in zip(self.sparse, sparse, strict=True)]
         return self.out(self.top(torch.cat(feats, dim=1)))
 
 
 def build_dlrm(small: bool = False, **kw: object) -> DLRM:
-    cfg = dict(dense_in=16, hidden=32, embedding_dim=8, bag_size=4, num_embeddings=100) \
-        if small else {}  # fmt: skip
+    cfg = (
+        dict(dense_in=16, hidden=32, embedding_dim=8, bag_size=4, num_embeddings=100)
+        if small
+        else {}
+    )
     cfg.update(kw)
     return DLRM(**cfg)  # type: ignore[arg-type]
 
 
 def dlrm_inputs(model: nn.Module, batch: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     dense = [torch.randn(batch, model.dense_in) for _ in range(model.num_dense)]
-    sparse = [torch.randint(0, model.num_embeddings, (batch, model.bag_size))
-              for _ in range(model.num_sparse)]  # fmt: skip
+    sparse = [
+        torch.randint(0, model.num_embeddings, (batch, model.bag_size))
+        for _ in range(model.num_sparse)
+    ]
     return (dense, sparse)
 
 
 class CandleUno(nn.Module):
     """Seven feature branches of feed-forward layers, concatenated, then a top stack -> 1."""
 
-    def __init__(self, branches: int = 7, feature_dim: int = 4096, hidden: int = 4096,
-                 layers_per_branch: int = 4, top_layers: int = 4):  # fmt: skip
+    def __init__(
+        self,
+        branches: int = 7,
+        feature_dim: int = 4096,
+        hidden: int = 4096,
+        layers_per_branch: int = 4,
+        top_layers: int = 4,
+    ):
         super().__init__()
         self.feature_dim, self.num_branches = feature_dim, branches
         self.branches = nn.ModuleList(
@@ -122,7 +159,7 @@ class CandleUno(nn.Module):
         self.out = nn.Linear(hidden, 1)
 
     def forward(self, *features: torch.Tensor) -> torch.Tensor:
-        h = torch.cat([b(x) for b, x in zip(self.branches, features)], dim=1)
+        h = torch.cat([b(x) for b, x in zip(self.branches, features, strict=True)], dim=1)
         return self.out(self.top(h))
 
 

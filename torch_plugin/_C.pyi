@@ -1,0 +1,42 @@
+# Stubs for the pybind11 module built from csrc/bindings/module.cc.
+from collections.abc import Callable
+from typing import Any
+
+class GraphError(ValueError):
+    node: str
+
+class PassError(RuntimeError):
+    pass_name: str
+    node: str
+    hint: str
+    passes_before: list[str]
+
+class Graph:
+    @staticmethod
+    def from_records(
+        inputs: list[tuple[Any, ...]],
+        nodes: list[tuple[Any, ...]],
+        output: Any,
+        verify: bool = True,
+    ) -> Graph: ...
+    def records(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], Any]: ...
+    def verify(self) -> None: ...
+    @property
+    def num_nodes(self) -> int: ...
+    @property
+    def num_inputs(self) -> int: ...
+    def estimate(self) -> list[tuple[str, str, str, float, float, bool]]: ...
+
+def registered_passes() -> list[tuple[str, str]]: ...
+def run_pipeline(
+    graph: Graph,
+    passes: list[str],
+    verify_each: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> tuple[Graph, dict[str, Any]]: ...
+def solve_ilp(
+    variables: list[tuple[float, float, float, bool]],
+    constraints: list[tuple[list[tuple[int, float]], str, float]],
+    maximize: bool = False,
+    time_limit_s: float = 60.0,
+) -> tuple[str, float, list[float]]: ...
