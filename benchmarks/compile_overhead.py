@@ -13,6 +13,7 @@ Prints a table, writes benchmarks/results/compile_overhead.{json,png}.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -51,6 +52,7 @@ def first_call_s(fn, inputs) -> float:
 def measure(name: str, small: bool, reps: int) -> dict:
     model, inputs = torch_plugin.models.build(name, small=small, batch=BATCH[name])
     model.eval()
+    gc.collect()
     with torch.no_grad():
         eager_first = first_call_s(model, inputs)
         eager_once = min(first_call_s(model, inputs) for _ in range(2))
@@ -63,10 +65,11 @@ def measure(name: str, small: bool, reps: int) -> dict:
         with collect_stats() as stats:
             ours_first = first_call_s(ours, inputs)
         exact = torch.equal(ours(*inputs), model(*inputs))
-        runs = {"eager": [], "aot_eager": [], "torch_plugin": []}
-        fns = {"eager": model, "aot_eager": aot, "torch_plugin": ours}
-        for _ in range(reps):
-            for key, fn in fns.items():
+        runs: dict[str, list[float]] = {"eager": [], "aot_eager": [], "torch_plugin": []}
+        order = [("eager", model), ("aot_eager", aot), ("torch_plugin", ours)]
+        for rep in range(reps):
+            # Rotate who runs first so cache and frequency effects hit all three alike.
+            for key, fn in order[rep % 3 :] + order[: rep % 3]:
                 runs[key].append(first_call_s(fn, inputs))
     med = {k: statistics.median(v) for k, v in runs.items()}
     bridge_ms = sum(
@@ -137,7 +140,7 @@ def plot(rows: list[dict], path: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", default=",".join(torch_plugin.models.names()))
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=int, default=15)
     p.add_argument("--small", action="store_true", help="test-size models (fast smoke run)")
     p.add_argument("--out", default=RESULTS)
     args = p.parse_args()

@@ -36,7 +36,11 @@ if ! $PY -c "import importlib.metadata as m; m.distribution('torch_plugin')" 2>/
   TP_METADATA_ONLY=1 $PY -m pip install -q --no-build-isolation --no-deps -e .
 fi
 
-echo "bootstrap: building torch_plugin._C (incremental)"
-MAX_JOBS=${MAX_JOBS:-2} $PY setup.py -q build_ext --inplace 2>&1 \
-  | grep -E "error|Error" || true
+echo "bootstrap: building torch_plugin._C (incremental, log in build/build_ext.log)"
+mkdir -p build
+if ! MAX_JOBS=${MAX_JOBS:-2} $PY setup.py build_ext --inplace >build/build_ext.log 2>&1; then
+  grep -E -B2 -A6 "error" build/build_ext.log | tail -60 >&2
+  echo "bootstrap: building the extension failed (full log: build/build_ext.log)" >&2
+  exit 1
+fi
 $PY -c "import torch_plugin" || { echo "bootstrap: torch_plugin does not import" >&2; exit 1; }

@@ -1,6 +1,7 @@
 // CUDA registrations of torch_plugin ops (built only when torch has CUDA): validate tensors,
 // fill the POD params, launch on the current stream.
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -25,7 +26,7 @@ at::Tensor BiasGeluCuda(const at::Tensor& x_in, const at::Tensor& bias_in,
   p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
   p.kind = KindOf(x);
   p.approx = ParseApprox(approximate);
-  cudaError_t err = LaunchBiasGelu(p, at::cuda::getCurrentCUDAStream());
+  cudaError_t err = LaunchBiasGelu(p, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "torch_plugin::bias_gelu: CUDA launch failed: ",
               cudaGetErrorString(err));
   return out;
@@ -50,7 +51,7 @@ at::Tensor BiasGeluBackwardCuda(const at::Tensor& grad_t, const at::Tensor& x_in
   p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
   p.kind = KindOf(x);
   p.approx = ParseApprox(approximate);
-  cudaError_t err = LaunchBiasGeluBackward(p, at::cuda::getCurrentCUDAStream());
+  cudaError_t err = LaunchBiasGeluBackward(p, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "torch_plugin::bias_gelu_backward: CUDA launch failed: ",
               cudaGetErrorString(err));
   return out;
