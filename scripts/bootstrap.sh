@@ -30,7 +30,17 @@ if [ ! -f "$stamp" ]; then
   mkdir -p build && touch "$stamp"
 fi
 
-if ! $PY -c "import importlib.metadata as m; m.distribution('torch_plugin')" 2>/dev/null; then
+# Install (editable) unless torch_plugin is already installed from this very checkout: another
+# clone on the same machine must not shadow it.
+installed_from=$($PY - <<'PYEOF'
+import importlib.metadata as m, json
+try:
+    print(json.loads(m.distribution("torch_plugin").read_text("direct_url.json"))["url"])
+except Exception:
+    print("")
+PYEOF
+)
+if [ "$installed_from" != "file://$(pwd)" ]; then
   echo "bootstrap: pip install --no-build-isolation -e . (metadata and entry point)"
   # The extension itself is built below, incrementally; skip building it twice.
   TP_METADATA_ONLY=1 $PY -m pip install -q --no-build-isolation --no-deps -e .

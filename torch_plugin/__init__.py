@@ -6,6 +6,8 @@ fast = torch.compile(model, backend="torch_plugin", options={"passes": []})
 
 from __future__ import annotations
 
+import torch  # noqa: F401  (loads libtorch before our extension, which links against it)
+
 from . import _C, models, ops  # noqa: F401  (ops registers fake kernels and autograd formulas)
 from ._C import GraphError, PassError
 from .backend import register, torch_plugin_backend
