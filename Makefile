@@ -1,11 +1,13 @@
 # The README's two commands: `make demo` and `make test`. Both bootstrap a fresh machine first.
+SHELL := /bin/bash
 PYTHON ?= python3
 CORE_BUILD ?= build/core
+FUZZ_SECONDS ?= 60
 CUDA_ARCHS ?= 80 90
 CUDA_HOME ?= /usr/local/cuda
 CORE_DIRS = csrc/ir csrc/pattern csrc/cost csrc/solver csrc/passes csrc/sim
 
-.PHONY: bootstrap demo test test-cpp test-py cuda-check check-core-deps lint benchmarks clean
+.PHONY: bootstrap demo test test-cpp test-sanitize fuzz test-py cuda-check check-core-deps lint benchmarks clean
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -13,13 +15,34 @@ bootstrap:
 demo: bootstrap
 	$(PYTHON) examples/quickstart.py
 
-test: bootstrap check-core-deps lint test-cpp cuda-check test-py
+test: bootstrap check-core-deps lint test-cpp test-sanitize fuzz cuda-check test-py
 
 # The torch-free core and its GoogleTest suite.
 test-cpp:
 	cmake -S . -B $(CORE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build $(CORE_BUILD) -j2
 	ctest --test-dir $(CORE_BUILD) --output-on-failure -j2
+
+# The same GoogleTest suite under AddressSanitizer (+LeakSanitizer) and UBSan.
+test-sanitize:
+	cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=ON >/dev/null
+	cmake --build build/sanitize -j2
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir build/sanitize --output-on-failure -j2
+
+# A bounded libFuzzer run over the graph builder / verifier / pipeline (clang, ASan, UBSan).
+# New inputs go to build/fuzz/corpus; crashes to build/fuzz/crash-*; tests/fuzz/corpus seeds.
+fuzz:
+	cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
+	  -DTP_FUZZ=ON >/dev/null
+	cmake --build build/fuzz -j2
+	mkdir -p build/fuzz/corpus
+	for f in build/fuzz/*_fuzzer; do \
+	  ASAN_OPTIONS=detect_leaks=1 $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=build/fuzz/ build/fuzz/corpus tests/fuzz/corpus 2>&1 \
+	    | grep -E "^(stat::|#[0-9]+ +DONE|==|SUMMARY|artifact)" ; \
+	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
+	done
 
 # CUDA kernels compile to objects for every target arch, and their torch-facing registration
 # is syntax-checked against torch's CUDA headers, so neither can rot without a GPU.

@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
 apt_needed=()
-for pkg in coinor-libcbc-dev libgtest-dev pkg-config ninja-build cmake g++; do
+for pkg in coinor-libcbc-dev libgtest-dev pkg-config ninja-build cmake g++ clang libclang-rt-14-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || apt_needed+=("$pkg")
 done
 if [ ${#apt_needed[@]} -gt 0 ]; then

@@ -55,19 +55,21 @@ int64_t ItemSize(DType dtype) { return Info(dtype).item_size; }
 bool IsFloatingPoint(DType dtype) { return Info(dtype).floating; }
 
 std::optional<int64_t> TensorType::NumelHint() const {
+  // Sizes come from outside (Python records, fuzzers): an overflowing product is "unknown",
+  // not undefined behaviour.
   int64_t n = 1;
   for (const auto& d : shape) {
     auto h = d.hint();
-    if (!h) return std::nullopt;
-    n *= *h;
+    if (!h || __builtin_mul_overflow(n, *h, &n)) return std::nullopt;
   }
   return n;
 }
 
 std::optional<int64_t> TensorType::BytesHint() const {
   auto n = NumelHint();
-  if (!n) return std::nullopt;
-  return *n * ItemSize(dtype);
+  int64_t bytes = 0;
+  if (!n || __builtin_mul_overflow(*n, ItemSize(dtype), &bytes)) return std::nullopt;
+  return bytes;
 }
 
 bool TensorType::operator==(const TensorType& o) const {

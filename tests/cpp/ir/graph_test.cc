@@ -105,5 +105,17 @@ TEST(TypesTest, DTypesAndHints) {
   EXPECT_EQ(ValueType::Tensor(t).ToString(), "f32[s0, 8]");
 }
 
+// Found by graph_builder_fuzzer (tests/fuzz/corpus/regression-numel-overflow): a huge size
+// overflowed the element count (signed overflow, UB). Now the size is just unknown.
+TEST(TypesTest, OverflowingSizesAreUnknownNotUndefined) {
+  TensorType t;
+  t.dtype = DType::kFloat32;
+  t.shape = {SymDim::Concrete(int64_t{1} << 40), SymDim::Concrete(int64_t{1} << 40)};
+  EXPECT_FALSE(t.NumelHint().has_value());
+  t.shape = {SymDim::Concrete(int64_t{1} << 62)};
+  EXPECT_TRUE(t.NumelHint().has_value());
+  EXPECT_FALSE(t.BytesHint().has_value());
+}
+
 }  // namespace
 }  // namespace tp::ir
