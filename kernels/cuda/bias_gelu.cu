@@ -71,69 +71,42 @@ dim3 GridFor(int64_t n, int threads) {
   return dim3(static_cast<unsigned>(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8));
 }
 
+// Calls fn with a value of the element type named by `kind`, then reports the launch status.
+template <class Fn>
+cudaError_t DispatchKind(ScalarKind kind, Fn&& fn) {
+  switch (kind) {
+    case ScalarKind::kFloat32: fn(float{}); break;
+    case ScalarKind::kFloat64: fn(double{}); break;
+    case ScalarKind::kFloat16: fn(__half{}); break;
+    case ScalarKind::kBFloat16: fn(__nv_bfloat16{}); break;
+  }
+  return cudaGetLastError();
+}
+
+constexpr int kThreads = 256;
+
 }  // namespace
 
 cudaError_t LaunchBiasGelu(const BiasGeluParams& p, cudaStream_t stream) {
   const int64_t n = p.rows * p.cols;
   if (n == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  const dim3 grid = GridFor(n, kThreads);
-  switch (p.kind) {
-    case ScalarKind::kFloat32:
-      BiasGeluKernel<float><<<grid, kThreads, 0, stream>>>(
-          static_cast<const float*>(p.x), static_cast<const float*>(p.bias),
-          static_cast<float*>(p.out), n, p.cols, p.approx);
-      break;
-    case ScalarKind::kFloat64:
-      BiasGeluKernel<double><<<grid, kThreads, 0, stream>>>(
-          static_cast<const double*>(p.x), static_cast<const double*>(p.bias),
-          static_cast<double*>(p.out), n, p.cols, p.approx);
-      break;
-    case ScalarKind::kFloat16:
-      BiasGeluKernel<__half><<<grid, kThreads, 0, stream>>>(
-          static_cast<const __half*>(p.x), static_cast<const __half*>(p.bias),
-          static_cast<__half*>(p.out), n, p.cols, p.approx);
-      break;
-    case ScalarKind::kBFloat16:
-      BiasGeluKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(p.x), static_cast<const __nv_bfloat16*>(p.bias),
-          static_cast<__nv_bfloat16*>(p.out), n, p.cols, p.approx);
-      break;
-  }
-  return cudaGetLastError();
+  return DispatchKind(p.kind, [&](auto tag) {
+    using T = decltype(tag);
+    BiasGeluKernel<T><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(p.x), static_cast<const T*>(p.bias), static_cast<T*>(p.out), n,
+        p.cols, p.approx);
+  });
 }
 
 cudaError_t LaunchBiasGeluBackward(const BiasGeluBackwardParams& p, cudaStream_t stream) {
   const int64_t n = p.rows * p.cols;
   if (n == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  const dim3 grid = GridFor(n, kThreads);
-  switch (p.kind) {
-    case ScalarKind::kFloat32:
-      BiasGeluBackwardKernel<float><<<grid, kThreads, 0, stream>>>(
-          static_cast<const float*>(p.grad), static_cast<const float*>(p.x),
-          static_cast<const float*>(p.bias), static_cast<float*>(p.grad_in), n, p.cols, p.approx);
-      break;
-    case ScalarKind::kFloat64:
-      BiasGeluBackwardKernel<double><<<grid, kThreads, 0, stream>>>(
-          static_cast<const double*>(p.grad), static_cast<const double*>(p.x),
-          static_cast<const double*>(p.bias), static_cast<double*>(p.grad_in), n, p.cols,
-          p.approx);
-      break;
-    case ScalarKind::kFloat16:
-      BiasGeluBackwardKernel<__half><<<grid, kThreads, 0, stream>>>(
-          static_cast<const __half*>(p.grad), static_cast<const __half*>(p.x),
-          static_cast<const __half*>(p.bias), static_cast<__half*>(p.grad_in), n, p.cols,
-          p.approx);
-      break;
-    case ScalarKind::kBFloat16:
-      BiasGeluBackwardKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(p.grad), static_cast<const __nv_bfloat16*>(p.x),
-          static_cast<const __nv_bfloat16*>(p.bias), static_cast<__nv_bfloat16*>(p.grad_in), n,
-          p.cols, p.approx);
-      break;
-  }
-  return cudaGetLastError();
+  return DispatchKind(p.kind, [&](auto tag) {
+    using T = decltype(tag);
+    BiasGeluBackwardKernel<T><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(p.grad), static_cast<const T*>(p.x), static_cast<const T*>(p.bias),
+        static_cast<T*>(p.grad_in), n, p.cols, p.approx);
+  });
 }
 
 }  // namespace tp::kernels
