@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -41,14 +40,6 @@ def collect_stats() -> Iterator[list[dict[str, Any]]]:
         _STATS_SINKS.remove(sink)
 
 
-def _source_path(name: str) -> str:
-    """ "L['self']._modules['fc']._parameters['weight']" -> "fc.weight"."""
-    parts = re.findall(r"\[['\"]?([^\]'\"]+)['\"]?\]|\.(\w+)", name)
-    keep = [a or b for a, b in parts]
-    keep = [p for p in keep if p not in ("self", "_modules", "_parameters", "_buffers")]
-    return ".".join(keep)
-
-
 def _dynamo_input_kinds(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[tuple[str, str]]:
     """(kind, source) per Dynamo graph input: parameters and buffers by their module path."""
     kinds = []
@@ -61,9 +52,9 @@ def _dynamo_input_kinds(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> li
             source = grapharg.source.name
             source = source() if callable(source) else str(source)
         if isinstance(example, torch.nn.Parameter):
-            kinds.append(("parameter", _source_path(source)))
+            kinds.append(("parameter", fx_bridge.module_path(source)))
         elif "_buffers" in source:
-            kinds.append(("buffer", _source_path(source)))
+            kinds.append(("buffer", fx_bridge.module_path(source)))
         elif isinstance(example, (torch.SymInt, int)) and not isinstance(example, bool):
             kinds.append(("symbol", ""))
         else:

@@ -119,14 +119,26 @@ def type_record(val: Any) -> tuple:
     return ("opaque", type(val).__name__)
 
 
+_CONTAINER_ATTRS = ("self", "_modules", "_parameters", "_buffers")
+
+
+def module_path(source: str) -> str:
+    """Dynamo's name for a module or tensor -> its dotted path in the model.
+
+    "L['self']._modules['fc']._parameters['weight']" -> "fc.weight",
+    "L['self'].layers[0].attn" -> "layers.0.attn", "L__self___fc" -> "fc".
+    """
+    if source.startswith("L__self__"):
+        return source.removeprefix("L__self__").lstrip("_")
+    parts = re.findall(r"\[['\"]?([^\]'\"]+)['\"]?\]|\.(\w+)", source)
+    return ".".join(p for a, b in parts if (p := a or b) not in _CONTAINER_ATTRS)
+
+
 def _scope(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return ""
-    path = str(list(stack.values())[-1][0])
-    path = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path)
-    path = re.sub(r"^L\.self\.?|^L__self___?", "", path)
-    return path.replace("._modules.", ".").lstrip(".")
+    return module_path(str(list(stack.values())[-1][0]))
 
 
 def _default_input_kind(node: fx.Node) -> tuple[str, str]:

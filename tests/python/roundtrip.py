@@ -39,7 +39,7 @@ def run_model(
             for t in tensors_in(inputs):
                 torch._dynamo.mark_dynamic(t, 0)
         fn = torch.compile(
-            model, backend=backend, options=options, dynamic=False if not dynamic else None
+            model, backend=backend, options=options, dynamic=None if dynamic else False
         )
     torch.manual_seed(seed)
     with torch.set_grad_enabled(train):

@@ -227,3 +227,17 @@ def test_solver_reachable_from_python() -> None:
     assert status == "optimal" and abs(obj - 20) < 1e-6 and [round(v) for v in values] == [0, 1, 1]
     with pytest.raises(ValueError, match="sense must be"):
         _C.solve_ilp([(0, 1, 1, True)], [([(0, 1.0)], "<", 1.0)])
+
+
+@pytest.mark.parametrize(
+    "source, path",
+    [
+        ("L['self']._modules['fc']._parameters['weight']", "fc.weight"),
+        ("L['self'].layers[0].attn", "layers.0.attn"),
+        ("L['self']._modules['bn']._buffers['running_mean']", "bn.running_mean"),
+        ("L__self___fc", "fc"),
+        ("L['x']", "x"),
+    ],
+)
+def test_module_path_from_dynamo_sources(source: str, path: str) -> None:
+    assert fx_bridge.module_path(source) == path
