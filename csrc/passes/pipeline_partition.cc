@@ -1,0 +1,601 @@
+#include "passes/pipeline_partition.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+namespace tp::pipeline {
+namespace {
+
+constexpr int64_t kInf = std::numeric_limits<int64_t>::max() / 4;
+
+struct Config {
+  int b = 1, k = 1;
+};
+
+// Entry signature of a plan: (micro-batch, k, in-flight samples) of each stage that its
+// upstream feeds, deduplicated to the largest in-flight per (b, k).
+using Signature = std::vector<std::array<int64_t, 3>>;
+
+struct StageCost {
+  double fwd_flops = 0, bwd_flops = 0, io_bytes = 0, act_bytes = 0, param_bytes = 0, kernels = 0;
+  double in_bytes = 0, out_bytes = 0;
+};
+
+StageCost CostOfBlocks(const CostGraph& g, const std::vector<std::vector<int>>& consumers,
+                       const std::vector<int>& blocks) {
+  std::vector<char> in(g.size(), 0);
+  for (int v : blocks) in[v] = 1;
+  StageCost s;
+  std::set<int> producers;
+  for (int v : blocks) {
+    const CostNode& c = g.nodes[v];
+    s.fwd_flops += c.fwd_flops;
+    s.bwd_flops += c.bwd_flops;
+    s.io_bytes += c.io_bytes;
+    s.act_bytes += c.act_bytes;
+    s.param_bytes += c.param_bytes;
+    s.kernels += c.kernels;
+    for (int u : c.inputs)
+      if (!in[u]) producers.insert(u);
+    bool leaves = false;
+    for (int w : consumers[v]) leaves = leaves || !in[w];
+    if (leaves) s.out_bytes += c.out_bytes;
+  }
+  for (int u : producers) s.in_bytes += g.nodes[u].out_bytes;
+  return s;
+}
+
+struct StageTiming {
+  double fwd = 0, bwd = 0, comm = 0, allreduce = 0, tps = 0;
+};
+
+StageTiming TimeStage(const StageCost& s, int b, int d, int mini_batch,
+                      const cost::DeviceProfile& dev) {
+  StageTiming t;
+  const double n = std::ceil(static_cast<double>(b) / d);  // samples per replica
+  t.fwd = cost::ComputeTime(dev, s.fwd_flops * n, s.param_bytes + s.io_bytes * n, s.kernels);
+  t.bwd = cost::ComputeTime(dev, s.bwd_flops * n, 2 * s.param_bytes + 2 * s.io_bytes * n,
+                            2 * s.kernels);
+  t.comm = 2 * (cost::P2PTime(dev, s.in_bytes * n) + cost::P2PTime(dev, s.out_bytes * n));
+  t.allreduce = cost::AllReduceTime(dev, s.param_bytes, d);
+  t.tps = (t.fwd + t.bwd + t.comm) / b + t.allreduce / mini_batch;
+  return t;
+}
+
+double StageMemory(const StageCost& s, int b, int d, int64_t in_flight, double state_factor) {
+  const double n = std::ceil(static_cast<double>(b) / d);
+  return state_factor * s.param_bytes + s.act_bytes * static_cast<double>(in_flight) * n / b;
+}
+
+int64_t InFlightFrom(const Config& c, const Signature& sig) {
+  if (sig.empty()) return static_cast<int64_t>(c.k) * c.b;  // a sink stage
+  int64_t i = 0;
+  for (const auto& e : sig)
+    i = std::max(i, ComputeInFlight(c.k, c.b, static_cast<int>(e[1]), static_cast<int>(e[0]),
+                                    e[2]));
+  return i;
+}
+
+struct Choice {
+  enum class Kind { kNone, kBase, kChild, kSeries, kParallel };
+  Kind kind = Kind::kNone;
+  int config = -1;  // base: the stage's config
+  int r1 = -1, r2 = -1;
+  int cm = -1;      // series: the upstream config r2's plan was chosen for
+};
+
+struct Result {
+  int t = -1, l = 0, r = 0, d = 0;
+  std::vector<int64_t> value;  // per upstream config (last index: no upstream)
+  std::vector<int> sig;        // interned signature of the chosen plan, per upstream config
+  std::vector<Choice> choice;
+};
+
+struct Key {
+  int t, l, r, d, sig;
+  bool operator==(const Key& o) const {
+    return t == o.t && l == o.l && r == o.r && d == o.d && sig == o.sig;
+  }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = static_cast<uint64_t>(k.t);
+    for (int x : {k.l, k.r, k.d, k.sig}) h = h * 1000003u ^ static_cast<uint64_t>(x);
+    return static_cast<size_t>(h);
+  }
+};
+
+class Search {
+ public:
+  Search(const CostGraph& g, const SpTree& tree, const PartitionOptions& o,
+         std::vector<Config> configs, double memory_limit)
+      : g_(g), tree_(tree), o_(o), configs_(std::move(configs)), memory_limit_(memory_limit),
+        consumers_(g.Consumers()) {
+    Intern({});
+  }
+
+  void Reset(double tmax) {
+    tmax_ = tmax;
+    memo_.clear();
+    results_.clear();
+  }
+  int64_t states() const { return static_cast<int64_t>(results_.size()); }
+  int dummy() const { return static_cast<int>(configs_.size()); }
+  const Result& result(int id) const { return results_[id]; }
+
+  int Solve(int t, int l, int r, int d, int sig) {
+    const Key key{t, l, r, d, sig};
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
+    const int nconf = static_cast<int>(configs_.size()) + 1;
+    Result res;
+    res.t = t, res.l = l, res.r = r, res.d = d;
+    res.value.assign(nconf, kInf);
+    res.sig.assign(nconf, 0);
+    res.choice.assign(nconf, Choice{});
+    const SpTree::Node& node = tree_.nodes[t];
+
+    // Base case: the piece is one stage over all d devices.
+    const StageCost& sc = Cost(t, l, r);
+    for (int ci = 0; ci < static_cast<int>(configs_.size()); ++ci) {
+      const Config& c = configs_[ci];
+      if (c.b < d) continue;
+      const StageTiming tm = TimeStage(sc, c.b, d, o_.mini_batch, o_.device);
+      if (tm.tps > tmax_) continue;
+      const int64_t ix = InFlightFrom(c, signatures_[sig]);
+      if (StageMemory(sc, c.b, d, ix, o_.state_bytes_per_param_byte) > memory_limit_) continue;
+      const int own = Intern({{c.b, c.k, ix}});
+      for (int cu = 0; cu < nconf; ++cu) {
+        const int64_t v = cu == dummy() ? ix
+                                        : ComputeInFlight(configs_[cu].k, configs_[cu].b, c.k,
+                                                          c.b, ix);
+        if (v < res.value[cu]) {
+          res.value[cu] = v;
+          res.sig[cu] = own;
+          res.choice[cu] = Choice{Choice::Kind::kBase, ci, -1, -1, -1};
+        }
+      }
+    }
+    if (node.kind != SpTree::Kind::kLeaf && l == r) {
+      const int child = node.children[l];
+      if (tree_.nodes[child].kind != SpTree::Kind::kLeaf) {
+        const int rc =
+            Solve(child, 0, static_cast<int>(tree_.nodes[child].children.size()) - 1, d, sig);
+        for (int cu = 0; cu < nconf; ++cu) {
+          if (results_[rc].value[cu] < res.value[cu]) {
+            res.value[cu] = results_[rc].value[cu];
+            res.sig[cu] = results_[rc].sig[cu];
+            res.choice[cu] = Choice{Choice::Kind::kChild, -1, rc, -1, -1};
+          }
+        }
+      }
+    } else if (node.kind == SpTree::Kind::kSeries) {
+      for (int m = l; m < r; ++m) {
+        for (int d2 = 1; d2 < d; ++d2) {
+          const int r2 = Solve(t, m + 1, r, d2, sig);
+          std::set<int> tried;
+          for (int cm = 0; cm + 1 < nconf; ++cm) {
+            if (results_[r2].value[cm] >= kInf) continue;
+            const int s2 = results_[r2].sig[cm];
+            if (!tried.insert(s2).second) continue;
+            const int r1 = Solve(t, l, m, d - d2, s2);
+            for (int cu = 0; cu < nconf; ++cu) {
+              if (results_[r1].value[cu] < res.value[cu]) {
+                res.value[cu] = results_[r1].value[cu];
+                res.sig[cu] = results_[r1].sig[cu];
+                res.choice[cu] = Choice{Choice::Kind::kSeries, -1, r1, r2, cm};
+              }
+            }
+          }
+        }
+      }
+    } else if (node.kind == SpTree::Kind::kParallel) {
+      for (int m = l; m < r; ++m) {
+        for (int d1 = 1; d1 < d; ++d1) {
+          const int r1 = Solve(t, l, m, d1, sig);
+          bool any = false;
+          for (int64_t v : results_[r1].value) any = any || v < kInf;
+          if (!any) continue;
+          const int r2 = Solve(t, m + 1, r, d - d1, sig);
+          for (int cu = 0; cu < nconf; ++cu) {
+            const int64_t v = std::max(results_[r1].value[cu], results_[r2].value[cu]);
+            if (v < res.value[cu]) {
+              res.value[cu] = v;
+              res.sig[cu] = Union(results_[r1].sig[cu], results_[r2].sig[cu]);
+              res.choice[cu] = Choice{Choice::Kind::kParallel, -1, r1, r2, -1};
+            }
+          }
+        }
+      }
+    }
+    results_.push_back(std::move(res));
+    const int id = static_cast<int>(results_.size()) - 1;
+    memo_[key] = id;
+    return id;
+  }
+
+  // Stages of result `id` chosen for upstream config `cu`.
+  void Emit(int id, int cu, std::vector<Stage>& out) const {
+    const Result& res = results_[id];
+    const Choice& ch = res.choice[cu];
+    switch (ch.kind) {
+      case Choice::Kind::kBase: {
+        Stage s;
+        s.blocks = tree_.Blocks(res.t, res.l, res.r);
+        std::sort(s.blocks.begin(), s.blocks.end());
+        s.micro_batch = configs_[ch.config].b;
+        s.k = configs_[ch.config].k;
+        s.replicas = res.d;
+        out.push_back(std::move(s));
+        return;
+      }
+      case Choice::Kind::kChild:
+        Emit(ch.r1, cu, out);
+        return;
+      case Choice::Kind::kSeries:
+        Emit(ch.r1, cu, out);
+        Emit(ch.r2, ch.cm, out);
+        return;
+      case Choice::Kind::kParallel:
+        Emit(ch.r1, cu, out);
+        Emit(ch.r2, cu, out);
+        return;
+      case Choice::Kind::kNone:
+        throw std::logic_error("pipeline partitioner: emitting an infeasible plan");
+    }
+  }
+
+ private:
+  int Intern(Signature s) {
+    std::sort(s.begin(), s.end());
+    Signature dedup;
+    for (const auto& e : s) {
+      if (!dedup.empty() && dedup.back()[0] == e[0] && dedup.back()[1] == e[1]) {
+        dedup.back()[2] = std::max(dedup.back()[2], e[2]);
+      } else {
+        dedup.push_back(e);
+      }
+    }
+    auto it = sig_ids_.find(dedup);
+    if (it != sig_ids_.end()) return it->second;
+    signatures_.push_back(dedup);
+    return sig_ids_[dedup] = static_cast<int>(signatures_.size()) - 1;
+  }
+  int Union(int a, int b) {
+    Signature s = signatures_[a];
+    s.insert(s.end(), signatures_[b].begin(), signatures_[b].end());
+    return Intern(std::move(s));
+  }
+  const StageCost& Cost(int t, int l, int r) {
+    const Key key{t, l, r, 0, 0};
+    auto it = costs_.find(key);
+    if (it != costs_.end()) return it->second;
+    return costs_[key] = CostOfBlocks(g_, consumers_, tree_.Blocks(t, l, r));
+  }
+
+  const CostGraph& g_;
+  const SpTree& tree_;
+  const PartitionOptions& o_;
+  std::vector<Config> configs_;
+  double memory_limit_;
+  std::vector<std::vector<int>> consumers_;
+  double tmax_ = 0;
+  std::unordered_map<Key, int, KeyHash> memo_;
+  std::vector<Result> results_;
+  std::unordered_map<Key, StageCost, KeyHash> costs_;
+  std::vector<Signature> signatures_;
+  std::map<Signature, int> sig_ids_;
+};
+
+std::string GiB(double bytes) {
+  std::ostringstream os;
+  os.precision(3);
+  os << bytes / (1024.0 * 1024 * 1024) << " GiB";
+  return os.str();
+}
+
+struct Found {
+  bool ok = false;
+  double tps = 0;
+  std::vector<Stage> stages;
+};
+
+}  // namespace
+
+int64_t ComputeInFlight(int kx, int bx, int ky, int by, int64_t iy) {
+  const int64_t X = static_cast<int64_t>(kx) * bx, Y = static_cast<int64_t>(ky) * by;
+  const int64_t M = std::max(bx, by);
+  if (X < Y) {
+    if (X < by) return iy + by;       // b_x <= k_x b_x < b_y <= k_y b_y
+    return X == M ? iy + M : iy + 2 * M;
+  }
+  if (X == Y) return Y == M ? iy + Y : iy + 2 * M;
+  // X > Y
+  if (Y < bx) return iy + X - Y + bx;  // b_y <= k_y b_y < b_x <= k_x b_x
+  if (bx <= by) return Y == by ? iy + X : iy + X - Y + 2 * by;
+  return Y == bx ? iy + X : iy + X - Y + 2 * bx;
+}
+
+std::vector<std::vector<int>> StageGraph::Successors() const {
+  std::vector<std::vector<int>> s(stages.size());
+  for (const auto& e : edges) s[e.from].push_back(e.to);
+  return s;
+}
+
+std::vector<std::vector<int>> StageGraph::Predecessors() const {
+  std::vector<std::vector<int>> p(stages.size());
+  for (const auto& e : edges) p[e.to].push_back(e.from);
+  return p;
+}
+
+int StageGraph::Depth() const {
+  std::vector<int> depth(stages.size(), 1);
+  const auto preds = Predecessors();
+  int best = stages.empty() ? 0 : 1;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    for (int p : preds[s]) depth[s] = std::max(depth[s], depth[p] + 1);
+    best = std::max(best, depth[s]);
+  }
+  return best;
+}
+
+std::string StageGraph::ToString(const CostGraph& graph) const {
+  std::ostringstream os;
+  os << kind << ": " << stages.size() << " stages on " << num_devices << " devices, depth "
+     << Depth() << ", bottleneck " << bottleneck_tps * 1e6 << " us/sample, peak memory "
+     << GiB(max_memory_bytes) << "\n";
+  const auto succ = Successors();
+  for (const auto& s : stages) {
+    os << "  S" << s.id << " b=" << s.micro_batch << " k=" << s.k << " d=" << s.replicas
+       << " inflight=" << s.in_flight << " tps=" << s.tps * 1e6 << "us mem=" << GiB(s.memory_bytes)
+       << " [";
+    for (size_t i = 0; i < s.blocks.size(); ++i)
+      os << (i ? ", " : "") << graph.nodes[s.blocks[i]].name;
+    os << "] ->";
+    for (int t : succ[s.id]) os << " S" << t;
+    os << "\n";
+  }
+  return os.str();
+}
+
+void EvaluateStageGraph(const CostGraph& graph, const PartitionOptions& o, StageGraph& sg) {
+  const auto consumers = graph.Consumers();
+  const auto succ = sg.Successors();
+  sg.bottleneck_tps = 0;
+  sg.max_memory_bytes = 0;
+  for (int s = static_cast<int>(sg.stages.size()) - 1; s >= 0; --s) {
+    Stage& st = sg.stages[s];
+    const StageCost sc = CostOfBlocks(graph, consumers, st.blocks);
+    const StageTiming tm = TimeStage(sc, st.micro_batch, st.replicas, o.mini_batch, o.device);
+    st.fwd_time = tm.fwd;
+    st.bwd_time = tm.bwd;
+    st.comm_time = tm.comm;
+    st.allreduce_time = tm.allreduce;
+    st.tps = tm.tps;
+    st.in_flight = succ[s].empty() ? static_cast<int64_t>(st.k) * st.micro_batch : 0;
+    for (int t : succ[s]) {
+      const Stage& y = sg.stages[t];
+      st.in_flight =
+          std::max(st.in_flight, ComputeInFlight(st.k, st.micro_batch, y.k, y.micro_batch,
+                                                 y.in_flight));
+    }
+    st.in_flight = std::min<int64_t>(st.in_flight, o.mini_batch);
+    st.memory_bytes = StageMemory(sc, st.micro_batch, st.replicas, st.in_flight,
+                                  o.state_bytes_per_param_byte);
+    sg.bottleneck_tps = std::max(sg.bottleneck_tps, st.tps);
+    sg.max_memory_bytes = std::max(sg.max_memory_bytes, st.memory_bytes);
+  }
+}
+
+StageGraph BuildStageGraph(const CostGraph& graph, const PartitionOptions& o,
+                           std::vector<Stage> stages) {
+  StageGraph sg;
+  sg.kind = o.sequential ? "spp" : "gpp";
+  sg.mini_batch = o.mini_batch;
+  sg.num_devices = o.num_devices;
+  sg.stages = std::move(stages);
+  // Topological order of stages (a stage holding a join comes after every branch it joins),
+  // lowest first block first among ready stages.
+  {
+    const int n = static_cast<int>(sg.stages.size());
+    std::vector<int> owner(graph.size(), -1);
+    for (int i = 0; i < n; ++i)
+      for (int v : sg.stages[i].blocks) {
+        if (v < 0 || v >= graph.size() || owner[v] != -1)
+          throw std::invalid_argument("stage blocks must partition the graph (block " +
+                                      std::to_string(v) + ")");
+        owner[v] = i;
+      }
+    for (int v = 0; v < graph.size(); ++v)
+      if (owner[v] < 0)
+        throw std::invalid_argument("block '" + graph.nodes[v].name + "' is in no stage");
+    std::vector<std::set<int>> succ(n);
+    std::vector<int> indegree(n, 0);
+    for (int v = 0; v < graph.size(); ++v)
+      for (int u : graph.nodes[v].inputs)
+        if (owner[u] != owner[v] && succ[owner[u]].insert(owner[v]).second) ++indegree[owner[v]];
+    std::set<std::pair<int, int>> ready;
+    for (int i = 0; i < n; ++i)
+      if (indegree[i] == 0) ready.insert({sg.stages[i].blocks.front(), i});
+    std::vector<Stage> ordered;
+    while (!ready.empty()) {
+      const int i = ready.begin()->second;
+      ready.erase(ready.begin());
+      ordered.push_back(sg.stages[i]);
+      for (int j : succ[i])
+        if (--indegree[j] == 0) ready.insert({sg.stages[j].blocks.front(), j});
+    }
+    if (static_cast<int>(ordered.size()) != n)
+      throw std::invalid_argument("stages depend on each other in a cycle (a stage is not convex)");
+    sg.stages = std::move(ordered);
+  }
+  std::vector<int> stage_of(graph.size(), -1);
+  int device = 0;
+  for (size_t i = 0; i < sg.stages.size(); ++i) {
+    Stage& s = sg.stages[i];
+    s.id = static_cast<int>(i);
+    for (int v : s.blocks) stage_of[v] = s.id;
+    s.devices.clear();
+    for (int r = 0; r < s.replicas; ++r) s.devices.push_back(device++);
+  }
+  std::map<std::pair<int, int>, double> bytes;
+  std::set<std::pair<int, int>> seen_producer;  // (block, consumer stage)
+  for (int v = 0; v < graph.size(); ++v) {
+    for (int u : graph.nodes[v].inputs) {
+      const int a = stage_of[u], b = stage_of[v];
+      if (a == b) continue;
+      if (seen_producer.insert({u, b}).second) bytes[{a, b}] += graph.nodes[u].out_bytes;
+    }
+  }
+  for (const auto& [ab, by] : bytes) sg.edges.push_back({ab.first, ab.second, by, true});
+  if (o.sequential) {
+    for (size_t i = 0; i + 1 < sg.stages.size(); ++i) {
+      if (!bytes.count({static_cast<int>(i), static_cast<int>(i) + 1}))
+        sg.edges.push_back({static_cast<int>(i), static_cast<int>(i) + 1, 0, false});
+    }
+  }
+  std::sort(sg.edges.begin(), sg.edges.end(), [](const StageEdge& a, const StageEdge& b) {
+    return std::make_pair(a.from, a.to) < std::make_pair(b.from, b.to);
+  });
+  EvaluateStageGraph(graph, o, sg);
+  return sg;
+}
+
+StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
+                             PartitionStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  graph.Validate();
+  if (graph.size() == 0) throw std::invalid_argument("pipeline partitioner: empty graph");
+  if (o.mini_batch <= 0) throw std::invalid_argument("pipeline partitioner: mini_batch must be > 0");
+  if (o.num_devices <= 0)
+    throw std::invalid_argument("pipeline partitioner: num_devices must be > 0");
+  if (o.device.peak_flops <= 0)
+    throw std::invalid_argument("pipeline partitioner: device profile is not set");
+  std::vector<int> sizes = o.micro_batch_sizes;
+  if (sizes.empty())
+    for (int b = 1; b <= o.mini_batch; b *= 2)
+      if (o.mini_batch % b == 0) sizes.push_back(b);
+  for (int b : sizes)
+    if (b <= 0 || o.mini_batch % b != 0)
+      throw std::invalid_argument("micro-batch size " + std::to_string(b) +
+                                  " does not divide the mini-batch " +
+                                  std::to_string(o.mini_batch));
+  const double memory_limit = o.memory_limit > 0 ? o.memory_limit : o.device.memory_bytes;
+  const SpTree tree =
+      o.sequential ? LinearChain(graph) : DecomposeSeriesParallel(graph, o.absorb_joins);
+  const int root_last =
+      tree.nodes[tree.root].kind == SpTree::Kind::kLeaf
+          ? 0
+          : static_cast<int>(tree.nodes[tree.root].children.size()) - 1;
+  const auto deadline =
+      o.time_limit_s > 0
+          ? t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                     std::chrono::duration<double>(o.time_limit_s))
+          : std::chrono::steady_clock::time_point::max();
+
+  // SPP uses one micro-batch size for every stage; GPP lets each stage pick its own.
+  std::vector<std::vector<Config>> config_sets;
+  auto configs_for = [&](const std::vector<int>& bs) {
+    std::vector<Config> cs;
+    for (int b : bs)
+      for (int k : o.k_values)
+        if (k >= 1 && static_cast<int64_t>(k) * b <= o.mini_batch) cs.push_back({b, k});
+    return cs;
+  };
+  if (o.sequential) {
+    for (int b : sizes) config_sets.push_back(configs_for({b}));
+  } else {
+    config_sets.push_back(configs_for(sizes));
+  }
+
+  PartitionStats st;
+  st.blocks = graph.size();
+  st.linearised_regions = tree.linearised_regions;
+  st.sp_tree = tree.ToString();
+  Found best;
+  for (const auto& configs : config_sets) {
+    Search search(graph, tree, o, configs, memory_limit);
+    auto feasible = [&](double tmax, Found* out) {
+      search.Reset(tmax);
+      const int r = search.Solve(tree.root, 0, root_last, o.num_devices, 0);
+      st.dp_states += search.states();
+      ++st.iterations;
+      if (search.result(r).value[search.dummy()] >= kInf) return false;
+      if (out) {
+        out->ok = true;
+        out->tps = tmax;
+        out->stages.clear();
+        search.Emit(r, search.dummy(), out->stages);
+      }
+      return true;
+    };
+    Found local;
+    if (!feasible(std::numeric_limits<double>::infinity(), &local)) continue;
+    // Upper bound: the TPS of the plan found without a target; lower bound 0.
+    {
+      StageGraph probe;
+      probe.mini_batch = o.mini_batch;
+      probe.stages = local.stages;
+      for (size_t i = 0; i < probe.stages.size(); ++i) probe.stages[i].id = static_cast<int>(i);
+      EvaluateStageGraph(graph, o, probe);
+      local.tps = probe.bottleneck_tps;
+    }
+    double lo = 0, hi = local.tps;
+    for (int it = 0; it < o.max_iterations && hi - lo > o.epsilon * hi; ++it) {
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      const double mid = 0.5 * (lo + hi);
+      Found f;
+      if (feasible(mid, &f)) {
+        hi = mid;
+        local = std::move(f);
+      } else {
+        lo = mid;
+      }
+    }
+    local.tps = hi;
+    if (!best.ok || local.tps < best.tps) best = std::move(local);
+  }
+  if (!best.ok) {
+    // Find how much memory a plan would need, to say so.
+    PartitionOptions relaxed = o;
+    relaxed.memory_limit = std::numeric_limits<double>::max();
+    relaxed.max_iterations = 0;
+    double need = -1;
+    try {
+      need = PartitionPipeline(graph, relaxed, nullptr).max_memory_bytes;
+    } catch (const PartitionError&) {
+    }
+    std::string msg = "no pipeline plan fits " + std::to_string(o.num_devices) + " devices with " +
+                      GiB(memory_limit) + " each";
+    if (need > 0) msg += "; the leanest plan found needs " + GiB(need) + " per device";
+    msg += ". Add devices, raise the memory limit, or lower the mini-batch size.";
+    throw PartitionError(msg, need);
+  }
+
+  StageGraph sg = BuildStageGraph(graph, o, std::move(best.stages));
+  if (!o.sequential && o.absorb_joins && sg.max_memory_bytes > memory_limit) {
+    // The DP sees a branch feeding an absorbed join one hop late; if that matters, search the
+    // strict SP tree instead.
+    PartitionOptions strict = o;
+    strict.absorb_joins = false;
+    PartitionStats strict_stats;
+    sg = PartitionPipeline(graph, strict, &strict_stats);
+    st.iterations += strict_stats.iterations;
+    st.dp_states += strict_stats.dp_states;
+  }
+  st.search_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (stats) *stats = st;
+  return sg;
+}
+
+}  // namespace tp::pipeline
