@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import torch  # noqa: F401  (loads libtorch before our extension, which links against it)
 
-from . import _C, models, ops  # noqa: F401  (ops registers fake kernels and autograd formulas)
-from ._C import GraphError, PassError
+from . import _C, distributed, models, ops  # noqa: F401  (ops registers fake kernels, autograd)
+from ._C import GraphError, PassError, PlanError
 from .backend import register, torch_plugin_backend
+from .distributed import PipelineParallel, PipelinePlan, plan_pipeline
 from .options import Options
 
 __all__ = [
     "GraphError",
     "Options",
     "PassError",
+    "PipelineParallel",
+    "PipelinePlan",
+    "PlanError",
+    "distributed",
     "models",
+    "plan_pipeline",
     "torch_plugin_backend",
 ]
 __version__ = "0.1.0"

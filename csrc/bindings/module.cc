@@ -16,6 +16,7 @@
 #include "ir/text.h"
 #include "ir/verify.h"
 #include "passes/pipeline.h"
+#include "passes/pipeline_partition.h"
 #include "solver/cbc.h"
 
 namespace py = pybind11;
@@ -238,10 +239,19 @@ void TranslateExceptions(std::exception_ptr p) {
     exc.attr("hint") = e.hint();
     exc.attr("passes_before") = e.passes_before();
     PyErr_SetObject(type.ptr(), exc.ptr());
+  } catch (const pipeline::PartitionError& e) {
+    py::object type = py::module_::import("torch_plugin._C").attr("PlanError");
+    py::object exc = type(e.what());
+    exc.attr("min_memory_bytes") = e.min_memory_bytes();
+    PyErr_SetObject(type.ptr(), exc.ptr());
   }
 }
 
 }  // namespace
+}  // namespace tp::bindings
+
+namespace tp::bindings {
+void BindPipeline(py::module_& m);  // pipeline.cc
 }  // namespace tp::bindings
 
 PYBIND11_MODULE(_C, m) {
@@ -255,6 +265,10 @@ class GraphError(ValueError):
     """A malformed graph; `.node` names the offending node."""
     node = ""
 
+class PlanError(RuntimeError):
+    """No parallel plan fits; `.min_memory_bytes` is what the leanest plan found needs."""
+    min_memory_bytes = -1.0
+
 class PassError(RuntimeError):
     """A pass failed; `.pass_name` and `.node` say where, `.hint` what to do."""
     pass_name = ""
@@ -264,6 +278,7 @@ class PassError(RuntimeError):
 )",
            m.attr("__dict__"));
   py::register_exception_translator(&TranslateExceptions);
+  BindPipeline(m);
 
   py::class_<ir::Graph>(m, "Graph")
       .def_static("from_records", &GraphFromRecords, py::arg("inputs"), py::arg("nodes"),

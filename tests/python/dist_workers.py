@@ -1,0 +1,106 @@
+"""Worker functions for multi-rank tests (spawned processes, gloo, bounded timeouts)."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(fn: Any, world: int, *args: Any) -> None:
+    """Runs fn(rank, world, port, *args) on `world` processes; raises if any rank fails."""
+    mp.spawn(fn, args=(world, free_port(), *args), nprocs=world, join=True)
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S)
+    )
+
+
+def pipeline_step_matches(
+    rank: int,
+    world: int,
+    port: int,
+    model_name: str,
+    strategy: str,
+    micro_batch_sizes: list[int] | None,
+    batch: int,
+    out_dir: str,
+) -> None:
+    """One training step under the pipeline runtime equals single-process training."""
+    from torch_plugin import models
+    from torch_plugin.distributed import PipelineParallel
+
+    _init(rank, world, port)
+    try:
+        model, inputs = models.build(model_name, small=True, batch=batch)
+        reference = copy.deepcopy(model)
+        out = reference(*inputs)
+        torch.manual_seed(123)
+        target = torch.randn_like(out)
+        ref_loss = F.mse_loss(out, target)
+        ref_loss.backward()
+        ref_grads = {n: p.grad for n, p in reference.named_parameters()}
+
+        pp = PipelineParallel(
+            model,
+            inputs,
+            loss_fn=F.mse_loss,
+            strategy=strategy,
+            micro_batch_sizes=micro_batch_sizes,
+        )
+        loss = pp.step(inputs, target)
+        torch.testing.assert_close(torch.tensor(loss), ref_loss.detach(), rtol=1e-5, atol=1e-5)
+        max_diff = 0.0
+        names = []
+        for name, p in pp.named_parameters():
+            assert p.grad is not None, f"rank {rank}: no gradient for {name}"
+            torch.testing.assert_close(p.grad, ref_grads[name], rtol=1e-5, atol=1e-5)
+            max_diff = max(max_diff, float((p.grad - ref_grads[name]).abs().max()))
+            names.append(name)
+        # One optimizer step on the stage's parameters equals the reference step.
+        opt = torch.optim.SGD(pp.parameters(), lr=0.1)
+        opt.step()
+        ref_params = dict(reference.named_parameters())
+        with torch.no_grad():
+            for name, p in pp.named_parameters():
+                torch.testing.assert_close(p, ref_params[name] - 0.1 * ref_grads[name])
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "stage": pp.my_stage,
+                    "params": names,
+                    "max_grad_diff": max_diff,
+                    "loss": loss,
+                    "ref_loss": float(ref_loss),
+                    "stages": pp.plan.num_stages,
+                    "depth": pp.plan.raw["depth"],
+                    "micro_batches": [s["micro_batch"] for s in pp.plan.stages],
+                    "replicas": [s["replicas"] for s in pp.plan.stages],
+                }
+            )
+        )
+    finally:
+        dist.destroy_process_group()
