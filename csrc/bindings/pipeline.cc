@@ -46,6 +46,7 @@ py::dict PipelinePlan(const py::list& records, const py::dict& opts) {
   pipeline::CoarsenOptions co;
   co.scope_depth = Get<int>(opts, "scope_depth", -1);
   co.max_blocks = Get<int>(opts, "max_blocks", 256);
+  co.cheap_fraction = Get<double>(opts, "cheap_fraction", 0.05);
   pipeline::PartitionOptions o;
   o.mini_batch = Get<int>(opts, "mini_batch", 0);
   o.num_devices = Get<int>(opts, "num_devices", 1);

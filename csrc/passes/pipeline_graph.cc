@@ -258,6 +258,31 @@ CostGraph Coarsen(const CostGraph& graph, const CoarsenOptions& options) {
     }
     g = Merge(g, group);
   }
+  // Fold cheap chain blocks into their producers (one pass; merges are independent).
+  if (options.cheap_fraction > 0 && g.size() > 1) {
+    double total = 0;
+    for (const auto& node : g.nodes) total += node.fwd_flops;
+    const double cheap = options.cheap_fraction * total / g.size();
+    const auto consumers = g.Consumers();
+    std::vector<int> group(g.size());
+    std::iota(group.begin(), group.end(), 0);
+    bool merged = false;
+    for (int v = 0; v < g.size(); ++v) {
+      if (g.nodes[v].inputs.size() != 1 || g.nodes[v].fwd_flops > cheap) continue;
+      const int u = g.nodes[v].inputs[0];
+      if (consumers[u].size() != 1) continue;
+      group[v] = group[u];
+      merged = true;
+    }
+    if (merged) {
+      std::map<int, int> dense;
+      for (int& q : group) {
+        auto it = dense.find(q);
+        q = it == dense.end() ? (dense[q] = static_cast<int>(dense.size())) : it->second;
+      }
+      g = Merge(g, group);
+    }
+  }
   // Chain contraction: merge u -> v when v's only producer is u and u's only consumer is v.
   while (g.size() > std::max(1, options.max_blocks)) {
     const auto consumers = g.Consumers();
@@ -311,7 +336,7 @@ SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins) {
   const auto desc = Descendants(graph);
   std::function<int(const std::vector<int>&)> build = [&](const std::vector<int>& h) -> int {
     if (h.size() == 1) {
-      tree.nodes.push_back({SpTree::Kind::kLeaf, h[0], {}});
+      tree.nodes.push_back({SpTree::Kind::kLeaf, h[0], {}, -1});
       return static_cast<int>(tree.nodes.size()) - 1;
     }
     const int size = static_cast<int>(h.size());
@@ -331,7 +356,7 @@ SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins) {
           flat.push_back(c);
         }
       }
-      tree.nodes.push_back({kind, -1, flat});
+      tree.nodes.push_back({kind, -1, flat, -1});
       return static_cast<int>(tree.nodes.size()) - 1;
     };
     if (!cuts.empty()) {
@@ -384,6 +409,12 @@ SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins) {
     for (int b : tree.Blocks(id)) f += graph.nodes[b].fwd_flops + graph.nodes[b].bwd_flops;
     return f;
   };
+  std::function<bool(int)> has_join = [&](int id) {
+    if (tree.nodes[id].join >= 0) return true;
+    for (int c : tree.nodes[id].children)
+      if (has_join(c)) return true;
+    return false;
+  };
   const int original = static_cast<int>(tree.nodes.size());
   for (int id = 0; id < original; ++id) {
     if (tree.nodes[id].kind != SpTree::Kind::kSeries) continue;
@@ -396,17 +427,27 @@ SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins) {
         out.push_back(kids[i]);
         continue;
       }
-      auto& branches = tree.nodes[out.back()].children;
-      size_t heaviest = 0;
-      for (size_t b = 1; b < branches.size(); ++b)
-        if (flops(branches[b]) > flops(branches[heaviest])) heaviest = b;
+      // The heaviest branch that holds no absorbed join of its own takes this join.
+      const int parallel = out.back();
+      const std::vector<int> branches = tree.nodes[parallel].children;
+      int heaviest = -1;
+      for (size_t b = 0; b < branches.size(); ++b) {
+        if (has_join(branches[b])) continue;
+        if (heaviest < 0 || flops(branches[b]) > flops(branches[heaviest]))
+          heaviest = static_cast<int>(b);
+      }
+      if (heaviest < 0) {
+        out.push_back(kids[i]);
+        continue;
+      }
       const int branch = branches[heaviest];
       if (tree.nodes[branch].kind == SpTree::Kind::kSeries) {
         tree.nodes[branch].children.push_back(kids[i]);
       } else {
-        tree.nodes.push_back({SpTree::Kind::kSeries, -1, {branch, kids[i]}});
-        tree.nodes[out.back()].children[heaviest] = static_cast<int>(tree.nodes.size()) - 1;
+        tree.nodes.push_back({SpTree::Kind::kSeries, -1, {branch, kids[i]}, -1});
+        tree.nodes[parallel].children[heaviest] = static_cast<int>(tree.nodes.size()) - 1;
       }
+      tree.nodes[parallel].join = tree.nodes[kids[i]].block;
     }
     tree.nodes[id].children = out;
   }
@@ -427,13 +468,13 @@ SpTree LinearChain(const CostGraph& graph) {
   if (n == 0) return tree;
   std::vector<int> children;
   for (int v = 0; v < n; ++v) {
-    tree.nodes.push_back({SpTree::Kind::kLeaf, v, {}});
+    tree.nodes.push_back({SpTree::Kind::kLeaf, v, {}, -1});
     children.push_back(v);
   }
   if (n == 1) {
     tree.root = 0;
   } else {
-    tree.nodes.push_back({SpTree::Kind::kSeries, -1, children});
+    tree.nodes.push_back({SpTree::Kind::kSeries, -1, children, -1});
     tree.root = n;
   }
   return tree;

@@ -45,6 +45,9 @@ CostGraph CostGraphFromIr(const ir::Graph& graph, int64_t batch);
 
 struct CoarsenOptions {
   int scope_depth = -1;   // merge nodes sharing the first `scope_depth` scope components (-1: off)
+  // Then fold cheap blocks (below this fraction of the mean block's FLOPs: activations, views,
+  // pooling) into their sole producer when it has no other consumer.
+  double cheap_fraction = 0.05;
   int max_blocks = 256;   // then contract chains (sole producer -> sole consumer) down to this
 };
 // Merges nodes into blocks. Every merge keeps the block graph acyclic (a scope group that would
@@ -57,6 +60,7 @@ struct SpTree {
     Kind kind = Kind::kLeaf;
     int block = -1;              // leaves: the CostGraph node
     std::vector<int> children;   // series: in dependency order; parallel: independent parts
+    int join = -1;               // parallel: the join block absorbed into one of the branches
   };
   std::vector<Node> nodes;
   int root = -1;

@@ -93,10 +93,26 @@ struct Choice {
   int cm = -1;      // series: the upstream config r2's plan was chosen for
 };
 
+// (absorbed join block, interned signature of the stage that holds it), sorted by block.
+using Joins = std::vector<std::pair<int, int>>;
+
+Joins MergeJoins(Joins a, const Joins& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  std::sort(a.begin(), a.end());
+  return a;
+}
+
+int FindJoin(const Joins& joins, int block) {
+  for (const auto& [j, sig] : joins)
+    if (j == block) return sig;
+  return -1;
+}
+
 struct Result {
   int t = -1, l = 0, r = 0, d = 0;
   std::vector<int64_t> value;  // per upstream config (last index: no upstream)
   std::vector<int> sig;        // interned signature of the chosen plan, per upstream config
+  std::vector<Joins> joins;    // where the chosen plan put each absorbed join
   std::vector<Choice> choice;
 };
 
@@ -119,8 +135,10 @@ class Search {
   Search(const CostGraph& g, const SpTree& tree, const PartitionOptions& o,
          std::vector<Config> configs, double memory_limit)
       : g_(g), tree_(tree), o_(o), configs_(std::move(configs)), memory_limit_(memory_limit),
-        consumers_(g.Consumers()) {
+        consumers_(g.Consumers()), is_join_(g.size(), 0) {
     Intern({});
+    for (const auto& node : tree.nodes)
+      if (node.join >= 0) is_join_[node.join] = 1;
   }
 
   void Reset(double tmax) {
@@ -141,6 +159,7 @@ class Search {
     res.t = t, res.l = l, res.r = r, res.d = d;
     res.value.assign(nconf, kInf);
     res.sig.assign(nconf, 0);
+    res.joins.assign(nconf, Joins{});
     res.choice.assign(nconf, Choice{});
     const SpTree::Node& node = tree_.nodes[t];
 
@@ -151,9 +170,12 @@ class Search {
       if (c.b < d) continue;
       const StageTiming tm = TimeStage(sc, c.b, d, o_.mini_batch, o_.device);
       if (tm.tps > tmax_) continue;
-      const int64_t ix = InFlightFrom(c, signatures_[sig]);
+      // A stage never holds more than the mini-batch.
+      const int64_t ix = std::min<int64_t>(InFlightFrom(c, signatures_[sig]), o_.mini_batch);
       if (StageMemory(sc, c.b, d, ix, o_.state_bytes_per_param_byte) > memory_limit_) continue;
       const int own = Intern({{c.b, c.k, ix}});
+      Joins joins;
+      for (int j : JoinsIn(t, l, r)) joins.push_back({j, own});
       for (int cu = 0; cu < nconf; ++cu) {
         const int64_t v = cu == dummy() ? ix
                                         : ComputeInFlight(configs_[cu].k, configs_[cu].b, c.k,
@@ -161,6 +183,7 @@ class Search {
         if (v < res.value[cu]) {
           res.value[cu] = v;
           res.sig[cu] = own;
+          res.joins[cu] = joins;
           res.choice[cu] = Choice{Choice::Kind::kBase, ci, -1, -1, -1};
         }
       }
@@ -174,6 +197,7 @@ class Search {
           if (results_[rc].value[cu] < res.value[cu]) {
             res.value[cu] = results_[rc].value[cu];
             res.sig[cu] = results_[rc].sig[cu];
+            res.joins[cu] = results_[rc].joins[cu];
             res.choice[cu] = Choice{Choice::Kind::kChild, -1, rc, -1, -1};
           }
         }
@@ -192,6 +216,7 @@ class Search {
               if (results_[r1].value[cu] < res.value[cu]) {
                 res.value[cu] = results_[r1].value[cu];
                 res.sig[cu] = results_[r1].sig[cu];
+                res.joins[cu] = MergeJoins(results_[r1].joins[cu], results_[r2].joins[cm]);
                 res.choice[cu] = Choice{Choice::Kind::kSeries, -1, r1, r2, cm};
               }
             }
@@ -199,19 +224,33 @@ class Search {
         }
       }
     } else if (node.kind == SpTree::Kind::kParallel) {
+      const int jc = node.join >= 0 ? JoinChild(t) : -1;
+      const bool has_join = jc >= l && jc <= r;
       for (int m = l; m < r; ++m) {
-        for (int d1 = 1; d1 < d; ++d1) {
-          const int r1 = Solve(t, l, m, d1, sig);
-          bool any = false;
-          for (int64_t v : results_[r1].value) any = any || v < kInf;
-          if (!any) continue;
-          const int r2 = Solve(t, m + 1, r, d - d1, sig);
+        // With an absorbed join, the half holding it (A) is solved first and the other half (B)
+        // feeds the stage that holds the join; otherwise both halves feed the downstream.
+        const bool join_left = has_join && jc <= m;
+        const int al = join_left || !has_join ? l : m + 1, ar = join_left || !has_join ? m : r;
+        const int bl = join_left || !has_join ? m + 1 : l, br = join_left || !has_join ? r : m;
+        for (int da = 1; da < d; ++da) {
+          const int ra = Solve(t, al, ar, da, sig);
+          std::map<int, int> rb_for_sig;  // B's downstream signature -> B's result
           for (int cu = 0; cu < nconf; ++cu) {
-            const int64_t v = std::max(results_[r1].value[cu], results_[r2].value[cu]);
+            if (results_[ra].value[cu] >= kInf) continue;
+            int bsig = sig;
+            if (has_join) {
+              bsig = FindJoin(results_[ra].joins[cu], node.join);
+              if (bsig < 0) throw std::logic_error("pipeline partitioner lost an absorbed join");
+            }
+            auto it = rb_for_sig.find(bsig);
+            const int rb = it != rb_for_sig.end() ? it->second
+                                                  : (rb_for_sig[bsig] = Solve(t, bl, br, d - da, bsig));
+            const int64_t v = std::max(results_[ra].value[cu], results_[rb].value[cu]);
             if (v < res.value[cu]) {
               res.value[cu] = v;
-              res.sig[cu] = Union(results_[r1].sig[cu], results_[r2].sig[cu]);
-              res.choice[cu] = Choice{Choice::Kind::kParallel, -1, r1, r2, -1};
+              res.sig[cu] = Union(results_[ra].sig[cu], results_[rb].sig[cu]);
+              res.joins[cu] = MergeJoins(results_[ra].joins[cu], results_[rb].joins[cu]);
+              res.choice[cu] = Choice{Choice::Kind::kParallel, -1, ra, rb, -1};
             }
           }
         }
@@ -275,6 +314,28 @@ class Search {
     s.insert(s.end(), signatures_[b].begin(), signatures_[b].end());
     return Intern(std::move(s));
   }
+  const std::vector<int>& JoinsIn(int t, int l, int r) {
+    const Key key{t, l, r, 0, 0};
+    auto it = joins_in_.find(key);
+    if (it != joins_in_.end()) return it->second;
+    std::vector<int> js;
+    for (int b : tree_.Blocks(t, l, r))
+      if (is_join_[b]) js.push_back(b);
+    std::sort(js.begin(), js.end());
+    return joins_in_[key] = js;
+  }
+  int JoinChild(int t) {
+    auto it = join_child_.find(t);
+    if (it != join_child_.end()) return it->second;
+    const auto& node = tree_.nodes[t];
+    int found = -1;
+    for (size_t c = 0; c < node.children.size() && found < 0; ++c) {
+      const auto blocks = tree_.Blocks(node.children[c]);
+      if (std::find(blocks.begin(), blocks.end(), node.join) != blocks.end())
+        found = static_cast<int>(c);
+    }
+    return join_child_[t] = found;
+  }
   const StageCost& Cost(int t, int l, int r) {
     const Key key{t, l, r, 0, 0};
     auto it = costs_.find(key);
@@ -292,6 +353,9 @@ class Search {
   std::unordered_map<Key, int, KeyHash> memo_;
   std::vector<Result> results_;
   std::unordered_map<Key, StageCost, KeyHash> costs_;
+  std::unordered_map<Key, std::vector<int>, KeyHash> joins_in_;
+  std::unordered_map<int, int> join_child_;
+  std::vector<char> is_join_;
   std::vector<Signature> signatures_;
   std::map<Signature, int> sig_ids_;
 };

@@ -139,6 +139,25 @@ TEST(PipelinePartition, RandomSpGraphsEqualBruteForce) {
   }
 }
 
+TEST(PipelinePartition, TightMemoryOnBranchesEqualsBruteForce) {
+  // Heavy activations: the memory limit decides micro-batch sizes, and the branches feeding
+  // an absorbed join must count the join stage's in-flight samples.
+  CostGraph g = testing::Branches(3, 2, 4e9);
+  for (auto& n : g.nodes) n.act_bytes = 4e7;
+  // Unconstrained, the best plan needs more than the limits below: they bind.
+  auto free = testing::Options(4, 32);
+  free.memory_limit = 1e15;
+  const double unconstrained = PartitionPipeline(g, free).max_memory_bytes;
+  for (double limit : {0.4 * unconstrained, 0.6 * unconstrained, 0.9 * unconstrained}) {
+    for (int devices : {3, 4}) {
+      auto o = testing::Options(devices, 32);
+      o.memory_limit = limit;
+      SCOPED_TRACE(limit);
+      ExpectMatchesBruteForce(g, o);
+    }
+  }
+}
+
 TEST(PipelinePartition, TightMemoryEqualsBruteForce) {
   auto o = testing::Options(4, 16);
   CostGraph g = testing::Branches(2, 2, 4e9);
