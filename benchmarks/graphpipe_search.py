@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--models", default="mmt,dlrm,candle_uno")
     ap.add_argument("--devices", default="4,8,16,32")
     ap.add_argument("--profile", default="v100", help="device profile (the thesis ran V100s)")
-    ap.add_argument("--spp-time-limit", type=float, default=600.0)
+    ap.add_argument("--spp-time-limit", type=float, default=120.0)
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
@@ -67,6 +67,7 @@ def main() -> None:
                 row[strategy] = {
                     "search_s": wall,
                     "cpp_search_s": plan.raw["stats"]["search_seconds"],
+                    "timed_out": plan.raw["stats"]["timed_out"],
                     "blocks": plan.raw["stats"]["blocks"],
                     "dp_states": plan.raw["stats"]["dp_states"],
                     "stages": plan.num_stages,
@@ -91,7 +92,8 @@ def main() -> None:
         g, s, t = r["gpp"], r["spp"], r["thesis"]
         print(f"{r['model']:10s} {r['devices']:4d} {g['blocks']:6d} {g['search_s']:9.3f}"
               f" {t['graphpipe']:9.2f} {g['search_s'] / t['graphpipe']:7.3f} {s['search_s']:9.3f}"
-              f" {t['pipedream']:9.2f} {g['depth']:9d} {s['depth']:9d}")
+              f" {t['pipedream']:9.2f} {g['depth']:9d} {s['depth']:9d}"
+              + ("  (SPP hit its time limit)" if s["timed_out"] else ""))
     os.makedirs(RESULTS, exist_ok=True)
     meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "profile": args.profile}

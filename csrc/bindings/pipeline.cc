@@ -123,6 +123,7 @@ py::dict PipelinePlan(const py::list& records, const py::dict& opts) {
   st["blocks"] = stats.blocks;
   st["linearised_regions"] = stats.linearised_regions;
   st["sp_tree"] = stats.sp_tree;
+  st["timed_out"] = stats.timed_out;
   out["stats"] = st;
   if (simulate) {
     py::dict s;

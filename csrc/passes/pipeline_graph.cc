@@ -416,11 +416,14 @@ SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins) {
     return false;
   };
   const int original = static_cast<int>(tree.nodes.size());
+  std::map<int, int> absorbed_into;  // parallel node -> branch index holding its join
   for (int id = 0; id < original; ++id) {
     if (tree.nodes[id].kind != SpTree::Kind::kSeries) continue;
     std::vector<int> kids = tree.nodes[id].children;
     std::vector<int> out;
     for (size_t i = 0; i < kids.size(); ++i) {
+      // The join (first leaf after the parallel part) and the leaves after it go onto the
+      // branch; the join alone is where the other branches' outputs arrive.
       const bool join = i > 0 && tree.nodes[kids[i]].kind == SpTree::Kind::kLeaf &&
                         tree.nodes[out.back()].kind == SpTree::Kind::kParallel;
       if (!join) {
@@ -430,6 +433,11 @@ SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins) {
       // The heaviest branch that holds no absorbed join of its own takes this join.
       const int parallel = out.back();
       const std::vector<int> branches = tree.nodes[parallel].children;
+      if (tree.nodes[parallel].join >= 0) {  // a leaf after the join: same branch
+        const int jb = absorbed_into[parallel];
+        tree.nodes[tree.nodes[parallel].children[jb]].children.push_back(kids[i]);
+        continue;
+      }
       int heaviest = -1;
       for (size_t b = 0; b < branches.size(); ++b) {
         if (has_join(branches[b])) continue;
@@ -448,6 +456,7 @@ SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins) {
         tree.nodes[parallel].children[heaviest] = static_cast<int>(tree.nodes.size()) - 1;
       }
       tree.nodes[parallel].join = tree.nodes[kids[i]].block;
+      absorbed_into[parallel] = heaviest;
     }
     tree.nodes[id].children = out;
   }

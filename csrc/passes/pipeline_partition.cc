@@ -91,6 +91,9 @@ struct Choice {
   int config = -1;  // base: the stage's config
   int r1 = -1, r2 = -1;
   int cm = -1;      // series: the upstream config r2's plan was chosen for
+  // Child ranges of r1 and r2 relative to the piece's first child (results are shared by
+  // identical pieces at other positions, so absolute indices would be wrong).
+  int r1_first = 0, r1_last = 0, r2_first = 0, r2_last = 0;
 };
 
 // (absorbed join block, interned signature of the stage that holds it), sorted by block.
@@ -139,19 +142,22 @@ class Search {
     Intern({});
     for (const auto& node : tree.nodes)
       if (node.join >= 0) is_join_[node.join] = 1;
+    // Outside SP regions edges are arbitrary: keep pieces apart by block identity there.
+    linearised_ = tree.linearised_regions > 0;
   }
 
   void Reset(double tmax) {
     tmax_ = tmax;
     memo_.clear();
     results_.clear();
+    useful_.clear();
   }
   int64_t states() const { return static_cast<int64_t>(results_.size()); }
   int dummy() const { return static_cast<int>(configs_.size()); }
   const Result& result(int id) const { return results_[id]; }
 
   int Solve(int t, int l, int r, int d, int sig) {
-    const Key key{t, l, r, d, sig};
+    const Key key{PieceId(t, l, r), 0, 0, d, sig};
     auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
     const int nconf = static_cast<int>(configs_.size()) + 1;
@@ -162,9 +168,16 @@ class Search {
     res.joins.assign(nconf, Joins{});
     res.choice.assign(nconf, Choice{});
     const SpTree::Node& node = tree_.nodes[t];
+    const StageCost& sc = Cost(t, l, r);
+    // Lower bounds that hold for any plan of this piece on d devices: the slowest stage is at
+    // least the average FLOP time, and some device holds at least the average model state.
+    if ((sc.fwd_flops + sc.bwd_flops) / (o_.device.peak_flops * d) > tmax_ ||
+        o_.state_bytes_per_param_byte * sc.param_bytes / d > memory_limit_) {
+      results_.push_back(std::move(res));
+      return memo_[key] = static_cast<int>(results_.size()) - 1;
+    }
 
     // Base case: the piece is one stage over all d devices.
-    const StageCost& sc = Cost(t, l, r);
     for (int ci = 0; ci < static_cast<int>(configs_.size()); ++ci) {
       const Config& c = configs_[ci];
       if (c.b < d) continue;
@@ -184,7 +197,7 @@ class Search {
           res.value[cu] = v;
           res.sig[cu] = own;
           res.joins[cu] = joins;
-          res.choice[cu] = Choice{Choice::Kind::kBase, ci, -1, -1, -1};
+          res.choice[cu] = Choice{Choice::Kind::kBase, ci, -1, -1, -1, 0, 0, 0, 0};
         }
       }
     }
@@ -198,26 +211,24 @@ class Search {
             res.value[cu] = results_[rc].value[cu];
             res.sig[cu] = results_[rc].sig[cu];
             res.joins[cu] = results_[rc].joins[cu];
-            res.choice[cu] = Choice{Choice::Kind::kChild, -1, rc, -1, -1};
+            res.choice[cu] = Choice{Choice::Kind::kChild, -1, rc, -1, -1, 0, 0, 0, 0};
           }
         }
       }
     } else if (node.kind == SpTree::Kind::kSeries) {
       for (int m = l; m < r; ++m) {
-        for (int d2 = 1; d2 < d; ++d2) {
+        const int head_min = MinDevices(t, l, m), tail_min = MinDevices(t, m + 1, r);
+        for (int d2 = tail_min; d2 <= d - head_min; ++d2) {
           const int r2 = Solve(t, m + 1, r, d2, sig);
-          std::set<int> tried;
-          for (int cm = 0; cm + 1 < nconf; ++cm) {
-            if (results_[r2].value[cm] >= kInf) continue;
+          for (int cm : UsefulTailConfigs(r2)) {
             const int s2 = results_[r2].sig[cm];
-            if (!tried.insert(s2).second) continue;
             const int r1 = Solve(t, l, m, d - d2, s2);
             for (int cu = 0; cu < nconf; ++cu) {
               if (results_[r1].value[cu] < res.value[cu]) {
                 res.value[cu] = results_[r1].value[cu];
                 res.sig[cu] = results_[r1].sig[cu];
                 res.joins[cu] = MergeJoins(results_[r1].joins[cu], results_[r2].joins[cm]);
-                res.choice[cu] = Choice{Choice::Kind::kSeries, -1, r1, r2, cm};
+                res.choice[cu] = Choice{Choice::Kind::kSeries, -1, r1, r2, cm, 0, m - l, m + 1 - l, r - l};
               }
             }
           }
@@ -232,7 +243,8 @@ class Search {
         const bool join_left = has_join && jc <= m;
         const int al = join_left || !has_join ? l : m + 1, ar = join_left || !has_join ? m : r;
         const int bl = join_left || !has_join ? m + 1 : l, br = join_left || !has_join ? r : m;
-        for (int da = 1; da < d; ++da) {
+        const int a_min = MinDevices(t, al, ar), b_min = MinDevices(t, bl, br);
+        for (int da = a_min; da <= d - b_min; ++da) {
           const int ra = Solve(t, al, ar, da, sig);
           std::map<int, int> rb_for_sig;  // B's downstream signature -> B's result
           for (int cu = 0; cu < nconf; ++cu) {
@@ -250,7 +262,7 @@ class Search {
               res.value[cu] = v;
               res.sig[cu] = Union(results_[ra].sig[cu], results_[rb].sig[cu]);
               res.joins[cu] = MergeJoins(results_[ra].joins[cu], results_[rb].joins[cu]);
-              res.choice[cu] = Choice{Choice::Kind::kParallel, -1, ra, rb, -1};
+              res.choice[cu] = Choice{Choice::Kind::kParallel, -1, ra, rb, -1, al - l, ar - l, bl - l, br - l};
             }
           }
         }
@@ -262,14 +274,15 @@ class Search {
     return id;
   }
 
-  // Stages of result `id` chosen for upstream config `cu`.
-  void Emit(int id, int cu, std::vector<Stage>& out) const {
+  // Stages of result `id` chosen for upstream config `cu`, placed on the actual piece
+  // (t, l, r) (the result may have been computed for an identical piece elsewhere).
+  void Emit(int id, int cu, int t, int l, int r, std::vector<Stage>& out) const {
     const Result& res = results_[id];
     const Choice& ch = res.choice[cu];
     switch (ch.kind) {
       case Choice::Kind::kBase: {
         Stage s;
-        s.blocks = tree_.Blocks(res.t, res.l, res.r);
+        s.blocks = tree_.Blocks(t, l, r);
         std::sort(s.blocks.begin(), s.blocks.end());
         s.micro_batch = configs_[ch.config].b;
         s.k = configs_[ch.config].k;
@@ -277,16 +290,18 @@ class Search {
         out.push_back(std::move(s));
         return;
       }
-      case Choice::Kind::kChild:
-        Emit(ch.r1, cu, out);
+      case Choice::Kind::kChild: {
+        const int child = tree_.nodes[t].children[l];
+        Emit(ch.r1, cu, child, 0, static_cast<int>(tree_.nodes[child].children.size()) - 1, out);
         return;
+      }
       case Choice::Kind::kSeries:
-        Emit(ch.r1, cu, out);
-        Emit(ch.r2, ch.cm, out);
+        Emit(ch.r1, cu, t, l + ch.r1_first, l + ch.r1_last, out);
+        Emit(ch.r2, ch.cm, t, l + ch.r2_first, l + ch.r2_last, out);
         return;
       case Choice::Kind::kParallel:
-        Emit(ch.r1, cu, out);
-        Emit(ch.r2, cu, out);
+        Emit(ch.r1, cu, t, l + ch.r1_first, l + ch.r1_last, out);
+        Emit(ch.r2, cu, t, l + ch.r2_first, l + ch.r2_last, out);
         return;
       case Choice::Kind::kNone:
         throw std::logic_error("pipeline partitioner: emitting an infeasible plan");
@@ -314,6 +329,107 @@ class Search {
     s.insert(s.end(), signatures_[b].begin(), signatures_[b].end());
     return Intern(std::move(s));
   }
+  // Identical pieces (same shape of subtree, same costs, same boundary traffic) share DP
+  // results: the repeated branches and layers of real models are solved once.
+  int CanonId(int t) {
+    auto it = canon_.find(t);
+    if (it != canon_.end()) return it->second;
+    const auto& node = tree_.nodes[t];
+    std::ostringstream key;
+    key.precision(17);
+    key << static_cast<int>(node.kind) << "|" << node.join << "|";
+    if (node.kind == SpTree::Kind::kLeaf) {
+      const CostNode& c = g_.nodes[node.block];
+      key << c.fwd_flops << "," << c.bwd_flops << "," << c.io_bytes << "," << c.act_bytes << ","
+          << c.out_bytes << "," << c.param_bytes << "," << c.kernels << "," << c.inputs.size();
+      if (is_join_[node.block] || linearised_) key << ",b" << node.block;
+    } else {
+      for (int c : node.children) key << CanonId(c) << ",";
+    }
+    return canon_[t] = Intern(canon_ids_, key.str());
+  }
+  int PieceId(int t, int l, int r) {
+    const Key pk{t, l, r, 0, 0};
+    auto it = piece_.find(pk);
+    if (it != piece_.end()) return it->second;
+    const auto& node = tree_.nodes[t];
+    std::ostringstream key;
+    key.precision(17);
+    key << static_cast<int>(node.kind) << "|" << node.join << "|";
+    if (node.kind == SpTree::Kind::kLeaf) {
+      key << CanonId(t);
+    } else {
+      for (int i = l; i <= r; ++i) key << CanonId(node.children[i]) << ",";
+      // Where the absorbed join sits relative to the range decides the parallel case.
+      if (node.join >= 0) key << "j" << JoinChild(t) - l;
+    }
+    const StageCost& sc = Cost(t, l, r);
+    key << "|" << sc.in_bytes << "," << sc.out_bytes;
+    return piece_[pk] = Intern(piece_ids_, key.str());
+  }
+  static int Intern(std::unordered_map<std::string, int>& ids, const std::string& key) {
+    auto it = ids.find(key);
+    if (it != ids.end()) return it->second;
+    const int id = static_cast<int>(ids.size());
+    ids.emplace(key, id);
+    return id;
+  }
+
+  // Fewest devices on which the piece can meet the TPS target and the memory limit (the same
+  // lower bounds Solve checks first), so device splits below it are never tried.
+  int MinDevices(int t, int l, int r) {
+    const StageCost& sc = Cost(t, l, r);
+    const double by_time = (sc.fwd_flops + sc.bwd_flops) / (o_.device.peak_flops * tmax_);
+    const double by_memory = o_.state_bytes_per_param_byte * sc.param_bytes / memory_limit_;
+    const double need = std::max({1.0, std::ceil(by_time - 1e-9), std::ceil(by_memory - 1e-9)});
+    return need > 1e6 ? 1000000 : static_cast<int>(need);
+  }
+
+  // In-flight samples each config would hold upstream of a plan with signature `sig`.
+  const std::vector<int64_t>& Demand(int sig) {
+    if (static_cast<int>(demand_.size()) <= sig) demand_.resize(sig + 1);
+    auto& dem = demand_[sig];
+    if (dem.empty()) {
+      dem.resize(configs_.size());
+      for (size_t c = 0; c < configs_.size(); ++c)
+        dem[c] = std::min<int64_t>(InFlightFrom(configs_[c], signatures_[sig]), o_.mini_batch);
+    }
+    return dem;
+  }
+  // The head of a series split only sees the tail through its demand; a tail plan whose
+  // demand is nowhere lower than another's (with the same join placement) cannot help.
+  const std::vector<int>& UsefulTailConfigs(int r2) {
+    auto it = useful_.find(r2);
+    if (it != useful_.end()) return it->second;
+    std::vector<int> kept;
+    const int nconf = static_cast<int>(configs_.size());
+    for (int cm = 0; cm < nconf; ++cm) {
+      if (results_[r2].value[cm] >= kInf) continue;
+      const int s2 = results_[r2].sig[cm];
+      bool dominated = false;
+      for (int& other : kept) {
+        if (other < 0 || results_[r2].joins[other] != results_[r2].joins[cm]) continue;
+        const int so = results_[r2].sig[other];
+        if (so == s2) {
+          dominated = true;
+          break;
+        }
+        const auto& a = Demand(so);
+        const auto& b = Demand(s2);
+        bool le = true, ge = true;
+        for (int c = 0; c < nconf; ++c) le &= a[c] <= b[c], ge &= a[c] >= b[c];
+        if (le) {
+          dominated = true;
+          break;
+        }
+        if (ge) other = -1;
+      }
+      kept.erase(std::remove(kept.begin(), kept.end(), -1), kept.end());
+      if (!dominated) kept.push_back(cm);
+    }
+    return useful_[r2] = kept;
+  }
+
   const std::vector<int>& JoinsIn(int t, int l, int r) {
     const Key key{t, l, r, 0, 0};
     auto it = joins_in_.find(key);
@@ -355,6 +471,12 @@ class Search {
   std::unordered_map<Key, StageCost, KeyHash> costs_;
   std::unordered_map<Key, std::vector<int>, KeyHash> joins_in_;
   std::unordered_map<int, int> join_child_;
+  std::unordered_map<int, int> canon_;
+  std::unordered_map<Key, int, KeyHash> piece_;
+  std::unordered_map<std::string, int> canon_ids_, piece_ids_;
+  bool linearised_ = false;
+  std::vector<std::vector<int64_t>> demand_;
+  std::unordered_map<int, std::vector<int>> useful_;
   std::vector<char> is_join_;
   std::vector<Signature> signatures_;
   std::map<Signature, int> sig_ids_;
@@ -577,6 +699,8 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
   };
   if (o.sequential) {
     for (int b : sizes) config_sets.push_back(configs_for({b}));
+    // Larger micro-batches first: under a time limit the likelier winners are searched.
+    std::reverse(config_sets.begin(), config_sets.end());
   } else {
     config_sets.push_back(configs_for(sizes));
   }
@@ -598,7 +722,7 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
         out->ok = true;
         out->tps = tmax;
         out->stages.clear();
-        search.Emit(r, search.dummy(), out->stages);
+        search.Emit(r, search.dummy(), tree.root, 0, root_last, out->stages);
       }
       return true;
     };
@@ -613,9 +737,15 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
       EvaluateStageGraph(graph, o, probe);
       local.tps = probe.bottleneck_tps;
     }
-    double lo = 0, hi = local.tps;
+    // No plan beats the whole model's FLOP time spread over every device.
+    double total_flops = 0;
+    for (const auto& node : graph.nodes) total_flops += node.fwd_flops + node.bwd_flops;
+    double lo = total_flops / (o.device.peak_flops * o.num_devices), hi = local.tps;
     for (int it = 0; it < o.max_iterations && hi - lo > o.epsilon * hi; ++it) {
-      if (std::chrono::steady_clock::now() >= deadline) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        st.timed_out = true;
+        break;
+      }
       const double mid = 0.5 * (lo + hi);
       Found f;
       if (feasible(mid, &f)) {

@@ -86,6 +86,7 @@ struct PartitionStats {
   double search_seconds = 0;
   int blocks = 0;
   int linearised_regions = 0;
+  bool timed_out = false;  // the time limit stopped the binary search early
   std::string sp_tree;
 };
 

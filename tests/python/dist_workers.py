@@ -104,3 +104,42 @@ def pipeline_step_matches(
         )
     finally:
         dist.destroy_process_group()
+
+
+def pipeline_fault(
+    rank: int, world: int, port: int, scenario: str, timeout_s: float, out_dir: str
+) -> None:
+    """Rank `world - 1` misbehaves; every surviving rank must fail fast and say why."""
+    import time
+
+    from torch_plugin import models
+    from torch_plugin.distributed import PipelineParallel
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    bad = rank == world - 1
+    model, inputs = models.build("candle_uno", small=True, batch=8)
+    target = torch.zeros(8, 1)
+    t0 = time.perf_counter()
+    message = ""
+    try:
+        micro = [4] if scenario == "mismatch" and bad else [2]
+        pp = PipelineParallel(model, inputs, loss_fn=F.mse_loss, micro_batch_sizes=micro)
+        if bad and scenario == "dead":
+            os._exit(0)  # dies without a word, as a killed process does
+        if bad and scenario == "stall":
+            time.sleep(3 * timeout_s)
+            os._exit(0)
+        t0 = time.perf_counter()
+        pp.step(inputs, target)
+    except RuntimeError as e:
+        message = str(e)
+    elapsed = time.perf_counter() - t0
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "message": message, "seconds": elapsed})
+    )
+    os._exit(0)  # skip the process-group teardown, which would wait for the dead peer

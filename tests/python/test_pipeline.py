@@ -90,3 +90,21 @@ def test_four_rank_step_equals_single_process(
     owned = sorted(n for names in by_stage.values() for n in names)
     assert owned == sorted(n for n, _ in model.named_parameters())
     assert max(r["max_grad_diff"] for r in reports) <= 1e-5
+
+
+@pytest.mark.parametrize("scenario", ["dead", "stall", "mismatch"])
+def test_faulty_rank_fails_the_job_fast(scenario: str, tmp_path: Path) -> None:
+    timeout_s = 5.0
+    dist_workers.spawn(dist_workers.pipeline_fault, 4, scenario, timeout_s, str(tmp_path))
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    survivors = [r for r in reports if r["rank"] != 3]
+    assert len(survivors) == 3
+    for r in survivors:
+        assert r["message"], f"rank {r['rank']} did not notice the {scenario} rank"
+        assert r["seconds"] < 3 * timeout_s
+        if scenario == "mismatch":
+            assert "plans differ" in r["message"] and "[3]" in r["message"]
+        else:
+            assert "died or stalled" in r["message"] or "timed out" in r["message"].lower() or (
+                "connection" in r["message"].lower()
+            ), r["message"]

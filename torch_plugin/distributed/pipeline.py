@@ -366,6 +366,16 @@ class PipelineParallel:
             raise ValueError("pipeline message tag overflow; use fewer nodes or a smaller batch")
         return tag
 
+    def _recv(self, buf: torch.Tensor, src: int, tag: int, what: str) -> None:
+        """A receive bounded by the process group's timeout that names the peer on failure."""
+        try:
+            dist.recv(buf, src, group=self.group, tag=tag)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"pipeline rank {self.rank} (stage S{self.my_stage}) waited for {what} from "
+                f"rank {src}, which died or stalled past the process group timeout: {e}"
+            ) from e
+
     def _buffer(self, v: fx.Node, n: int) -> torch.Tensor:
         meta = v.meta["tensor_meta"]
         return torch.empty((n, *meta.shape[1:]), dtype=meta.dtype)
@@ -410,7 +420,7 @@ class PipelineParallel:
             for rank, a, e in self._pieces(self.stage_of[v], lo, hi):
                 piece = buf[a - lo : e - lo]
                 recv = torch.empty_like(piece)
-                dist.recv(recv, rank, group=self.group, tag=self._tag(v, s, a, False))
+                self._recv(recv, rank, self._tag(v, s, a, False), f"{v.name} (forward)")
                 piece.copy_(recv)
             if buf.is_floating_point():
                 buf.requires_grad_(True)
@@ -442,7 +452,7 @@ class PipelineParallel:
             for q in self.consumers[v]:
                 for rank, a, e in self._pieces(q, lo, hi):
                     recv = torch.empty_like(grad[a - lo : e - lo])
-                    dist.recv(recv, rank, group=self.group, tag=self._tag(v, q, a, True))
+                    self._recv(recv, rank, self._tag(v, q, a, True), f"grad of {v.name}")
                     grad[a - lo : e - lo] += recv
             if out.requires_grad:
                 tensors.append(out)

@@ -121,6 +121,28 @@ TEST(Coarsen, ChainContractionReachesMaxBlocks) {
   EXPECT_EQ(DecomposeSeriesParallel(c).linearised_regions, 0);
 }
 
+TEST(Coarsen, CheapBlocksFoldIntoTheirProducer) {
+  // linear -> relu -> linear -> relu: the ReLUs (no FLOPs to speak of) join their linears.
+  CostGraph g;
+  g.nodes = {Block("fc0", {}, 1e9), Block("relu0", {0}, 1e3), Block("fc1", {1}, 1e9),
+             Block("relu1", {2}, 1e3)};
+  CoarsenOptions o;
+  const CostGraph c = Coarsen(g, o);
+  ASSERT_EQ(c.size(), 2);
+  EXPECT_EQ(c.nodes[0].members, (std::vector<int>{0, 1}));
+  EXPECT_EQ(c.nodes[1].inputs, (std::vector<int>{0}));
+  o.cheap_fraction = 0;
+  EXPECT_EQ(Coarsen(g, o).size(), 4);
+}
+
+TEST(SeriesParallel, AbsorbedJoinGoesToTheHeaviestBranch) {
+  const CostGraph g = testing::Branches(3, 2);  // branch 2 is the heaviest (skew)
+  const SpTree t = DecomposeSeriesParallel(g, /*absorb_joins=*/true);
+  EXPECT_EQ(t.ToString(), "P(S(0 1) S(2 3) S(4 5 6 7))");
+  EXPECT_EQ(t.nodes[t.root].join, 6);  // the concat, not the head after it
+  ExpectAllRangesConvex(g, t);
+}
+
 TEST(CostGraph, ValidateNamesTheNode) {
   CostGraph g;
   g.nodes = {Block("a", {1}, 1), Block("b", {}, 1)};

@@ -131,6 +131,21 @@ TEST(PipelinePartition, BranchesEqualBruteForce) {
   }
 }
 
+TEST(PipelinePartition, IdenticalBranchesShareResultsAndEqualBruteForce) {
+  // Identical branches and layers reuse DP results computed for another position; the plan
+  // must still place every stage on its own blocks.
+  for (int devices : {3, 4, 5}) {
+    const CostGraph g = testing::Branches(3, 2, 1e9, /*skew=*/0);
+    ExpectMatchesBruteForce(g, testing::Options(devices, 8));
+    const StageGraph sg = PartitionPipeline(g, testing::Options(devices, 8));
+    std::vector<int> seen(g.size(), 0);
+    for (const auto& s : sg.stages)
+      for (int v : s.blocks) ++seen[v];
+    for (int v = 0; v < g.size(); ++v) EXPECT_EQ(seen[v], 1) << g.nodes[v].name;
+  }
+  ExpectMatchesBruteForce(testing::Chain(6, 1e9), testing::Options(4, 8));
+}
+
 TEST(PipelinePartition, RandomSpGraphsEqualBruteForce) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 12; ++trial) {
