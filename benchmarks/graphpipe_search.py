@@ -33,9 +33,24 @@ MINI_BATCH = {  # thesis §3.10.3
 }
 # Table 3.1: seconds for (Piper, PipeDream, GraphPipe); None = could not complete.
 THESIS = {
-    "mmt": {4: (52.9, 2.57, 0.12), 8: (126, 11.9, 0.76), 16: (304, 44.3, 3.00), 32: (745, 151, 10.11)},
-    "dlrm": {4: (None, 6.39, 0.33), 8: (None, 31.3, 2.73), 16: (None, 131, 13.28), 32: (None, 505, 54.6)},
-    "candle_uno": {4: (None, 3.84, 0.19), 8: (None, 17.0, 1.43), 16: (None, 66.10, 6.14), 32: (None, 234, 22.37)},
+    "mmt": {
+        4: (52.9, 2.57, 0.12),
+        8: (126, 11.9, 0.76),
+        16: (304, 44.3, 3.00),
+        32: (745, 151, 10.11),
+    },
+    "dlrm": {
+        4: (None, 6.39, 0.33),
+        8: (None, 31.3, 2.73),
+        16: (None, 131, 13.28),
+        32: (None, 505, 54.6),
+    },
+    "candle_uno": {
+        4: (None, 3.84, 0.19),
+        8: (None, 17.0, 1.43),
+        16: (None, 66.10, 6.14),
+        32: (None, 234, 22.37),
+    },
 }
 
 
@@ -59,7 +74,10 @@ def main() -> None:
             for strategy in ("gpp", "spp"):
                 t0 = time.perf_counter()
                 plan, _ = plan_pipeline(
-                    traced, num_devices=devices, strategy=strategy, device=args.profile,
+                    traced,
+                    num_devices=devices,
+                    strategy=strategy,
+                    device=args.profile,
                     scope_depth=3,
                     time_limit_s=args.spp_time_limit if strategy == "spp" else 0.0,
                 )
@@ -79,24 +97,33 @@ def main() -> None:
             row["thesis"] = {"piper": piper, "pipedream": pipedream, "graphpipe": graphpipe}
             rows.append(row)
             print(
-                f"{name:10s} {devices:3d} dev  B={batch:6d}  ours GPP {row['gpp']['search_s']:8.3f} s"
+                f"{name:10s} {devices:3d} dev  B={batch:6d}"
+                f"  ours GPP {row['gpp']['search_s']:8.3f} s"
                 f"  ours SPP {row['spp']['search_s']:8.3f} s  | thesis GraphPipe {graphpipe:6.2f} s"
                 f"  PipeDream {pipedream:6.2f} s  Piper {piper if piper else 'X'}",
                 flush=True,
             )
     print()
-    hdr = (f"{'model':10s} {'dev':>4s} {'blocks':>6s} {'GPP s':>9s} {'thesis GP':>9s} {'ratio':>7s}"
-           f" {'SPP s':>9s} {'thesis PD':>9s} {'GPP depth':>9s} {'SPP depth':>9s}")
+    hdr = (
+        f"{'model':10s} {'dev':>4s} {'blocks':>6s} {'GPP s':>9s} {'thesis GP':>9s} {'ratio':>7s}"
+        f" {'SPP s':>9s} {'thesis PD':>9s} {'GPP depth':>9s} {'SPP depth':>9s}"
+    )
     print(hdr)
     for r in rows:
         g, s, t = r["gpp"], r["spp"], r["thesis"]
-        print(f"{r['model']:10s} {r['devices']:4d} {g['blocks']:6d} {g['search_s']:9.3f}"
-              f" {t['graphpipe']:9.2f} {g['search_s'] / t['graphpipe']:7.3f} {s['search_s']:9.3f}"
-              f" {t['pipedream']:9.2f} {g['depth']:9d} {s['depth']:9d}"
-              + ("  (SPP hit its time limit)" if s["timed_out"] else ""))
+        print(
+            f"{r['model']:10s} {r['devices']:4d} {g['blocks']:6d} {g['search_s']:9.3f}"
+            f" {t['graphpipe']:9.2f} {g['search_s'] / t['graphpipe']:7.3f} {s['search_s']:9.3f}"
+            f" {t['pipedream']:9.2f} {g['depth']:9d} {s['depth']:9d}"
+            + ("  (SPP hit its time limit)" if s["timed_out"] else "")
+        )
     os.makedirs(RESULTS, exist_ok=True)
-    meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "profile": args.profile}
+    meta = {
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "profile": args.profile,
+    }
     with open(os.path.join(RESULTS, "graphpipe_search.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     _plot(rows)

@@ -55,8 +55,14 @@ def simulated(devices: list[int], profile: str) -> list[dict]:
             traced = cost_records(model, inputs)
             row = {"model": name, "devices": d, "mini_batch": MINI_BATCH[name][d]}
             for strategy in ("gpp", "spp"):
-                plan, _ = plan_pipeline(traced, num_devices=d, strategy=strategy, device=profile,
-                                        scope_depth=3, time_limit_s=120)
+                plan, _ = plan_pipeline(
+                    traced,
+                    num_devices=d,
+                    strategy=strategy,
+                    device=profile,
+                    scope_depth=3,
+                    time_limit_s=120,
+                )
                 row[strategy] = {
                     "throughput": plan.raw["sim"]["throughput"],
                     "bubble": plan.raw["sim"]["bubble_fraction"],
@@ -66,13 +72,30 @@ def simulated(devices: list[int], profile: str) -> list[dict]:
                 }
             row["speedup"] = row["gpp"]["throughput"] / row["spp"]["throughput"]
             rows.append(row)
-            print(f"sim {name:10s} {d:3d} dev: GPP {row['gpp']['throughput']:10.1f}/s depth "
-                  f"{row['gpp']['depth']:2d} | SPP {row['spp']['throughput']:10.1f}/s depth "
-                  f"{row['spp']['depth']:2d} | GPP/SPP {row['speedup']:.2f}x", flush=True)
+            print(
+                f"sim {name:10s} {d:3d} dev: GPP {row['gpp']['throughput']:10.1f}/s depth "
+                f"{row['gpp']['depth']:2d} | SPP {row['spp']['throughput']:10.1f}/s depth "
+                f"{row['spp']['depth']:2d} | GPP/SPP {row['speedup']:.2f}x",
+                flush=True,
+            )
     return rows
 
 
 # ---- real 4-rank CPU run ---------------------------------------------------------------------
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose gradient is made contiguous: torch.distributed.pipelining sizes its
+    receive buffers from the sender's gradient strides (a cat's input gradients are narrow
+    views), and gloo only receives into contiguous tensors."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return g.contiguous()
 
 
 class _Carry(nn.Module):
@@ -85,6 +108,7 @@ class _Carry(nn.Module):
         self.head = model.head if i == self.n - 1 else None
 
     def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        xs = tuple(_ContiguousGrad.apply(x) for x in xs)
         pooled, rest = list(xs[: self.i]), list(xs[self.i :])
         pooled.append(self.branch(rest.pop(0)).mean(dim=1))
         if self.head is not None:
@@ -95,8 +119,9 @@ class _Carry(nn.Module):
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
+    )
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     model, inputs = models.build("mmt", small=True, batch=REAL_BATCH, **REAL_MMT)
@@ -104,8 +129,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     target = torch.randn(REAL_BATCH, REAL_MMT["num_classes"])
     times: dict[str, list[float]] = {}
     for strategy in ("gpp", "spp"):
-        pp = PipelineParallel(model, inputs, loss_fn=F.mse_loss, strategy=strategy,
-                              micro_batch_sizes=[REAL_MICRO])
+        pp = PipelineParallel(
+            model, inputs, loss_fn=F.mse_loss, strategy=strategy, micro_batch_sizes=[REAL_MICRO]
+        )
         opt = torch.optim.SGD(pp.parameters(), lr=1e-3)
         ts = []
         for _ in range(REAL_STEPS):
@@ -158,8 +184,11 @@ def real() -> dict:
     for k in ("ours_gpp", "ours_spp", "torch_gpipe", "torch_1f1b"):
         med = statistics.median(times[k])
         res[k] = {"median_step_s": med, "samples_per_s": REAL_BATCH / med}
-        print(f"real 4-rank CPU MMT {k:12s}: {REAL_BATCH / med:8.1f} samples/s "
-              f"(median step {med * 1e3:.1f} ms)", flush=True)
+        print(
+            f"real 4-rank CPU MMT {k:12s}: {REAL_BATCH / med:8.1f} samples/s "
+            f"(median step {med * 1e3:.1f} ms)",
+            flush=True,
+        )
     res["gpp_depth"] = times["ours_gpp_depth"][0]
     res["spp_depth"] = times["ours_spp_depth"][0]
     return res
@@ -174,12 +203,15 @@ def main() -> None:
     sim_rows = simulated([int(d) for d in args.devices.split(",")], args.profile)
     real_res = None if args.skip_real else real()
     print()
-    print(f"{'model':10s} {'dev':>4s} {'GPP/s':>10s} {'SPP/s':>10s} {'GPP/SPP':>8s}"
-          f" {'depth G/S':>9s}")
+    print(
+        f"{'model':10s} {'dev':>4s} {'GPP/s':>10s} {'SPP/s':>10s} {'GPP/SPP':>8s} {'depth G/S':>9s}"
+    )
     for r in sim_rows:
-        print(f"{r['model']:10s} {r['devices']:4d} {r['gpp']['throughput']:10.1f}"
-              f" {r['spp']['throughput']:10.1f} {r['speedup']:8.2f}"
-              f" {r['gpp']['depth']:4d}/{r['spp']['depth']:<4d}")
+        print(
+            f"{r['model']:10s} {r['devices']:4d} {r['gpp']['throughput']:10.1f}"
+            f" {r['spp']['throughput']:10.1f} {r['speedup']:8.2f}"
+            f" {r['gpp']['depth']:4d}/{r['spp']['depth']:<4d}"
+        )
     if real_res:
         base = real_res["torch_1f1b"]["samples_per_s"]
         print("\nreal 4-rank CPU MMT, samples/s (ratio to torch.distributed.pipelining 1F1B):")
@@ -187,9 +219,15 @@ def main() -> None:
             v = real_res[k]["samples_per_s"]
             print(f"  {k:12s} {v:8.1f}  {v / base:.2f}x")
     os.makedirs(RESULTS, exist_ok=True)
-    meta = {"profile": args.profile, "cpus": os.cpu_count(), "torch": torch.__version__,
-            "real_model": REAL_MMT, "real_batch": REAL_BATCH, "real_micro_batch": REAL_MICRO,
-            "python": sys.version.split()[0]}
+    meta = {
+        "profile": args.profile,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "real_model": REAL_MMT,
+        "real_batch": REAL_BATCH,
+        "real_micro_batch": REAL_MICRO,
+        "python": sys.version.split()[0],
+    }
     with open(os.path.join(RESULTS, "graphpipe_throughput.json"), "w") as f:
         json.dump({"meta": meta, "simulated": sim_rows, "real": real_res}, f, indent=1)
     _plot(sim_rows, real_res)
@@ -204,8 +242,9 @@ def _plot(rows: list[dict], real_res: dict | None) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for name, marker in (("mmt", "o"), ("dlrm", "s"), ("candle_uno", "^")):
         rs = [r for r in rows if r["model"] == name]
-        axes[0].plot([r["devices"] for r in rs], [r["speedup"] for r in rs], marker + "-",
-                     label=name)
+        axes[0].plot(
+            [r["devices"] for r in rs], [r["speedup"] for r in rs], marker + "-", label=name
+        )
     axes[0].axhline(1.0, color="grey", lw=0.8)
     axes[0].set_xscale("log", base=2)
     axes[0].set_xlabel("devices")
@@ -214,8 +253,11 @@ def _plot(rows: list[dict], real_res: dict | None) -> None:
     axes[0].legend(fontsize=8)
     if real_res:
         keys = ["ours_gpp", "ours_spp", "torch_gpipe", "torch_1f1b"]
-        axes[1].bar(keys, [real_res[k]["samples_per_s"] for k in keys],
-                    color=["#36c", "#69c", "#c63", "#c96"])
+        axes[1].bar(
+            keys,
+            [real_res[k]["samples_per_s"] for k in keys],
+            color=["#36c", "#69c", "#c63", "#c96"],
+        )
         axes[1].set_ylabel("samples/s")
         axes[1].set_title("real: 4 gloo ranks on this CPU, MMT")
     fig.tight_layout()

@@ -328,7 +328,7 @@ std::string SpTree::ToString() const {
   return root < 0 ? "()" : rec(root);
 }
 
-SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins) {
+SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins, bool lightest) {
   graph.Validate();
   SpTree tree;
   const int n = graph.size();
@@ -438,12 +438,16 @@ SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins) {
         tree.nodes[tree.nodes[parallel].children[jb]].children.push_back(kids[i]);
         continue;
       }
-      int heaviest = -1;
+      int heaviest = -1, light = -1;
       for (size_t b = 0; b < branches.size(); ++b) {
         if (has_join(branches[b])) continue;
         if (heaviest < 0 || flops(branches[b]) > flops(branches[heaviest]))
           heaviest = static_cast<int>(b);
+        if (light < 0 || flops(branches[b]) < flops(branches[light])) light = static_cast<int>(b);
       }
+      if (heaviest >= 0 && flops(branches[heaviest]) != flops(branches[light]))
+        tree.join_choice_matters = true;
+      if (lightest) heaviest = light;
       if (heaviest < 0) {
         out.push_back(kids[i]);
         continue;

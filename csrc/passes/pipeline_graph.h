@@ -65,6 +65,7 @@ struct SpTree {
   std::vector<Node> nodes;
   int root = -1;
   int linearised_regions = 0;    // non-SP regions that were turned into chains
+  bool join_choice_matters = false;  // heaviest and lightest branch differ somewhere
 
   // Blocks under `node`, children [first, last] only (inclusive); all children by default.
   std::vector<int> Blocks(int node, int first = 0, int last = -1) const;
@@ -78,7 +79,11 @@ struct SpTree {
 // With `absorb_joins`, a join block that follows a parallel part (a concat of the branches) is
 // moved onto the end of the heaviest branch, so one stage may hold a branch's last layers and
 // the join, as in GraphPipe's case study; ranges stay convex.
-SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins = false);
+// `lightest`: give the join to the lightest branch instead (then a stage may hold the light
+// branches, the join and what follows, keeping their outputs off the network - DLRM's sparse
+// embeddings). `SpTree::join_choice_matters` says whether the two choices differ at all.
+SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins = false,
+                               bool lightest = false);
 
 // The same graph as one chain in topological order: the sequential (SPP) view.
 SpTree LinearChain(const CostGraph& graph);

@@ -676,12 +676,15 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
                                   " does not divide the mini-batch " +
                                   std::to_string(o.mini_batch));
   const double memory_limit = o.memory_limit > 0 ? o.memory_limit : o.device.memory_bytes;
-  const SpTree tree =
-      o.sequential ? LinearChain(graph) : DecomposeSeriesParallel(graph, o.absorb_joins);
-  const int root_last =
-      tree.nodes[tree.root].kind == SpTree::Kind::kLeaf
-          ? 0
-          : static_cast<int>(tree.nodes[tree.root].children.size()) - 1;
+  std::vector<SpTree> trees;
+  if (o.sequential) {
+    trees.push_back(LinearChain(graph));
+  } else {
+    trees.push_back(DecomposeSeriesParallel(graph, o.absorb_joins));
+    // The join on the lightest branch is a different search space; try it when it differs.
+    if (o.absorb_joins && trees[0].join_choice_matters)
+      trees.push_back(DecomposeSeriesParallel(graph, true, /*lightest=*/true));
+  }
   const auto deadline =
       o.time_limit_s > 0
           ? t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -707,9 +710,14 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
 
   PartitionStats st;
   st.blocks = graph.size();
-  st.linearised_regions = tree.linearised_regions;
-  st.sp_tree = tree.ToString();
+  st.linearised_regions = trees[0].linearised_regions;
+  st.sp_tree = trees[0].ToString();
   Found best;
+  for (const SpTree& tree : trees) {
+  const int root_last =
+      tree.nodes[tree.root].kind == SpTree::Kind::kLeaf
+          ? 0
+          : static_cast<int>(tree.nodes[tree.root].children.size()) - 1;
   for (const auto& configs : config_sets) {
     Search search(graph, tree, o, configs, memory_limit);
     auto feasible = [&](double tmax, Found* out) {
@@ -757,6 +765,7 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
     }
     local.tps = hi;
     if (!best.ok || local.tps < best.tps) best = std::move(local);
+  }
   }
   if (!best.ok) {
     // Find how much memory a plan would need, to say so.

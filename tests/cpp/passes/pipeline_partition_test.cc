@@ -103,7 +103,9 @@ void ExpectMatchesBruteForce(const CostGraph& g, PartitionOptions o) {
   PartitionStats stats;
   const StageGraph sg = PartitionPipeline(g, o, &stats);
   const SpTree tree = o.sequential ? LinearChain(g) : DecomposeSeriesParallel(g, o.absorb_joins);
-  const double brute = BruteForceBest(g, tree, o, o.sequential);
+  double brute = BruteForceBest(g, tree, o, o.sequential);
+  if (!o.sequential && o.absorb_joins && tree.join_choice_matters)
+    brute = std::min(brute, BruteForceBest(g, DecomposeSeriesParallel(g, true, true), o, false));
   ASSERT_TRUE(std::isfinite(brute));
   // The search stops within epsilon of the optimum it can see; its in-flight figures are
   // conservative, so it is never better than the exhaustive optimum.
