@@ -28,8 +28,9 @@ def plan_only(out_dir: str) -> None:
         model, inputs = models.build("mmt", batch=128)
     traced = torch_plugin.distributed.cost_records(model, inputs)
     for strategy in ("gpp", "spp"):
-        plan, _ = torch_plugin.plan_pipeline(traced, num_devices=8, strategy=strategy,
-                                             device="a100", scope_depth=3)
+        plan, _ = torch_plugin.plan_pipeline(
+            traced, num_devices=8, strategy=strategy, device="a100", scope_depth=3
+        )
         print(plan.summary(), "\n")
         print("wrote", *plan.save_png(os.path.join(out_dir, f"mmt_{strategy}")), "\n")
 

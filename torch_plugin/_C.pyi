@@ -5,6 +5,9 @@ from typing import Any
 class GraphError(ValueError):
     node: str
 
+class PlanError(RuntimeError):
+    min_memory_bytes: float
+
 class PassError(RuntimeError):
     pass_name: str
     node: str
@@ -40,3 +43,17 @@ def solve_ilp(
     maximize: bool = False,
     time_limit_s: float = 60.0,
 ) -> tuple[str, float, list[float]]: ...
+def pipeline_plan(nodes: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, Any]:
+    """Coarsen, partition (GPP, or SPP with sequential=True), schedule and simulate.
+
+    nodes: records with name, scope, inputs (earlier indices), fwd_flops, bwd_flops, io_bytes,
+    act_bytes, out_bytes (per sample), param_bytes, kernels, is_output.
+    options: mini_batch, num_devices, device, memory_limit, micro_batch_sizes, k_values,
+    sequential, absorb_joins, epsilon, time_limit_s, schedule, simulate, scope_depth,
+    max_blocks, cheap_fraction.
+    Returns stages (nodes, micro_batch, k, replicas, devices, in_flight, times, memory), edges,
+    schedule (per stage: (micro_batch, backward)), depth, bottleneck_tps, text, stats, sim.
+    """
+    ...
+
+def device_profiles() -> dict[str, dict[str, float]]: ...

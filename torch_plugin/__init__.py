@@ -11,7 +11,7 @@ import torch  # noqa: F401  (loads libtorch before our extension, which links ag
 from . import _C, distributed, models, ops  # noqa: F401  (ops registers fake kernels, autograd)
 from ._C import GraphError, PassError, PlanError
 from .backend import register, torch_plugin_backend
-from .distributed import PipelineParallel, PipelinePlan, plan_pipeline
+from .distributed import PipelineParallel, PipelinePlan, parallelize, plan_pipeline
 from .options import Options
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "PlanError",
     "distributed",
     "models",
+    "parallelize",
     "plan_pipeline",
     "torch_plugin_backend",
 ]

@@ -734,17 +734,18 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
       }
       return true;
     };
-    Found local;
-    if (!feasible(std::numeric_limits<double>::infinity(), &local)) continue;
-    // Upper bound: the TPS of the plan found without a target; lower bound 0.
-    {
+    // The bottleneck TPS a plan actually has (stage times do not depend on the edges).
+    auto actual_tps = [&](const std::vector<Stage>& stages) {
       StageGraph probe;
       probe.mini_batch = o.mini_batch;
-      probe.stages = local.stages;
+      probe.stages = stages;
       for (size_t i = 0; i < probe.stages.size(); ++i) probe.stages[i].id = static_cast<int>(i);
       EvaluateStageGraph(graph, o, probe);
-      local.tps = probe.bottleneck_tps;
-    }
+      return probe.bottleneck_tps;
+    };
+    Found local;
+    if (!feasible(std::numeric_limits<double>::infinity(), &local)) continue;
+    local.tps = actual_tps(local.stages);
     // No plan beats the whole model's FLOP time spread over every device.
     double total_flops = 0;
     for (const auto& node : graph.nodes) total_flops += node.fwd_flops + node.bwd_flops;
@@ -757,7 +758,8 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
       const double mid = 0.5 * (lo + hi);
       Found f;
       if (feasible(mid, &f)) {
-        hi = mid;
+        // The plan found often beats the target: its own bottleneck is the new upper bound.
+        hi = std::min(mid, actual_tps(f.stages));
         local = std::move(f);
       } else {
         lo = mid;

@@ -49,6 +49,7 @@ def pipeline_step_matches(
     out_dir: str,
 ) -> None:
     """One training step under the pipeline runtime equals single-process training."""
+    import torch_plugin
     from torch_plugin import models
     from torch_plugin.distributed import PipelineParallel
 
@@ -63,13 +64,18 @@ def pipeline_step_matches(
         ref_loss.backward()
         ref_grads = {n: p.grad for n, p in reference.named_parameters()}
 
-        pp = PipelineParallel(
-            model,
-            inputs,
-            loss_fn=F.mse_loss,
-            strategy=strategy,
-            micro_batch_sizes=micro_batch_sizes,
-        )
+        if micro_batch_sizes is None:  # the one-call API with a fixed micro-batch count
+            pp = torch_plugin.parallelize(
+                model, world, inputs, strategy="pipeline", loss_fn=F.mse_loss, num_microbatches=4
+            )
+        else:
+            pp = PipelineParallel(
+                model,
+                inputs,
+                loss_fn=F.mse_loss,
+                strategy=strategy,
+                micro_batch_sizes=micro_batch_sizes,
+            )
         loss = pp.step(inputs, target)
         torch.testing.assert_close(torch.tensor(loss), ref_loss.detach(), rtol=1e-5, atol=1e-5)
         max_diff = 0.0

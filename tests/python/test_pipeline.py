@@ -55,6 +55,18 @@ def test_bad_options_are_clear_errors() -> None:
         plan_pipeline(model, inputs, 2, memory_limit_bytes=1000)
 
 
+def test_parallelize_bad_input() -> None:
+    model, inputs = models.build("mlp", small=True, batch=4)
+    with pytest.raises(ValueError, match="valid: pipeline, gpp, spp"):
+        torch_plugin.parallelize(model, None, inputs, strategy="zero", loss_fn=torch.nn.MSELoss())
+    with pytest.raises(ValueError, match="does not divide"):
+        torch_plugin.parallelize(
+            model, None, inputs, loss_fn=torch.nn.MSELoss(), num_microbatches=3
+        )
+    with pytest.raises(ValueError, match="needs loss_fn"):
+        torch_plugin.parallelize(model, None, inputs)
+
+
 def test_runtime_requires_distributed() -> None:
     model, inputs = models.build("mlp", small=True, batch=4)
     with pytest.raises(RuntimeError, match="init_process_group"):
@@ -71,10 +83,11 @@ def test_runtime_requires_distributed() -> None:
         ("candle_uno", "gpp", [2]),
         ("candle_uno", "spp", [2]),
         ("candle_uno", "gpp", [1, 2, 4]),  # per-stage micro-batch sizes and replicas
+        ("mmt", "gpp", None),  # torch_plugin.parallelize(..., num_microbatches=4)
     ],
 )
 def test_four_rank_step_equals_single_process(
-    model_name: str, strategy: str, micro: list[int], tmp_path: Path
+    model_name: str, strategy: str, micro: list[int] | None, tmp_path: Path
 ) -> None:
     dist_workers.spawn(
         dist_workers.pipeline_step_matches, 4, model_name, strategy, micro, 8, str(tmp_path)
@@ -105,6 +118,8 @@ def test_faulty_rank_fails_the_job_fast(scenario: str, tmp_path: Path) -> None:
         if scenario == "mismatch":
             assert "plans differ" in r["message"] and "[3]" in r["message"]
         else:
-            assert "died or stalled" in r["message"] or "timed out" in r["message"].lower() or (
-                "connection" in r["message"].lower()
+            assert (
+                "died or stalled" in r["message"]
+                or "timed out" in r["message"].lower()
+                or ("connection" in r["message"].lower())
             ), r["message"]

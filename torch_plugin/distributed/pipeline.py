@@ -206,7 +206,6 @@ class PipelineParallel:
         micro_batch_sizes: list[int] | None = None,
         device_profile: str = "cpu",
         scope_depth: int = 3,
-        group: dist.ProcessGroup | None = None,
         plan: PipelinePlan | None = None,
     ):
         if not dist.is_initialized():
@@ -214,9 +213,9 @@ class PipelineParallel:
                 "PipelineParallel needs torch.distributed initialised (run under torchrun and "
                 "call torch.distributed.init_process_group first)"
             )
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
+        self.group = None  # the default (world) group; ranks in the plan are global ranks
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
         self.loss_fn = loss_fn
         traced = cost_records(model, example_inputs)
         if plan is None:
@@ -378,7 +377,7 @@ class PipelineParallel:
 
     def _buffer(self, v: fx.Node, n: int) -> torch.Tensor:
         meta = v.meta["tensor_meta"]
-        return torch.empty((n, *meta.shape[1:]), dtype=meta.dtype)
+        return torch.empty((n, *meta.shape[1:]), dtype=meta.dtype, device=self._device)
 
     # ---- one iteration ---------------------------------------------------------------------
 
@@ -387,8 +386,12 @@ class PipelineParallel:
         if len(flat) != len(self.placeholders):
             raise ValueError(f"expected {len(self.placeholders)} input tensors, got {len(flat)}")
         local = dict(zip(self.placeholders, flat, strict=True))
+        # Buffers live where the inputs live: CPU with gloo, the rank's GPU with NCCL.
+        self._device = next(
+            (x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu")
+        )
         sends: list[Any] = []
-        loss_total = torch.zeros(())
+        loss_total = torch.zeros((), device=self._device)
         if self.my_stage >= 0:
             s = self.my_stage
             saved: dict[int, tuple[list[Any], list[Any], torch.Tensor | None]] = {}
@@ -475,3 +478,43 @@ class PipelineParallel:
                         tag=self._tag(v, s, a, True),
                     )
                 )
+
+
+def parallelize(
+    model: nn.Module,
+    mesh: int | None = None,
+    example_inputs: tuple[Any, ...] = (),
+    *,
+    strategy: str = "pipeline",
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    num_microbatches: int | None = None,
+    **options: Any,
+) -> PipelineParallel:
+    """One call from a single-device model to its distributed form (run under torchrun).
+
+    strategy: "pipeline" / "gpp" (graph pipeline), "spp" (sequential pipeline). `mesh` is the
+    number of ranks (the world by default) until DeviceMesh lands with the sharding pass.
+    `num_microbatches` fixes one micro-batch size (mini-batch / n); by default the partitioner
+    picks per-stage sizes. Other options go to `PipelineParallel`.
+    """
+    kinds = {"pipeline": "gpp", "gpp": "gpp", "spp": "spp"}
+    if strategy not in kinds:
+        raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(kinds)}")
+    if loss_fn is None:
+        raise ValueError("parallelize needs loss_fn(output, target) for training")
+    if dist.is_initialized() and mesh is not None and int(mesh) != dist.get_world_size():
+        raise ValueError(
+            f"mesh of {mesh} ranks but the world has {dist.get_world_size()}; launch with "
+            f"torchrun --nproc-per-node {mesh}"
+        )
+    if num_microbatches is not None:
+        flat, _ = pytree.tree_flatten(tuple(example_inputs))
+        batch = next(int(x.shape[0]) for x in flat if isinstance(x, torch.Tensor) and x.dim())
+        if num_microbatches <= 0 or batch % num_microbatches:
+            raise ValueError(
+                f"num_microbatches={num_microbatches} does not divide the batch of {batch}"
+            )
+        options["micro_batch_sizes"] = [batch // num_microbatches]
+    return PipelineParallel(
+        model, example_inputs, loss_fn=loss_fn, strategy=kinds[strategy], **options
+    )
