@@ -97,7 +97,8 @@ py::dict PipelinePlan(const py::list& records, const py::dict& opts) {
     stages.append(d);
   }
   py::list edges;
-  for (const auto& e : sg.edges) edges.append(py::make_tuple(e.from, e.to, e.bytes_per_sample, e.data));
+  for (const auto& e : sg.edges)
+    edges.append(py::make_tuple(e.from, e.to, e.bytes_per_sample, e.data));
   py::list per_stage;
   for (const auto& ops : schedule.per_stage) {
     py::list l;

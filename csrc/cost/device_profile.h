@@ -13,12 +13,12 @@ namespace tp::cost {
 
 struct DeviceProfile {
   std::string name;
-  double peak_flops = 0;        // achievable dense FLOP/s for training math (mixed precision)
-  double mem_bandwidth = 0;     // bytes/s of device memory
-  double memory_bytes = 0;      // capacity per device
-  double link_bandwidth = 0;    // bytes/s between two devices (point-to-point)
-  double link_latency = 0;      // seconds per message
-  double kernel_overhead = 0;   // seconds per kernel launch
+  double peak_flops = 0;       // achievable dense FLOP/s for training math (mixed precision)
+  double mem_bandwidth = 0;    // bytes/s of device memory
+  double memory_bytes = 0;     // capacity per device
+  double link_bandwidth = 0;   // bytes/s between two devices (point-to-point)
+  double link_latency = 0;     // seconds per message
+  double kernel_overhead = 0;  // seconds per kernel launch
 };
 
 // Presets: "v100", "a100", "h100", "a5000", "cpu" (a 2-core box running gloo). Throws

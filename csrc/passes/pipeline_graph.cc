@@ -176,8 +176,8 @@ CostGraph CostGraphFromIr(const ir::Graph& graph, int64_t batch) {
     c.scope = node.scope;
     const ir::OpCost cost = registry.Estimate(graph, node);
     const ir::OpInfo* info = registry.Find(node.op);
-    const bool is_view = info && (info->cls == ir::OpClass::kView ||
-                                  info->cls == ir::OpClass::kSymbolic);
+    const bool is_view =
+        info && (info->cls == ir::OpClass::kView || info->cls == ir::OpClass::kSymbolic);
     c.fwd_flops = cost.flops * per;
     c.bwd_flops = 2 * c.fwd_flops;
     c.io_bytes = cost.bytes * per;
@@ -254,7 +254,8 @@ CostGraph Coarsen(const CostGraph& graph, const CoarsenOptions& options) {
     std::map<int, int> dense;
     for (int v = 0; v < n; ++v) {
       auto it = dense.find(group[v]);
-      group[v] = it == dense.end() ? (dense[group[v]] = static_cast<int>(dense.size())) : it->second;
+      group[v] =
+          it == dense.end() ? (dense[group[v]] = static_cast<int>(dense.size())) : it->second;
     }
     g = Merge(g, group);
   }
@@ -380,7 +381,9 @@ SpTree DecomposeSeriesParallel(const CostGraph& graph, bool absorb_joins, bool l
     for (int i = 0; i < size; ++i) index[h[i]] = i;
     std::vector<int> parent(size);
     std::iota(parent.begin(), parent.end(), 0);
-    std::function<int(int)> find = [&](int x) { return parent[x] == x ? x : parent[x] = find(parent[x]); };
+    std::function<int(int)> find = [&](int x) {
+      return parent[x] == x ? x : parent[x] = find(parent[x]);
+    };
     for (int v : h)
       for (int u : graph.nodes[v].inputs)
         if (index.count(u)) parent[find(index[u])] = find(index[v]);

@@ -17,18 +17,18 @@
 namespace tp::pipeline {
 
 struct CostNode {
-  std::string name;            // unique; FX node name or "scope" of a merged block
-  std::string scope;           // module path; "" for top-level code
-  std::vector<int> inputs;     // producer node indices (each < this node's index)
-  double fwd_flops = 0;        // per sample
-  double bwd_flops = 0;        // per sample
-  double io_bytes = 0;         // memory traffic per sample, forward
-  double act_bytes = 0;        // activations kept for backward, per sample
-  double out_bytes = 0;        // output bytes per sample (sent if it crosses a stage boundary)
-  double param_bytes = 0;      // parameters owned (fp32 bytes), independent of the batch
-  double kernels = 0;          // forward kernel launches
-  bool is_output = false;      // feeds the model's output (or loss)
-  std::vector<int> members;    // original node indices merged into this block
+  std::string name;          // unique; FX node name or "scope" of a merged block
+  std::string scope;         // module path; "" for top-level code
+  std::vector<int> inputs;   // producer node indices (each < this node's index)
+  double fwd_flops = 0;      // per sample
+  double bwd_flops = 0;      // per sample
+  double io_bytes = 0;       // memory traffic per sample, forward
+  double act_bytes = 0;      // activations kept for backward, per sample
+  double out_bytes = 0;      // output bytes per sample (sent if it crosses a stage boundary)
+  double param_bytes = 0;    // parameters owned (fp32 bytes), independent of the batch
+  double kernels = 0;        // forward kernel launches
+  bool is_output = false;    // feeds the model's output (or loss)
+  std::vector<int> members;  // original node indices merged into this block
 };
 
 struct CostGraph {
@@ -44,11 +44,11 @@ struct CostGraph {
 CostGraph CostGraphFromIr(const ir::Graph& graph, int64_t batch);
 
 struct CoarsenOptions {
-  int scope_depth = -1;   // merge nodes sharing the first `scope_depth` scope components (-1: off)
+  int scope_depth = -1;  // merge nodes sharing the first `scope_depth` scope components (-1: off)
   // Then fold cheap blocks (below this fraction of the mean block's FLOPs: activations, views,
   // pooling) into their sole producer when it has no other consumer.
   double cheap_fraction = 0.05;
-  int max_blocks = 256;   // then contract chains (sole producer -> sole consumer) down to this
+  int max_blocks = 256;  // then contract chains (sole producer -> sole consumer) down to this
 };
 // Merges nodes into blocks. Every merge keeps the block graph acyclic (a scope group that would
 // not be convex stays split).
@@ -58,13 +58,13 @@ struct SpTree {
   enum class Kind { kLeaf, kSeries, kParallel };
   struct Node {
     Kind kind = Kind::kLeaf;
-    int block = -1;              // leaves: the CostGraph node
-    std::vector<int> children;   // series: in dependency order; parallel: independent parts
-    int join = -1;               // parallel: the join block absorbed into one of the branches
+    int block = -1;             // leaves: the CostGraph node
+    std::vector<int> children;  // series: in dependency order; parallel: independent parts
+    int join = -1;              // parallel: the join block absorbed into one of the branches
   };
   std::vector<Node> nodes;
   int root = -1;
-  int linearised_regions = 0;    // non-SP regions that were turned into chains
+  int linearised_regions = 0;        // non-SP regions that were turned into chains
   bool join_choice_matters = false;  // heaviest and lightest branch differ somewhere
 
   // Blocks under `node`, children [first, last] only (inclusive); all children by default.

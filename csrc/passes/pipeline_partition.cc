@@ -80,8 +80,8 @@ int64_t InFlightFrom(const Config& c, const Signature& sig) {
   if (sig.empty()) return static_cast<int64_t>(c.k) * c.b;  // a sink stage
   int64_t i = 0;
   for (const auto& e : sig)
-    i = std::max(i, ComputeInFlight(c.k, c.b, static_cast<int>(e[1]), static_cast<int>(e[0]),
-                                    e[2]));
+    i = std::max(i,
+                 ComputeInFlight(c.k, c.b, static_cast<int>(e[1]), static_cast<int>(e[0]), e[2]));
   return i;
 }
 
@@ -90,7 +90,7 @@ struct Choice {
   Kind kind = Kind::kNone;
   int config = -1;  // base: the stage's config
   int r1 = -1, r2 = -1;
-  int cm = -1;      // series: the upstream config r2's plan was chosen for
+  int cm = -1;  // series: the upstream config r2's plan was chosen for
   // Child ranges of r1 and r2 relative to the piece's first child (results are shared by
   // identical pieces at other positions, so absolute indices would be wrong).
   int r1_first = 0, r1_last = 0, r2_first = 0, r2_last = 0;
@@ -137,8 +137,13 @@ class Search {
  public:
   Search(const CostGraph& g, const SpTree& tree, const PartitionOptions& o,
          std::vector<Config> configs, double memory_limit)
-      : g_(g), tree_(tree), o_(o), configs_(std::move(configs)), memory_limit_(memory_limit),
-        consumers_(g.Consumers()), is_join_(g.size(), 0) {
+      : g_(g),
+        tree_(tree),
+        o_(o),
+        configs_(std::move(configs)),
+        memory_limit_(memory_limit),
+        consumers_(g.Consumers()),
+        is_join_(g.size(), 0) {
     Intern({});
     for (const auto& node : tree.nodes)
       if (node.join >= 0) is_join_[node.join] = 1;
@@ -190,9 +195,8 @@ class Search {
       Joins joins;
       for (int j : JoinsIn(t, l, r)) joins.push_back({j, own});
       for (int cu = 0; cu < nconf; ++cu) {
-        const int64_t v = cu == dummy() ? ix
-                                        : ComputeInFlight(configs_[cu].k, configs_[cu].b, c.k,
-                                                          c.b, ix);
+        const int64_t v =
+            cu == dummy() ? ix : ComputeInFlight(configs_[cu].k, configs_[cu].b, c.k, c.b, ix);
         if (v < res.value[cu]) {
           res.value[cu] = v;
           res.sig[cu] = own;
@@ -228,7 +232,8 @@ class Search {
                 res.value[cu] = results_[r1].value[cu];
                 res.sig[cu] = results_[r1].sig[cu];
                 res.joins[cu] = MergeJoins(results_[r1].joins[cu], results_[r2].joins[cm]);
-                res.choice[cu] = Choice{Choice::Kind::kSeries, -1, r1, r2, cm, 0, m - l, m + 1 - l, r - l};
+                res.choice[cu] =
+                    Choice{Choice::Kind::kSeries, -1, r1, r2, cm, 0, m - l, m + 1 - l, r - l};
               }
             }
           }
@@ -255,14 +260,16 @@ class Search {
               if (bsig < 0) throw std::logic_error("pipeline partitioner lost an absorbed join");
             }
             auto it = rb_for_sig.find(bsig);
-            const int rb = it != rb_for_sig.end() ? it->second
-                                                  : (rb_for_sig[bsig] = Solve(t, bl, br, d - da, bsig));
+            const int rb = it != rb_for_sig.end()
+                               ? it->second
+                               : (rb_for_sig[bsig] = Solve(t, bl, br, d - da, bsig));
             const int64_t v = std::max(results_[ra].value[cu], results_[rb].value[cu]);
             if (v < res.value[cu]) {
               res.value[cu] = v;
               res.sig[cu] = Union(results_[ra].sig[cu], results_[rb].sig[cu]);
               res.joins[cu] = MergeJoins(results_[ra].joins[cu], results_[rb].joins[cu]);
-              res.choice[cu] = Choice{Choice::Kind::kParallel, -1, ra, rb, -1, al - l, ar - l, bl - l, br - l};
+              res.choice[cu] =
+                  Choice{Choice::Kind::kParallel, -1, ra, rb, -1, al - l, ar - l, bl - l, br - l};
             }
           }
         }
@@ -387,7 +394,9 @@ class Search {
 
   // In-flight samples each config would hold upstream of a plan with signature `sig`.
   const std::vector<int64_t>& Demand(int sig) {
-    if (static_cast<int>(demand_.size()) <= sig) demand_.resize(sig + 1);
+    // Sized for every signature interned so far, so a second call never moves the vector
+    // under a reference the caller still holds.
+    if (demand_.size() < signatures_.size()) demand_.resize(signatures_.size());
     auto& dem = demand_[sig];
     if (dem.empty()) {
       dem.resize(configs_.size());
@@ -501,7 +510,7 @@ int64_t ComputeInFlight(int kx, int bx, int ky, int by, int64_t iy) {
   const int64_t X = static_cast<int64_t>(kx) * bx, Y = static_cast<int64_t>(ky) * by;
   const int64_t M = std::max(bx, by);
   if (X < Y) {
-    if (X < by) return iy + by;       // b_x <= k_x b_x < b_y <= k_y b_y
+    if (X < by) return iy + by;  // b_x <= k_x b_x < b_y <= k_y b_y
     return X == M ? iy + M : iy + 2 * M;
   }
   if (X == Y) return Y == M ? iy + Y : iy + 2 * M;
@@ -570,13 +579,12 @@ void EvaluateStageGraph(const CostGraph& graph, const PartitionOptions& o, Stage
     st.in_flight = succ[s].empty() ? static_cast<int64_t>(st.k) * st.micro_batch : 0;
     for (int t : succ[s]) {
       const Stage& y = sg.stages[t];
-      st.in_flight =
-          std::max(st.in_flight, ComputeInFlight(st.k, st.micro_batch, y.k, y.micro_batch,
-                                                 y.in_flight));
+      st.in_flight = std::max(
+          st.in_flight, ComputeInFlight(st.k, st.micro_batch, y.k, y.micro_batch, y.in_flight));
     }
     st.in_flight = std::min<int64_t>(st.in_flight, o.mini_batch);
-    st.memory_bytes = StageMemory(sc, st.micro_batch, st.replicas, st.in_flight,
-                                  o.state_bytes_per_param_byte);
+    st.memory_bytes =
+        StageMemory(sc, st.micro_batch, st.replicas, st.in_flight, o.state_bytes_per_param_byte);
     sg.bottleneck_tps = std::max(sg.bottleneck_tps, st.tps);
     sg.max_memory_bytes = std::max(sg.max_memory_bytes, st.memory_bytes);
   }
@@ -661,7 +669,8 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
   const auto t0 = std::chrono::steady_clock::now();
   graph.Validate();
   if (graph.size() == 0) throw std::invalid_argument("pipeline partitioner: empty graph");
-  if (o.mini_batch <= 0) throw std::invalid_argument("pipeline partitioner: mini_batch must be > 0");
+  if (o.mini_batch <= 0)
+    throw std::invalid_argument("pipeline partitioner: mini_batch must be > 0");
   if (o.num_devices <= 0)
     throw std::invalid_argument("pipeline partitioner: num_devices must be > 0");
   if (o.device.peak_flops <= 0)
@@ -685,11 +694,10 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
     if (o.absorb_joins && trees[0].join_choice_matters)
       trees.push_back(DecomposeSeriesParallel(graph, true, /*lightest=*/true));
   }
-  const auto deadline =
-      o.time_limit_s > 0
-          ? t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                     std::chrono::duration<double>(o.time_limit_s))
-          : std::chrono::steady_clock::time_point::max();
+  const auto deadline = o.time_limit_s > 0
+                            ? t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(o.time_limit_s))
+                            : std::chrono::steady_clock::time_point::max();
 
   // SPP uses one micro-batch size for every stage; GPP lets each stage pick its own.
   std::vector<std::vector<Config>> config_sets;
@@ -714,60 +722,59 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
   st.sp_tree = trees[0].ToString();
   Found best;
   for (const SpTree& tree : trees) {
-  const int root_last =
-      tree.nodes[tree.root].kind == SpTree::Kind::kLeaf
-          ? 0
-          : static_cast<int>(tree.nodes[tree.root].children.size()) - 1;
-  for (const auto& configs : config_sets) {
-    Search search(graph, tree, o, configs, memory_limit);
-    auto feasible = [&](double tmax, Found* out) {
-      search.Reset(tmax);
-      const int r = search.Solve(tree.root, 0, root_last, o.num_devices, 0);
-      st.dp_states += search.states();
-      ++st.iterations;
-      if (search.result(r).value[search.dummy()] >= kInf) return false;
-      if (out) {
-        out->ok = true;
-        out->tps = tmax;
-        out->stages.clear();
-        search.Emit(r, search.dummy(), tree.root, 0, root_last, out->stages);
+    const int root_last = tree.nodes[tree.root].kind == SpTree::Kind::kLeaf
+                              ? 0
+                              : static_cast<int>(tree.nodes[tree.root].children.size()) - 1;
+    for (const auto& configs : config_sets) {
+      Search search(graph, tree, o, configs, memory_limit);
+      auto feasible = [&](double tmax, Found* out) {
+        search.Reset(tmax);
+        const int r = search.Solve(tree.root, 0, root_last, o.num_devices, 0);
+        st.dp_states += search.states();
+        ++st.iterations;
+        if (search.result(r).value[search.dummy()] >= kInf) return false;
+        if (out) {
+          out->ok = true;
+          out->tps = tmax;
+          out->stages.clear();
+          search.Emit(r, search.dummy(), tree.root, 0, root_last, out->stages);
+        }
+        return true;
+      };
+      // The bottleneck TPS a plan actually has (stage times do not depend on the edges).
+      auto actual_tps = [&](const std::vector<Stage>& stages) {
+        StageGraph probe;
+        probe.mini_batch = o.mini_batch;
+        probe.stages = stages;
+        for (size_t i = 0; i < probe.stages.size(); ++i) probe.stages[i].id = static_cast<int>(i);
+        EvaluateStageGraph(graph, o, probe);
+        return probe.bottleneck_tps;
+      };
+      Found local;
+      if (!feasible(std::numeric_limits<double>::infinity(), &local)) continue;
+      local.tps = actual_tps(local.stages);
+      // No plan beats the whole model's FLOP time spread over every device.
+      double total_flops = 0;
+      for (const auto& node : graph.nodes) total_flops += node.fwd_flops + node.bwd_flops;
+      double lo = total_flops / (o.device.peak_flops * o.num_devices), hi = local.tps;
+      for (int it = 0; it < o.max_iterations && hi - lo > o.epsilon * hi; ++it) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          st.timed_out = true;
+          break;
+        }
+        const double mid = 0.5 * (lo + hi);
+        Found f;
+        if (feasible(mid, &f)) {
+          // The plan found often beats the target: its own bottleneck is the new upper bound.
+          hi = std::min(mid, actual_tps(f.stages));
+          local = std::move(f);
+        } else {
+          lo = mid;
+        }
       }
-      return true;
-    };
-    // The bottleneck TPS a plan actually has (stage times do not depend on the edges).
-    auto actual_tps = [&](const std::vector<Stage>& stages) {
-      StageGraph probe;
-      probe.mini_batch = o.mini_batch;
-      probe.stages = stages;
-      for (size_t i = 0; i < probe.stages.size(); ++i) probe.stages[i].id = static_cast<int>(i);
-      EvaluateStageGraph(graph, o, probe);
-      return probe.bottleneck_tps;
-    };
-    Found local;
-    if (!feasible(std::numeric_limits<double>::infinity(), &local)) continue;
-    local.tps = actual_tps(local.stages);
-    // No plan beats the whole model's FLOP time spread over every device.
-    double total_flops = 0;
-    for (const auto& node : graph.nodes) total_flops += node.fwd_flops + node.bwd_flops;
-    double lo = total_flops / (o.device.peak_flops * o.num_devices), hi = local.tps;
-    for (int it = 0; it < o.max_iterations && hi - lo > o.epsilon * hi; ++it) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        st.timed_out = true;
-        break;
-      }
-      const double mid = 0.5 * (lo + hi);
-      Found f;
-      if (feasible(mid, &f)) {
-        // The plan found often beats the target: its own bottleneck is the new upper bound.
-        hi = std::min(mid, actual_tps(f.stages));
-        local = std::move(f);
-      } else {
-        lo = mid;
-      }
+      local.tps = hi;
+      if (!best.ok || local.tps < best.tps) best = std::move(local);
     }
-    local.tps = hi;
-    if (!best.ok || local.tps < best.tps) best = std::move(local);
-  }
   }
   if (!best.ok) {
     // Find how much memory a plan would need, to say so.
@@ -797,8 +804,7 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
     st.iterations += strict_stats.iterations;
     st.dp_states += strict_stats.dp_states;
   }
-  st.search_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.search_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (stats) *stats = st;
   return sg;
 }

@@ -44,24 +44,24 @@ struct Stage {
   int64_t in_flight = 0;     // peak in-flight samples (over all replicas)
   double fwd_time = 0;       // per micro-batch on one replica (compute only)
   double bwd_time = 0;
-  double comm_time = 0;      // per micro-batch: sends and receives, both directions
-  double allreduce_time = 0; // gradient all-reduce per iteration
-  double tps = 0;            // time per sample
-  double memory_bytes = 0;   // per device: weights + optimizer state + activations
+  double comm_time = 0;       // per micro-batch: sends and receives, both directions
+  double allreduce_time = 0;  // gradient all-reduce per iteration
+  double tps = 0;             // time per sample
+  double memory_bytes = 0;    // per device: weights + optimizer state + activations
 };
 
 struct StageGraph {
-  std::string kind;          // "gpp" or "spp"
+  std::string kind;  // "gpp" or "spp"
   int mini_batch = 0;
   int num_devices = 0;
-  std::vector<Stage> stages; // topological order
+  std::vector<Stage> stages;  // topological order
   std::vector<StageEdge> edges;
   double bottleneck_tps = 0;
   double max_memory_bytes = 0;
 
-  std::vector<std::vector<int>> Successors() const;    // over all edges
+  std::vector<std::vector<int>> Successors() const;  // over all edges
   std::vector<std::vector<int>> Predecessors() const;
-  int Depth() const;                                    // stages on the longest path
+  int Depth() const;  // stages on the longest path
   std::string ToString(const CostGraph& graph) const;
 };
 
@@ -69,15 +69,15 @@ struct PartitionOptions {
   int mini_batch = 0;
   int num_devices = 1;
   cost::DeviceProfile device;
-  double memory_limit = 0;             // bytes per device; 0 = device.memory_bytes
-  std::vector<int> micro_batch_sizes;  // empty: powers of two dividing mini_batch
-  std::vector<int> k_values = {1};     // kFkB choices per stage (1 = 1F1B)
+  double memory_limit = 0;                // bytes per device; 0 = device.memory_bytes
+  std::vector<int> micro_batch_sizes;     // empty: powers of two dividing mini_batch
+  std::vector<int> k_values = {1};        // kFkB choices per stage (1 = 1F1B)
   double state_bytes_per_param_byte = 4;  // weights + gradients + Adam's two moments
-  bool sequential = false;             // SPP baseline instead of GPP
-  bool absorb_joins = true;            // GPP: a branch's last stage may hold the join
-  double epsilon = 1e-3;               // relative width at which the binary search stops
+  bool sequential = false;                // SPP baseline instead of GPP
+  bool absorb_joins = true;               // GPP: a branch's last stage may hold the join
+  double epsilon = 1e-3;                  // relative width at which the binary search stops
   int max_iterations = 60;
-  double time_limit_s = 0;             // 0 = none; else return the best plan found so far
+  double time_limit_s = 0;  // 0 = none; else return the best plan found so far
 };
 
 struct PartitionStats {

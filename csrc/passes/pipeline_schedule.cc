@@ -12,11 +12,6 @@ int NumMicroBatches(const StageGraph& sg, int s) {
   return sg.mini_batch / sg.stages[s].micro_batch;
 }
 
-// Micro-batches of a stage with size `b_other` that overlap micro-batch j of size `b`.
-std::pair<int, int> Overlap(int j, int b, int b_other) {
-  return {j * b / b_other, ((j + 1) * b - 1) / b_other};
-}
-
 std::vector<PipeOp> WarmupAlternate(int stage, int m, int warmup, int k) {
   std::vector<PipeOp> ops;
   int f = 0, b = 0;
@@ -43,8 +38,8 @@ Schedule Greedy(const StageGraph& sg) {
     fw_end[s].assign(m, nan);
     bw_end[s].assign(m, nan);
     const Stage& st = sg.stages[s];
-    cap[s] = std::clamp(static_cast<int>((st.in_flight + st.micro_batch - 1) / st.micro_batch),
-                        1, m);
+    cap[s] =
+        std::clamp(static_cast<int>((st.in_flight + st.micro_batch - 1) / st.micro_batch), 1, m);
   }
   Schedule out;
   out.kind = ScheduleKind::kGreedy;
@@ -52,7 +47,8 @@ Schedule Greedy(const StageGraph& sg) {
   auto ready_fw = [&](int s, int j, double* t) {
     *t = 0;
     for (int p : preds[s]) {
-      const auto [a, b] = Overlap(j, sg.stages[s].micro_batch, sg.stages[p].micro_batch);
+      const auto [a, b] =
+          OverlappingMicroBatches(j, sg.stages[s].micro_batch, sg.stages[p].micro_batch);
       for (int i = a; i <= b; ++i) {
         if (std::isnan(fw_end[p][i])) return false;
         *t = std::max(*t, fw_end[p][i]);
@@ -64,7 +60,8 @@ Schedule Greedy(const StageGraph& sg) {
     if (std::isnan(fw_end[s][j])) return false;
     *t = fw_end[s][j];
     for (int q : succs[s]) {
-      const auto [a, b] = Overlap(j, sg.stages[s].micro_batch, sg.stages[q].micro_batch);
+      const auto [a, b] =
+          OverlappingMicroBatches(j, sg.stages[s].micro_batch, sg.stages[q].micro_batch);
       for (int i = a; i <= b; ++i) {
         if (std::isnan(bw_end[q][i])) return false;
         *t = std::max(*t, bw_end[q][i]);
@@ -143,10 +140,9 @@ std::vector<PipeOp> Schedule::ForDevice(const StageGraph& sg, int device) const 
 Schedule BuildSchedule(const StageGraph& sg, ScheduleKind kind) {
   for (const auto& st : sg.stages)
     if (st.micro_batch <= 0 || sg.mini_batch % st.micro_batch != 0)
-      throw std::invalid_argument("stage S" + std::to_string(st.id) + ": micro-batch " +
-                                  std::to_string(st.micro_batch) +
-                                  " does not divide the mini-batch " +
-                                  std::to_string(sg.mini_batch));
+      throw std::invalid_argument(
+          "stage S" + std::to_string(st.id) + ": micro-batch " + std::to_string(st.micro_batch) +
+          " does not divide the mini-batch " + std::to_string(sg.mini_batch));
   if (kind == ScheduleKind::kGreedy) return Greedy(sg);
   Schedule out;
   out.kind = kind;
@@ -157,8 +153,8 @@ Schedule BuildSchedule(const StageGraph& sg, ScheduleKind kind) {
     const int b = sg.stages[s].micro_batch;
     one_f1b[s] = succs[s].empty() ? b : 0;
     for (int t : succs[s])
-      one_f1b[s] = std::max(one_f1b[s], ComputeInFlight(1, b, 1, sg.stages[t].micro_batch,
-                                                        one_f1b[t]));
+      one_f1b[s] =
+          std::max(one_f1b[s], ComputeInFlight(1, b, 1, sg.stages[t].micro_batch, one_f1b[t]));
   }
   for (const auto& st : sg.stages) {
     const int m = NumMicroBatches(sg, st.id);
@@ -177,14 +173,13 @@ Schedule BuildSchedule(const StageGraph& sg, ScheduleKind kind) {
 void CheckStageOrder(const StageGraph& sg, const Schedule& schedule) {
   if (schedule.per_stage.size() != sg.stages.size())
     throw std::invalid_argument("schedule has " + std::to_string(schedule.per_stage.size()) +
-                                " stage lists for " + std::to_string(sg.stages.size()) +
-                                " stages");
+                                " stage lists for " + std::to_string(sg.stages.size()) + " stages");
   for (const auto& st : sg.stages) {
     const int m = NumMicroBatches(sg, st.id);
     int f = 0, b = 0;
     for (const auto& op : schedule.per_stage[st.id]) {
-      const std::string where = "stage S" + std::to_string(st.id) + ", micro-batch " +
-                                std::to_string(op.micro_batch);
+      const std::string where =
+          "stage S" + std::to_string(st.id) + ", micro-batch " + std::to_string(op.micro_batch);
       if (op.stage != st.id) throw std::invalid_argument(where + ": op of another stage");
       if (!op.backward) {
         if (op.micro_batch != f) throw std::invalid_argument(where + ": forwards out of order");
@@ -196,9 +191,9 @@ void CheckStageOrder(const StageGraph& sg, const Schedule& schedule) {
       }
     }
     if (f != m || b != m)
-      throw std::invalid_argument("stage S" + std::to_string(st.id) + " runs " +
-                                  std::to_string(f) + " forwards and " + std::to_string(b) +
-                                  " backwards; expected " + std::to_string(m) + " of each");
+      throw std::invalid_argument("stage S" + std::to_string(st.id) + " runs " + std::to_string(f) +
+                                  " forwards and " + std::to_string(b) + " backwards; expected " +
+                                  std::to_string(m) + " of each");
   }
 }
 

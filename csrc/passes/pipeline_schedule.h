@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "passes/pipeline_partition.h"
@@ -35,8 +36,11 @@ struct Schedule {
   std::vector<PipeOp> ForDevice(const StageGraph& sg, int device) const;
 };
 
-// Samples [first, last) of micro-batch `j` of a stage with micro-batch size `b`.
-inline int FirstSample(int j, int b) { return j * b; }
+// Micro-batches [first, last] of a stage with micro-batch size `b_other` that share samples
+// with micro-batch `j` of a stage with size `b` (C5 at sample granularity).
+inline std::pair<int, int> OverlappingMicroBatches(int j, int b, int b_other) {
+  return {j * b / b_other, ((j + 1) * b - 1) / b_other};
+}
 
 Schedule BuildSchedule(const StageGraph& sg, ScheduleKind kind);
 

@@ -44,18 +44,18 @@ PipelineSimResult SimulatePipeline(const pipeline::StageGraph& sg,
     if (op.backward) {
       *t = fw_end[op.stage][op.micro_batch];
       for (auto [q, delay] : succs[op.stage]) {
-        const int bq = sg.stages[q].micro_batch;
-        for (int i = op.micro_batch * st.micro_batch / bq;
-             i <= ((op.micro_batch + 1) * st.micro_batch - 1) / bq; ++i) {
+        const auto [first, last] = pipeline::OverlappingMicroBatches(op.micro_batch, st.micro_batch,
+                                                                     sg.stages[q].micro_batch);
+        for (int i = first; i <= last; ++i) {
           if (std::isnan(bw_end[q][i])) return false;
           *t = std::max(*t, bw_end[q][i] + delay);
         }
       }
     } else {
       for (auto [p, delay] : preds[op.stage]) {
-        const int bp = sg.stages[p].micro_batch;
-        for (int i = op.micro_batch * st.micro_batch / bp;
-             i <= ((op.micro_batch + 1) * st.micro_batch - 1) / bp; ++i) {
+        const auto [first, last] = pipeline::OverlappingMicroBatches(op.micro_batch, st.micro_batch,
+                                                                     sg.stages[p].micro_batch);
+        for (int i = first; i <= last; ++i) {
           if (std::isnan(fw_end[p][i])) return false;
           *t = std::max(*t, fw_end[p][i] + delay);
         }
@@ -108,8 +108,8 @@ PipelineSimResult SimulatePipeline(const pipeline::StageGraph& sg,
     res.iteration_time = std::max(res.iteration_time, free_at[s] + st.allreduce_time);
     double act = 0, params = 0;
     for (int v : st.blocks) act += graph.nodes[v].act_bytes, params += graph.nodes[v].param_bytes;
-    const double share = std::ceil(static_cast<double>(st.micro_batch) / st.replicas) /
-                         st.micro_batch;
+    const double share =
+        std::ceil(static_cast<double>(st.micro_batch) / st.replicas) / st.micro_batch;
     for (int d : st.devices) {
       if (d < 0 || d >= sg.num_devices)
         throw std::invalid_argument("stage S" + std::to_string(s) + " uses device " +
@@ -124,9 +124,10 @@ PipelineSimResult SimulatePipeline(const pipeline::StageGraph& sg,
   res.throughput = res.iteration_time > 0 ? sg.mini_batch / res.iteration_time : 0;
   res.bubble_fraction =
       res.iteration_time > 0 ? 1.0 - busy_total / (sg.num_devices * res.iteration_time) : 0;
-  std::stable_sort(res.events.begin(), res.events.end(), [](const PipeEvent& a, const PipeEvent& b) {
-    return a.stage != b.stage ? a.stage < b.stage : a.start < b.start;
-  });
+  std::stable_sort(res.events.begin(), res.events.end(),
+                   [](const PipeEvent& a, const PipeEvent& b) {
+                     return a.stage != b.stage ? a.stage < b.stage : a.start < b.start;
+                   });
   return res;
 }
 

@@ -18,13 +18,13 @@ struct PipeEvent {
 };
 
 struct PipelineSimResult {
-  double iteration_time = 0;             // one mini-batch, including gradient all-reduce
-  double throughput = 0;                 // samples per second
-  double bubble_fraction = 0;            // idle share of device time
-  std::vector<double> device_busy;       // seconds of compute per device
-  std::vector<double> device_peak_memory;// bytes per device
+  double iteration_time = 0;                  // one mini-batch, including gradient all-reduce
+  double throughput = 0;                      // samples per second
+  double bubble_fraction = 0;                 // idle share of device time
+  std::vector<double> device_busy;            // seconds of compute per device
+  std::vector<double> device_peak_memory;     // bytes per device
   std::vector<int64_t> stage_peak_in_flight;  // samples over all replicas
-  std::vector<PipeEvent> events;         // in start order per stage
+  std::vector<PipeEvent> events;              // in start order per stage
 };
 
 // Throws std::runtime_error naming the blocked passes when the schedule deadlocks (violates a

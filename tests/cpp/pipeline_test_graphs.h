@@ -31,7 +31,8 @@ inline pipeline::CostNode Block(std::string name, std::vector<int> inputs, doubl
 inline pipeline::CostGraph Chain(int n, double flops = 1e9) {
   pipeline::CostGraph g;
   for (int i = 0; i < n; ++i)
-    g.nodes.push_back(Block("c" + std::to_string(i), i ? std::vector<int>{i - 1} : std::vector<int>{},
+    g.nodes.push_back(Block("c" + std::to_string(i),
+                            i ? std::vector<int>{i - 1} : std::vector<int>{},
                             flops * (1 + 0.25 * (i % 3))));
   g.nodes.back().is_output = true;
   return g;
@@ -40,7 +41,7 @@ inline pipeline::CostGraph Chain(int n, double flops = 1e9) {
 // `branches` independent chains of `depth` blocks (no common source), joined by a concat and a
 // head block: the MMT / CANDLE-Uno shape.
 inline pipeline::CostGraph Branches(int branches, int depth, double flops = 1e9,
-                                     double skew = 0.5) {
+                                    double skew = 0.5) {
   pipeline::CostGraph g;
   std::vector<int> ends;
   for (int b = 0; b < branches; ++b) {
@@ -70,7 +71,9 @@ inline pipeline::PartitionOptions Options(int devices, int mini_batch,
 // A random two-terminal series-parallel graph of about `size` blocks.
 inline pipeline::CostGraph RandomSp(std::mt19937& rng, int size) {
   // Build an SP expression over edges, then number nodes topologically.
-  struct Edge { int from, to; };
+  struct Edge {
+    int from, to;
+  };
   std::vector<Edge> edges = {{0, 1}};
   int nodes = 2;
   std::uniform_real_distribution<double> u(0, 1);

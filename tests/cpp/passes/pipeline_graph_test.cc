@@ -57,15 +57,15 @@ TEST(SeriesParallel, BranchesWithoutCommonSource) {
 TEST(SeriesParallel, NonSpRegionIsLinearised) {
   // a->c, a->d, b->c, b->d (the "N"/K2,2 shape) under a common source and sink.
   CostGraph g;
-  g.nodes = {Block("s", {}, 1), Block("a", {0}, 1), Block("b", {0}, 1),
+  g.nodes = {Block("s", {}, 1),     Block("a", {0}, 1),    Block("b", {0}, 1),
              Block("c", {1, 2}, 1), Block("d", {1, 2}, 1), Block("t", {3, 4}, 1)};
   const SpTree t = DecomposeSeriesParallel(g);
   EXPECT_EQ(t.linearised_regions, 1);
   EXPECT_EQ(t.ToString(), "S(0 1 2 3 4 5)");
   ExpectAllRangesConvex(g, t);
   CostGraph n;
-  n.nodes = {Block("a", {}, 1), Block("b", {}, 1), Block("c", {0, 1}, 1), Block("d", {1}, 1),
-             Block("e", {0}, 1), Block("t", {2, 3, 4}, 1)};
+  n.nodes = {Block("a", {}, 1),  Block("b", {}, 1),  Block("c", {0, 1}, 1),
+             Block("d", {1}, 1), Block("e", {0}, 1), Block("t", {2, 3, 4}, 1)};
   const SpTree tn = DecomposeSeriesParallel(n);
   ExpectAllRangesConvex(n, tn);
 }

@@ -89,10 +89,9 @@ TEST(PipelineSchedule, KFkBInFlightFormulaIsSufficientAndTight) {
   g.nodes = {testing::Block("x", {}, 1e9), testing::Block("y", {0}, 1e9)};
   g.nodes[0].out_bytes = g.nodes[1].out_bytes = 0;
   const auto dev = cost::FindDeviceProfile("a100");
-  const std::vector<std::array<int, 4>> cases = {{2, 2, 4, 2}, {1, 2, 2, 2}, {4, 1, 2, 2},
-                                                  {4, 1, 1, 2}, {4, 2, 3, 1}, {2, 2, 2, 1},
-                                                  {1, 2, 1, 2}, {2, 2, 2, 2}, {1, 1, 1, 4},
-                                                  {1, 4, 1, 1}};
+  const std::vector<std::array<int, 4>> cases = {
+      {2, 2, 4, 2}, {1, 2, 2, 2}, {4, 1, 2, 2}, {4, 1, 1, 2}, {4, 2, 3, 1},
+      {2, 2, 2, 1}, {1, 2, 1, 2}, {2, 2, 2, 2}, {1, 1, 1, 4}, {1, 4, 1, 1}};
   for (const auto& [kx, bx, ky, by] : cases) {
     const StageGraph sg = TwoStages(g, bx, kx, by, ky, 48);
     EXPECT_EQ(sg.stages[1].in_flight, ky * by);
