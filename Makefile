@@ -31,15 +31,16 @@ test-sanitize:
 	  ctest --test-dir build/sanitize --output-on-failure -j2
 
 # A bounded libFuzzer run over the graph builder / verifier / pipeline (clang, ASan, UBSan).
-# New inputs go to build/fuzz/corpus; crashes to build/fuzz/crash-*; tests/fuzz/corpus seeds.
+# Per fuzzer: new inputs go to build/fuzz/corpus-<name>, crashes to build/fuzz/crash-*, seeds and
+# regressions live in tests/fuzz/corpus-<name>.
 fuzz:
 	cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
 	  -DTP_FUZZ=ON >/dev/null
 	cmake --build build/fuzz -j2
-	mkdir -p build/fuzz/corpus
 	for f in build/fuzz/*_fuzzer; do \
+	  name=$$(basename $$f _fuzzer); mkdir -p build/fuzz/corpus-$$name tests/fuzz/corpus-$$name; \
 	  ASAN_OPTIONS=detect_leaks=1 $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	    -artifact_prefix=build/fuzz/ build/fuzz/corpus tests/fuzz/corpus 2>&1 \
+	    -artifact_prefix=build/fuzz/ build/fuzz/corpus-$$name tests/fuzz/corpus-$$name 2>&1 \
 	    | grep -E "^(stat::|#[0-9]+ +DONE|==|SUMMARY|artifact)" ; \
 	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
 	done

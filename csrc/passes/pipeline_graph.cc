@@ -53,6 +53,32 @@ std::string CommonScope(const std::string& a, const std::string& b) {
   return a.substr(0, last_dot);
 }
 
+// Groups (ids < num_groups) that Kahn's algorithm cannot order in the quotient graph: those on
+// a cycle and those after one. Empty when the grouping induces a DAG.
+std::vector<int> UnorderableGroups(const CostGraph& g, const std::vector<int>& group,
+                                   int num_groups) {
+  std::vector<std::set<int>> succ(num_groups);
+  std::vector<int> indegree(num_groups, 0);
+  for (int v = 0; v < g.size(); ++v)
+    for (int u : g.nodes[v].inputs)
+      if (group[u] != group[v] && succ[group[u]].insert(group[v]).second) ++indegree[group[v]];
+  std::vector<int> ready;
+  for (int q = 0; q < num_groups; ++q)
+    if (indegree[q] == 0) ready.push_back(q);
+  std::vector<char> placed(num_groups, 0);
+  while (!ready.empty()) {
+    const int q = ready.back();
+    ready.pop_back();
+    placed[q] = 1;
+    for (int s : succ[q])
+      if (--indegree[s] == 0) ready.push_back(s);
+  }
+  std::vector<int> stuck;
+  for (int q = 0; q < num_groups; ++q)
+    if (!placed[q]) stuck.push_back(q);
+  return stuck;
+}
+
 // Builds the quotient graph of `group` (node -> group id). Groups must induce a DAG.
 CostGraph Merge(const CostGraph& g, const std::vector<int>& group) {
   const int n = g.size();
@@ -248,6 +274,19 @@ CostGraph Coarsen(const CostGraph& graph, const CoarsenOptions& options) {
       }
       if (!convex) {
         for (size_t i = 1; i < members[q].size(); ++i) group[members[q][i]] = next++;
+      }
+    }
+    // Convex groups can still depend on each other both ways (a1 -> b1 and b2 -> a2): split
+    // every group the quotient's topological sort cannot place, until it places them all.
+    for (std::vector<int> stuck = UnorderableGroups(g, group, next); !stuck.empty();
+         stuck = UnorderableGroups(g, group, next)) {
+      for (int q : stuck) {
+        bool first = true;
+        for (int v = 0; v < n; ++v) {
+          if (group[v] != q) continue;
+          if (!first) group[v] = next++;
+          first = false;
+        }
       }
     }
     // Renumber densely.

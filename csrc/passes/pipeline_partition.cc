@@ -777,7 +777,16 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
     }
   }
   if (!best.ok) {
-    // Find how much memory a plan would need, to say so.
+    const bool unbounded = memory_limit >= std::numeric_limits<double>::max();
+    // Without a memory limit the only obstacle is the device count: every stage needs a
+    // device and every replica a sample of each micro-batch.
+    const std::string too_many = "no pipeline plan uses exactly " + std::to_string(o.num_devices) +
+                                 " devices for " + std::to_string(graph.size()) +
+                                 " blocks and a mini-batch of " + std::to_string(o.mini_batch) +
+                                 " (each stage needs a device, each replica a sample). " +
+                                 "Use fewer devices or a larger mini-batch.";
+    if (unbounded) throw PartitionError(too_many, -1);
+    // Find how much memory a plan would need, to say so (once: the retry is unbounded).
     PartitionOptions relaxed = o;
     relaxed.memory_limit = std::numeric_limits<double>::max();
     relaxed.max_iterations = 0;
@@ -785,12 +794,14 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
     try {
       need = PartitionPipeline(graph, relaxed, nullptr).max_memory_bytes;
     } catch (const PartitionError&) {
+      throw PartitionError(too_many, -1);
     }
-    std::string msg = "no pipeline plan fits " + std::to_string(o.num_devices) + " devices with " +
-                      GiB(memory_limit) + " each";
-    if (need > 0) msg += "; the leanest plan found needs " + GiB(need) + " per device";
-    msg += ". Add devices, raise the memory limit, or lower the mini-batch size.";
-    throw PartitionError(msg, need);
+    throw PartitionError("no pipeline plan fits " + std::to_string(o.num_devices) +
+                             " devices with " + GiB(memory_limit) +
+                             " each; the leanest plan found needs " + GiB(need) +
+                             " per device. Add devices, raise the memory limit, or lower the "
+                             "mini-batch size.",
+                         need);
   }
 
   StageGraph sg = BuildStageGraph(graph, o, std::move(best.stages));

@@ -105,7 +105,7 @@ TEST(TypesTest, DTypesAndHints) {
   EXPECT_EQ(ValueType::Tensor(t).ToString(), "f32[s0, 8]");
 }
 
-// Found by graph_builder_fuzzer (tests/fuzz/corpus/regression-numel-overflow): a huge size
+// Found by graph_builder_fuzzer (tests/fuzz/corpus-graph_builder/regression-numel-overflow): a huge size
 // overflowed the element count (signed overflow, UB). Now the size is just unknown.
 TEST(TypesTest, OverflowingSizesAreUnknownNotUndefined) {
   TensorType t;

@@ -111,6 +111,21 @@ TEST(Coarsen, NonConvexScopeGroupStaysSplit) {
   EXPECT_EQ(c.size(), 3);
 }
 
+TEST(Coarsen, MutuallyDependentScopeGroupsStaySplit) {
+  // Found by pipeline_partition_fuzzer: a0 -> b0 and b1 -> a1 make scopes a and b each convex
+  // but dependent on each other both ways; merging both would be a cycle.
+  CostGraph g;
+  g.nodes = {Block("a0", {}, 1, 1, "a"), Block("b1", {}, 1, 1, "b"), Block("b0", {0}, 1, 1, "b"),
+             Block("a1", {1}, 1, 1, "a")};
+  CoarsenOptions o;
+  o.scope_depth = 1;
+  o.cheap_fraction = 0;
+  const CostGraph c = Coarsen(g, o);
+  c.Validate();
+  EXPECT_GE(c.size(), 3);
+  DecomposeSeriesParallel(c);
+}
+
 TEST(Coarsen, ChainContractionReachesMaxBlocks) {
   const CostGraph g = testing::Branches(2, 8);
   CoarsenOptions o;

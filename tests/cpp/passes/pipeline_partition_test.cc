@@ -218,6 +218,18 @@ TEST(PipelinePartition, InfeasibleMemorySaysWhatIsNeeded) {
   }
 }
 
+TEST(PipelinePartition, TooManyDevicesIsAClearError) {
+  // Found by pipeline_partition_fuzzer: with no plan for the device count, the error path
+  // retried itself forever. 2 blocks, mini-batch 1: at most 2 devices can be used.
+  try {
+    PartitionPipeline(testing::Chain(2), testing::Options(8, 1));
+    FAIL() << "expected PartitionError";
+  } catch (const PartitionError& e) {
+    EXPECT_NE(std::string(e.what()).find("exactly 8 devices"), std::string::npos) << e.what();
+    EXPECT_LT(e.min_memory_bytes(), 0);
+  }
+}
+
 TEST(PipelinePartition, BadOptionsAreClearErrors) {
   auto o = testing::Options(2, 8);
   o.micro_batch_sizes = {3};
