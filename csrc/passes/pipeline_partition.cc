@@ -806,8 +806,8 @@ StageGraph PartitionPipeline(const CostGraph& graph, const PartitionOptions& o,
 
   StageGraph sg = BuildStageGraph(graph, o, std::move(best.stages));
   if (!o.sequential && o.absorb_joins && sg.max_memory_bytes > memory_limit) {
-    // The DP sees a branch feeding an absorbed join one hop late; if that matters, search the
-    // strict SP tree instead.
+    // Safety net: the DP's in-flight figures are exact or conservative, so this should not
+    // happen; if the evaluated plan still exceeds memory, search the strict SP tree instead.
     PartitionOptions strict = o;
     strict.absorb_joins = false;
     PartitionStats strict_stats;
