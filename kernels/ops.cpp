@@ -4,15 +4,22 @@
 #include <torch/library.h>
 
 #include "cpu/bias_gelu.h"
+#include "cpu/split_kv_attention.h"
 
 TORCH_LIBRARY(torch_plugin, m) {
   m.def("bias_gelu(Tensor x, Tensor bias, str approximate=\"none\") -> Tensor");
   m.def(
       "bias_gelu_backward(Tensor grad, Tensor x, Tensor bias, str approximate=\"none\") -> "
       "Tensor");
+  m.def(
+      "split_kv_attention(Tensor q, Tensor k, Tensor v, Tensor lengths, int num_splits, "
+      "float scale=0.0) -> (Tensor, Tensor)");
+  m.def("merge_attention_partials(Tensor out, Tensor lse) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
   m.impl("bias_gelu", &tp::kernels::BiasGeluCpu);
   m.impl("bias_gelu_backward", &tp::kernels::BiasGeluBackwardCpu);
+  m.impl("split_kv_attention", &tp::kernels::SplitKvAttentionCpu);
+  m.impl("merge_attention_partials", &tp::kernels::MergeAttentionPartialsCpu);
 }

@@ -46,3 +46,46 @@ torch.library.register_autograd(
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """gelu(x + bias) in one pass; bias is 1-D over x's last dimension."""
     return torch.ops.torch_plugin.bias_gelu(x, bias, approximate)
+
+
+@torch.library.register_fake("torch_plugin::split_kv_attention")
+def _split_kv_attention_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    num_splits: int,
+    scale: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, h, d = q.shape
+    out = q.new_empty((b, h, num_splits, d), dtype=torch.float32)
+    return out, q.new_empty((b, h, num_splits), dtype=torch.float32)
+
+
+@torch.library.register_fake("torch_plugin::merge_attention_partials")
+def _merge_attention_partials_fake(
+    out: torch.Tensor, lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return out.new_empty((*out.shape[:-2], out.shape[-1])), lse.new_empty(lse.shape[:-1])
+
+
+def split_kv_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,
+    num_splits: int = 4,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Decode attention of one query token per sequence over a KV cache, FlashDecoding-style.
+
+    q [B, Hq, D]; caches [B, Hkv, S, D] (GQA when Hq > Hkv); lengths [B] valid entries. The
+    cache is split into `num_splits` chunks whose partial results are merged exactly; across
+    ranks, gather (out, lse) partials and call `merge_attention_partials` the same way.
+    Returns [B, Hq, D] in q's dtype.
+    """
+    out, lse = torch.ops.torch_plugin.split_kv_attention(
+        q, k_cache, v_cache, lengths, num_splits, 0.0 if scale is None else scale
+    )
+    merged, _ = torch.ops.torch_plugin.merge_attention_partials(out, lse)
+    return merged.to(q.dtype)

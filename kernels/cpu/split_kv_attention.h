@@ -1,0 +1,28 @@
+// Split-KV decode attention (FlashDecoding) and the merge of its partial results, CPU twins of
+// the CUDA kernels that cache parallelism needs (issue 7).
+//
+// One query token per sequence attends to a KV cache split along the sequence into
+// `num_splits` chunks; each chunk yields a normalised partial output and the log-sum-exp of
+// its scores. Merging partials (from splits, or from ranks that each hold a slice of the cache)
+// weights them by exp(lse - max lse): exact softmax attention, in any grouping.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <tuple>
+
+namespace tp::kernels {
+
+// q [B, Hq, D]; k, v [B, Hkv, S, D] with Hq % Hkv == 0 (GQA); lengths [B] int64, valid cache
+// entries per sequence (<= S). Returns out [B, Hq, P, D] and lse [B, Hq, P], float32; an empty
+// split has out 0 and lse -inf.
+std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q, const at::Tensor& k,
+                                                       const at::Tensor& v,
+                                                       const at::Tensor& lengths,
+                                                       int64_t num_splits, double scale);
+
+// out [..., P, D], lse [..., P] (float32) -> merged out [..., D] and lse [...].
+std::tuple<at::Tensor, at::Tensor> MergeAttentionPartialsCpu(const at::Tensor& out,
+                                                             const at::Tensor& lse);
+
+}  // namespace tp::kernels

@@ -1,0 +1,114 @@
+"""Split-KV decode attention (CPU twin of the CUDA kernel) against scaled_dot_product_attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_plugin.ops import split_kv_decode_attention
+
+
+def reference(q, k, v, lengths, scale=None):  # type: ignore[no-untyped-def]
+    """SDPA per sequence over its valid cache entries, GQA by repeating kv heads."""
+    group = q.shape[1] // k.shape[1]
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(lengths[b])
+        kb = k[b, :, :n].repeat_interleave(group, 0).float()
+        vb = v[b, :, :n].repeat_interleave(group, 0).float()
+        qb = q[b, :, None, :].float()
+        if n == 0:
+            outs.append(torch.zeros_like(qb[:, 0]))
+            continue
+        outs.append(F.scaled_dot_product_attention(qb, kb, vb, scale=scale)[:, 0])
+    return torch.stack(outs)
+
+
+def make(b, hq, hkv, s, d, dtype=torch.float32, seed=0):  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, d, generator=g).to(dtype)
+    k = torch.randn(b, hkv, s, d, generator=g).to(dtype)
+    v = torch.randn(b, hkv, s, d, generator=g).to(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    "b,hq,hkv,s,d,lengths,splits",
+    [
+        (2, 4, 4, 37, 64, [37, 23], 4),  # odd lengths, MHA
+        (3, 8, 2, 129, 128, [1, 129, 64], 8),  # GQA 4:1, one-token sequence, head_dim 128
+        (1, 4, 1, 5, 64, [5], 16),  # more splits than tokens: empty splits
+        (2, 2, 2, 300, 64, [300, 299], 1),  # one split
+    ],
+)
+def test_matches_sdpa_fp32(b, hq, hkv, s, d, lengths, splits) -> None:  # type: ignore[no-untyped-def]
+    q, k, v = make(b, hq, hkv, s, d)
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    got = split_kv_decode_attention(q, k, v, lens, num_splits=splits)
+    torch.testing.assert_close(got, reference(q, k, v, lens), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision(dtype: torch.dtype) -> None:
+    q, k, v = make(2, 8, 2, 65, 64, dtype)
+    lens = torch.tensor([65, 40])
+    got = split_kv_decode_attention(q, k, v, lens, num_splits=4)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), reference(q, k, v, lens), rtol=2e-2, atol=2e-2)
+
+
+def test_merging_rank_partials_equals_whole_cache() -> None:
+    # Cache parallelism: each of 3 "ranks" holds a slice of the sequence; merging their partial
+    # (out, lse) gives attention over the whole cache.
+    q, k, v = make(2, 4, 2, 90, 64)
+    lens = torch.tensor([90, 90])
+    parts = []
+    for lo, hi in [(0, 31), (31, 60), (60, 90)]:
+        out, lse = torch.ops.torch_plugin.split_kv_attention(
+            q, k[:, :, lo:hi], v[:, :, lo:hi], torch.full((2,), hi - lo), 2, 0.0
+        )
+        parts.append((out, lse))
+    out = torch.cat([p[0] for p in parts], dim=2)
+    lse = torch.cat([p[1] for p in parts], dim=2)
+    merged, merged_lse = torch.ops.torch_plugin.merge_attention_partials(out, lse)
+    torch.testing.assert_close(merged, reference(q, k, v, lens), rtol=1e-5, atol=1e-5)
+    scores = torch.einsum("bhd,bhsd->bhs", q, k.repeat_interleave(2, 1)) / 8.0
+    torch.testing.assert_close(merged_lse, torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-5)
+
+
+def test_empty_sequence_gives_zeros() -> None:
+    q, k, v = make(2, 2, 2, 8, 64)
+    got = split_kv_decode_attention(q, k, v, torch.tensor([0, 8]), num_splits=2)
+    assert torch.equal(got[0], torch.zeros_like(got[0]))
+    assert torch.isfinite(got).all()
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda q, k, v, n: (q[0], k, v, n), "q must be"),
+        (lambda q, k, v, n: (q, k, v[..., :32], n), "shapes differ"),
+        (lambda q, k, v, n: (q[:, :3], k, v, n), "multiple of kv heads"),
+        (lambda q, k, v, n: (q.double(), k.double(), v.double(), n), "not supported"),
+        (lambda q, k, v, n: (q, k.half(), v, n), "share a dtype"),
+        (lambda q, k, v, n: (q, k, v, n.int()), "lengths must be int64"),
+        (lambda q, k, v, n: (q, k, v, torch.tensor([9, 1])), "outside the cache"),
+    ],
+)
+def test_bad_input_is_a_clear_error(mutate, match) -> None:  # type: ignore[no-untyped-def]
+    q, k, v = make(2, 4, 2, 8, 64)
+    args = mutate(q, k, v, torch.tensor([8, 3]))
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.torch_plugin.split_kv_attention(*args, 2, 0.0)
+    with pytest.raises(RuntimeError, match="num_splits must be"):
+        torch.ops.torch_plugin.split_kv_attention(q, k, v, torch.tensor([8, 3]), 0, 0.0)
+
+
+def test_opcheck() -> None:
+    q, k, v = make(2, 4, 2, 16, 64)
+    torch.library.opcheck(
+        torch.ops.torch_plugin.split_kv_attention, (q, k, v, torch.tensor([16, 7]), 3, 0.0)
+    )
+    out, lse = torch.ops.torch_plugin.split_kv_attention(q, k, v, torch.tensor([16, 7]), 3, 0.0)
+    torch.library.opcheck(torch.ops.torch_plugin.merge_attention_partials, (out, lse))
