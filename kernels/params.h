@@ -32,4 +32,28 @@ struct BiasGeluBackwardParams {
   GeluApprox approx = GeluApprox::kNone;
 };
 
+// Split-KV decode attention: q [B, Hq, D], k/v [B, Hkv, S, D] (contiguous), lengths [B] int64.
+// out [B, Hq, splits, D] and lse [B, Hq, splits] are float32 (see
+// kernels/cpu/split_kv_attention.h).
+struct SplitKvParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const int64_t* lengths = nullptr;
+  float* out = nullptr;
+  float* lse = nullptr;
+  int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0, splits = 1;
+  float scale = 1.0f;
+  ScalarKind kind = ScalarKind::kFloat32;
+};
+
+// Merge of partials: out [rows, P, D], lse [rows, P] -> merged [rows, D], merged_lse [rows].
+struct MergePartialsParams {
+  const float* out = nullptr;
+  const float* lse = nullptr;
+  float* merged = nullptr;
+  float* merged_lse = nullptr;
+  int64_t rows = 0, parts = 0, head_dim = 0;
+};
+
 }  // namespace tp::kernels

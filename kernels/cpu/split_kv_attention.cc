@@ -7,39 +7,12 @@
 #include <limits>
 #include <vector>
 
+#include "checks.h"
+
 namespace tp::kernels {
 namespace {
 
 constexpr const char* kOp = "torch_plugin::split_kv_attention";
-
-void CheckInputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                 const at::Tensor& lengths, int64_t num_splits) {
-  TORCH_CHECK(q.dim() == 3, kOp, ": q must be [batch, heads, head_dim], got shape ", q.sizes());
-  TORCH_CHECK(k.dim() == 4 && v.dim() == 4, kOp,
-              ": k and v must be [batch, kv_heads, seq, head_dim], got ", k.sizes(), " and ",
-              v.sizes());
-  TORCH_CHECK(k.sizes() == v.sizes(), kOp, ": k and v shapes differ: ", k.sizes(), " vs ",
-              v.sizes());
-  TORCH_CHECK(k.size(0) == q.size(0), kOp, ": batch of q (", q.size(0), ") and k (", k.size(0),
-              ") differ");
-  TORCH_CHECK(k.size(3) == q.size(2), kOp, ": head_dim of q (", q.size(2), ") and k (", k.size(3),
-              ") differ");
-  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, kOp, ": query heads (", q.size(1),
-              ") must be a multiple of kv heads (", k.size(1), ")");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(), kOp,
-              ": q, k, v must share a dtype, got ", q.scalar_type(), ", ", k.scalar_type(), ", ",
-              v.scalar_type());
-  const auto st = q.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, kOp, ": dtype ", st,
-              " is not supported (use float32, float16 or bfloat16)");
-  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), kOp,
-              ": the CPU kernel got a tensor on another device");
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == q.size(0) &&
-                  lengths.scalar_type() == at::kLong,
-              kOp, ": lengths must be int64 of shape [batch] = [", q.size(0), "], got ",
-              lengths.scalar_type(), " ", lengths.sizes());
-  TORCH_CHECK(num_splits >= 1, kOp, ": num_splits must be >= 1, got ", num_splits);
-}
 
 }  // namespace
 
@@ -48,7 +21,8 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
                                                        const at::Tensor& v_in,
                                                        const at::Tensor& lengths_in,
                                                        int64_t num_splits, double scale) {
-  CheckInputs(q_in, k_in, v_in, lengths_in, num_splits);
+  CheckSplitKv(q_in, k_in, v_in, lengths_in, num_splits);
+  TORCH_CHECK(q_in.device().is_cpu(), kOp, ": the CPU kernel got a tensor on ", q_in.device());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
   const at::Tensor lengths = lengths_in.to(at::kCPU).contiguous();
   const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k.size(1), S = k.size(2);
@@ -64,63 +38,55 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
   at::Tensor lse = at::full({B, Hq, num_splits}, -std::numeric_limits<float>::infinity(), opts);
   float* out_p = out.data_ptr<float>();
   float* lse_p = lse.data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "split_kv_attention",
-                                  [&] {
-    const scalar_t* qp = q.data_ptr<scalar_t>();
-    const scalar_t* kp = k.data_ptr<scalar_t>();
-    const scalar_t* vp = v.data_ptr<scalar_t>();
-    // One task per (batch, head, split): independent, so no synchronisation.
-    at::parallel_for(0, B * Hq * num_splits, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> qf(D), scores, acc(D);
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t p = task % num_splits, bh = task / num_splits;
-        const int64_t b = bh / Hq, h = bh % Hq, kvh = h / group;
-        const int64_t chunk = (len[b] + num_splits - 1) / num_splits;
-        const int64_t lo = p * chunk, hi = std::min(len[b], lo + chunk);
-        if (lo >= hi) continue;  // empty split: out 0, lse -inf
-        const scalar_t* qrow = qp + (b * Hq + h) * D;
-        for (int64_t d = 0; d < D; ++d) qf[d] = static_cast<float>(qrow[d]) * fscale;
-        const scalar_t* kbase = kp + ((b * Hkv + kvh) * S) * D;
-        const scalar_t* vbase = vp + ((b * Hkv + kvh) * S) * D;
-        scores.resize(hi - lo);
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = lo; j < hi; ++j) {
-          const scalar_t* krow = kbase + j * D;
-          float s = 0;
-          for (int64_t d = 0; d < D; ++d) s += qf[d] * static_cast<float>(krow[d]);
-          scores[j - lo] = s;
-          m = std::max(m, s);
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        float sum = 0;
-        for (int64_t j = lo; j < hi; ++j) {
-          const float w = std::exp(scores[j - lo] - m);
-          sum += w;
-          const scalar_t* vrow = vbase + j * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += w * static_cast<float>(vrow[d]);
-        }
-        float* o = out_p + task * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / sum;
-        lse_p[task] = m + std::log(sum);
-      }
-    });
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, q.scalar_type(), "split_kv_attention", [&] {
+        const scalar_t* qp = q.data_ptr<scalar_t>();
+        const scalar_t* kp = k.data_ptr<scalar_t>();
+        const scalar_t* vp = v.data_ptr<scalar_t>();
+        // One task per (batch, head, split): independent, so no synchronisation.
+        at::parallel_for(0, B * Hq * num_splits, 1, [&](int64_t begin, int64_t end) {
+          std::vector<float> qf(D), scores, acc(D);
+          for (int64_t task = begin; task < end; ++task) {
+            const int64_t p = task % num_splits, bh = task / num_splits;
+            const int64_t b = bh / Hq, h = bh % Hq, kvh = h / group;
+            const int64_t chunk = (len[b] + num_splits - 1) / num_splits;
+            const int64_t lo = p * chunk, hi = std::min(len[b], lo + chunk);
+            if (lo >= hi) continue;  // empty split: out 0, lse -inf
+            const scalar_t* qrow = qp + (b * Hq + h) * D;
+            for (int64_t d = 0; d < D; ++d) qf[d] = static_cast<float>(qrow[d]) * fscale;
+            const scalar_t* kbase = kp + ((b * Hkv + kvh) * S) * D;
+            const scalar_t* vbase = vp + ((b * Hkv + kvh) * S) * D;
+            scores.resize(hi - lo);
+            float m = -std::numeric_limits<float>::infinity();
+            for (int64_t j = lo; j < hi; ++j) {
+              const scalar_t* krow = kbase + j * D;
+              float s = 0;
+              for (int64_t d = 0; d < D; ++d) s += qf[d] * static_cast<float>(krow[d]);
+              scores[j - lo] = s;
+              m = std::max(m, s);
+            }
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            float sum = 0;
+            for (int64_t j = lo; j < hi; ++j) {
+              const float w = std::exp(scores[j - lo] - m);
+              sum += w;
+              const scalar_t* vrow = vbase + j * D;
+              for (int64_t d = 0; d < D; ++d) acc[d] += w * static_cast<float>(vrow[d]);
+            }
+            float* o = out_p + task * D;
+            for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / sum;
+            lse_p[task] = m + std::log(sum);
+          }
+        });
+      });
   return {out, lse};
 }
 
 std::tuple<at::Tensor, at::Tensor> MergeAttentionPartialsCpu(const at::Tensor& out_in,
                                                              const at::Tensor& lse_in) {
-  constexpr const char* op = "torch_plugin::merge_attention_partials";
-  TORCH_CHECK(out_in.dim() >= 2 && lse_in.dim() == out_in.dim() - 1, op,
-              ": out must be [..., P, D] and lse [..., P], got ", out_in.sizes(), " and ",
-              lse_in.sizes());
-  TORCH_CHECK(out_in.sizes().slice(0, out_in.dim() - 1) == lse_in.sizes(), op,
-              ": out's leading shape ", out_in.sizes(), " does not match lse ", lse_in.sizes());
-  TORCH_CHECK(out_in.scalar_type() == at::kFloat && lse_in.scalar_type() == at::kFloat, op,
-              ": partials must be float32, got ", out_in.scalar_type(), " and ",
-              lse_in.scalar_type());
-  TORCH_CHECK(out_in.device().is_cpu() && lse_in.device().is_cpu(), op,
-              ": the CPU kernel got a tensor on another device");
+  CheckMergePartials(out_in, lse_in);
+  TORCH_CHECK(out_in.device().is_cpu(), "torch_plugin::merge_attention_partials: the CPU kernel ",
+              "got a tensor on ", out_in.device());
   const at::Tensor out = out_in.contiguous(), lse = lse_in.contiguous();
   const int64_t D = out.size(-1), P = out.size(-2), rows = lse.numel() / std::max<int64_t>(P, 1);
   auto lead = out.sizes().slice(0, out.dim() - 2).vec();
