@@ -125,12 +125,7 @@ CostGraph Merge(const CostGraph& g, const std::vector<int>& group) {
     } else {
       dst.scope = CommonScope(dst.scope, src.scope);
     }
-    dst.fwd_flops += src.fwd_flops;
-    dst.bwd_flops += src.bwd_flops;
-    dst.io_bytes += src.io_bytes;
-    dst.act_bytes += src.act_bytes;
-    dst.param_bytes += src.param_bytes;
-    dst.kernels += src.kernels;
+    AddCosts(dst, src);
     dst.is_output = dst.is_output || src.is_output;
     bool leaves = src.is_output;
     for (int c : consumers[v]) leaves = leaves || group[c] != group[v];

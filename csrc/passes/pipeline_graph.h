@@ -31,6 +31,18 @@ struct CostNode {
   std::vector<int> members;  // original node indices merged into this block
 };
 
+// Adds the additive costs of `src` (FLOPs, traffic, activations, parameters, kernels) to any
+// record with those fields: merged blocks and stage totals sum the same way.
+template <class Costs>
+void AddCosts(Costs& dst, const CostNode& src) {
+  dst.fwd_flops += src.fwd_flops;
+  dst.bwd_flops += src.bwd_flops;
+  dst.io_bytes += src.io_bytes;
+  dst.act_bytes += src.act_bytes;
+  dst.param_bytes += src.param_bytes;
+  dst.kernels += src.kernels;
+}
+
 struct CostGraph {
   std::vector<CostNode> nodes;  // topological order
 

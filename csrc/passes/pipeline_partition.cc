@@ -38,12 +38,7 @@ StageCost CostOfBlocks(const CostGraph& g, const std::vector<std::vector<int>>& 
   std::set<int> producers;
   for (int v : blocks) {
     const CostNode& c = g.nodes[v];
-    s.fwd_flops += c.fwd_flops;
-    s.bwd_flops += c.bwd_flops;
-    s.io_bytes += c.io_bytes;
-    s.act_bytes += c.act_bytes;
-    s.param_bytes += c.param_bytes;
-    s.kernels += c.kernels;
+    AddCosts(s, c);
     for (int u : c.inputs)
       if (!in[u]) producers.insert(u);
     bool leaves = false;
