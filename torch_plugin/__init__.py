@@ -11,12 +11,23 @@ import torch  # noqa: F401  (loads libtorch before our extension, which links ag
 from . import _C, distributed, models, ops  # noqa: F401  (ops registers fake kernels, autograd)
 from ._C import GraphError, PassError, PlanError
 from .backend import register, torch_plugin_backend
-from .distributed import PipelineParallel, PipelinePlan, parallelize, plan_pipeline
+from .distributed import (
+    CacheParallel,
+    KVCacheManager,
+    PipelineParallel,
+    PipelinePlan,
+    cache_parallel,
+    parallelize,
+    plan_pipeline,
+)
 from .options import Options
 
 __all__ = [
+    "CacheParallel",
+    "KVCacheManager",
     "GraphError",
     "Options",
+    "cache_parallel",
     "PassError",
     "PipelineParallel",
     "PipelinePlan",

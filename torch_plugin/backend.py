@@ -70,11 +70,54 @@ def _dump(opts: Options, tag: str, text: str) -> None:
         f.write(text)
 
 
+def _cache_parallel_options(graph: Any, manager: Any, kind: str) -> dict[str, str]:
+    """Plans cache parallelism once per graph; the first plan fixes the manager's scheme."""
+    from .distributed.cache_parallel import pass_options
+
+    plan = _C.plan_cache_parallel(graph, pass_options(manager))
+    if plan["sites"]:
+        if manager.scheme is None:
+            manager.scheme = plan["scheme"]
+        manager.plan = plan
+        log.info(
+            "torch_plugin cache_parallel: %d attention site(s) over %d rank(s), scheme %s",
+            len(plan["sites"]),
+            manager.world,
+            manager.scheme,
+        )
+    elif kind == "forward":
+        log.warning(
+            "torch_plugin cache_parallel: no decode attention over a KV cache in this graph; it "
+            "runs unsplit%s",
+            ": " + "; ".join(plan["skipped"]) if plan["skipped"] else "",
+        )
+    return pass_options(manager)
+
+
+# Managers of models compiled with options={"passes": ["cache_parallel"], ...}, one per options
+# object (kept alive here so its id stays unique), so recompiles of a model share its caches.
+_COMPILE_MANAGERS: dict[int, tuple[Any, Any]] = {}
+
+
+def _manager_for_compile(options: Any, opts: Options) -> Any:
+    from .distributed.cache_parallel import group_of
+    from .distributed.kv_cache import KVCacheManager
+
+    if opts.cache_parallel is not None:
+        return opts.cache_parallel
+    entry = _COMPILE_MANAGERS.get(id(options))
+    if entry is None:
+        entry = (options, KVCacheManager(group_of(opts.mesh), scheme="gather_partials"))
+        _COMPILE_MANAGERS[id(options)] = entry
+    return entry[1]
+
+
 def rewrite_aten_graph(
     gm: fx.GraphModule,
     opts: Options,
     kind: str = "forward",
     input_kinds: Sequence[tuple[str, str]] | None = None,
+    cache_manager: Any = None,
 ) -> fx.GraphModule:
     """Round-trips one ATen graph through the C++ pipeline; falls back to `gm` on failure."""
     t0 = time.perf_counter()
@@ -85,7 +128,12 @@ def rewrite_aten_graph(
         tag = f"{kind}_{id(gm):x}"
         _dump(opts, f"{tag}.before", str(graph))
         log_fn = log.info if opts.log_passes else log.debug
-        new_graph, report = _C.run_pipeline(graph, list(opts.passes), opts.verify_each, log_fn)
+        pass_opts: dict[str, str] = {}
+        if cache_manager is not None:
+            pass_opts = _cache_parallel_options(graph, cache_manager, kind)
+        new_graph, report = _C.run_pipeline(
+            graph, list(opts.passes), opts.verify_each, log_fn, pass_opts
+        )
         t2 = time.perf_counter()
         _dump(opts, f"{tag}.after", str(new_graph))
         new_gm = fx_bridge.from_ir(new_graph, ctx)
@@ -129,7 +177,7 @@ def torch_plugin_backend(
     if mode is not None:
         raise ValueError(
             "torch_plugin: `mode` is not supported; pass options={...} "
-            "(valid keys: passes, on_error, verify_each, dump_ir, log_passes)"
+            "(valid keys: passes, on_error, verify_each, dump_ir, log_passes, mesh)"
         )
     if kwargs:
         raise ValueError(f"torch_plugin: unexpected arguments {sorted(kwargs)}")
@@ -139,14 +187,15 @@ def torch_plugin_backend(
     from torch._dynamo.backends.debugging import boxed_nop
 
     input_kinds = _dynamo_input_kinds(gm, example_inputs)
+    manager = _manager_for_compile(options, opts) if "cache_parallel" in opts.passes else None
 
     def forward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
         kinds = input_kinds if n_inputs == len(input_kinds) else None
-        return boxed_nop(rewrite_aten_graph(fx_g, opts, "forward", kinds), inputs)
+        return boxed_nop(rewrite_aten_graph(fx_g, opts, "forward", kinds, manager), inputs)
 
     def backward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
-        return boxed_nop(rewrite_aten_graph(fx_g, opts, "backward"), inputs)
+        return boxed_nop(rewrite_aten_graph(fx_g, opts, "backward", None, manager), inputs)
 
     # Same configuration as torch's aot_eager, so the identity path is bit-identical to it.
     return aot_autograd(

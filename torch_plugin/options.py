@@ -25,6 +25,10 @@ class Options:
     verify_each: verify the IR after every pass.
     dump_ir: directory to write the IR text before and after the pipeline, per graph.
     log_passes: log each pass's time and node counts at INFO level.
+    mesh: the 1-D DeviceMesh or ProcessGroup that distributed passes (cache_parallel) split
+      over; None is the default group.
+    cache_parallel: a KVCacheManager to use (set by torch_plugin.cache_parallel); None makes
+      one per compiled model when the cache_parallel pass runs.
     """
 
     passes: tuple[str, ...] = ()
@@ -32,6 +36,8 @@ class Options:
     verify_each: bool = True
     dump_ir: str | None = None
     log_passes: bool = False
+    mesh: Any = None
+    cache_parallel: Any = None
 
     @classmethod
     def from_user(cls, options: Mapping[str, Any] | Options | None) -> Options:

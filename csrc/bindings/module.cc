@@ -251,7 +251,8 @@ void TranslateExceptions(std::exception_ptr p) {
 }  // namespace tp::bindings
 
 namespace tp::bindings {
-void BindPipeline(py::module_& m);  // pipeline.cc
+void BindPipeline(py::module_& m);        // pipeline.cc
+void BindCacheParallel(py::module_& m);  // cache_parallel.cc
 }  // namespace tp::bindings
 
 PYBIND11_MODULE(_C, m) {
@@ -279,6 +280,7 @@ class PassError(RuntimeError):
            m.attr("__dict__"));
   py::register_exception_translator(&TranslateExceptions);
   BindPipeline(m);
+  BindCacheParallel(m);
 
   py::class_<ir::Graph>(m, "Graph")
       .def_static("from_records", &GraphFromRecords, py::arg("inputs"), py::arg("nodes"),
@@ -313,9 +315,11 @@ class PassError(RuntimeError):
   m.def(
       "run_pipeline",
       [](const ir::Graph& g, const std::vector<std::string>& names, bool verify_each,
-         std::function<void(const std::string&)> log) {
+         std::function<void(const std::string&)> log,
+         const std::map<std::string, std::string>& options) {
         passes::Context ctx;
         ctx.verify_each = verify_each;
+        ctx.options = options;
         if (log) ctx.log = log;
         passes::PipelineReport report;
         ir::Graph out = passes::RunPipeline(g, names, ctx, &report);
@@ -331,8 +335,9 @@ class PassError(RuntimeError):
         return py::make_tuple(std::move(out), summary);
       },
       py::arg("graph"), py::arg("passes"), py::arg("verify_each") = true,
-      py::arg("log") = nullptr,
-      "Runs the named passes (empty list: verify only); returns (graph, report).");
+      py::arg("log") = nullptr, py::arg("options") = std::map<std::string, std::string>{},
+      "Runs the named passes (empty list: verify only) with pass options "
+      "('<pass>.<option>': str); returns (graph, report).");
 
   m.def(
       "solve_ilp",

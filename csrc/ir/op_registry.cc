@@ -304,6 +304,8 @@ OpRegistry::OpRegistry() {
       // Factories.
       {"aten::zeros", "default", C::kFactory, 1, 1, true, 0},
       {"aten::ones", "default", C::kFactory, 1, 1, true, 0},
+      {"aten::tril", "default", C::kElementwise, 1, 2, true, 0},
+      {"aten::triu", "default", C::kElementwise, 1, 2, true, 0},
       {"aten::full", "default", C::kFactory, 2, 2, true, 0},
       {"aten::empty", "memory_format", C::kFactory, 1, 1, true, 0},
       {"aten::empty_strided", "default", C::kFactory, 2, 2, true, 0},

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,6 +38,13 @@ struct Context {
   bool verify_each = true;
   // Searches stop at the deadline and return their best result so far.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Pass options as strings, keyed "<pass>.<option>" (e.g. "cache_parallel.world").
+  std::map<std::string, std::string> options;
+
+  std::string Option(const std::string& key, const std::string& fallback) const {
+    auto it = options.find(key);
+    return it == options.end() ? fallback : it->second;
+  }
 
   void Log(const std::string& line) const {
     if (log) log(line);
@@ -60,5 +68,6 @@ struct PassSpec {
 
 // Graph-to-graph passes, one per file.
 PassResult DeadCodeElimination(const ir::Graph& graph, Context& ctx);
+// cache_parallel.h: PassResult CacheParallelPass(const ir::Graph& graph, Context& ctx);
 
 }  // namespace tp::passes

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "ir/verify.h"
+#include "passes/cache_parallel.h"
 
 namespace tp::passes {
 namespace {
@@ -24,11 +25,10 @@ std::string JoinNames(const std::vector<std::string>& names) {
 
 PassError::PassError(std::string pass_name, std::string node, std::string what, std::string hint,
                      std::vector<std::string> passes_before)
-    : std::runtime_error("pass '" + pass_name + "'" + (node.empty() ? "" : " at node '" + node + "'") +
-                         ": " + what + (hint.empty() ? "" : " (" + hint + ")") +
-                         (passes_before.empty() ? ""
-                                                : " [passes run before: " +
-                                                      JoinNames(passes_before) + "]")),
+    : std::runtime_error(
+          "pass '" + pass_name + "'" + (node.empty() ? "" : " at node '" + node + "'") + ": " +
+          what + (hint.empty() ? "" : " (" + hint + ")") +
+          (passes_before.empty() ? "" : " [passes run before: " + JoinNames(passes_before) + "]")),
       pass_name_(std::move(pass_name)),
       node_(std::move(node)),
       hint_(std::move(hint)),
@@ -39,6 +39,9 @@ const std::vector<PassSpec>& RegisteredPasses() {
       {"dead_code_elimination",
        "drops pure nodes whose outputs nobody uses (random and mutating ops are kept)",
        DeadCodeElimination},
+      {"cache_parallel",
+       "splits decode attention over KV caches across ranks (options cache_parallel.*)",
+       CacheParallelPass},
   };
   return *passes;
 }

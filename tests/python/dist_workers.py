@@ -149,3 +149,72 @@ def pipeline_fault(
         json.dumps({"rank": rank, "message": message, "seconds": elapsed})
     )
     os._exit(0)  # skip the process-group teardown, which would wait for the dead peer
+
+
+def cp_decode_matches(
+    rank: int, world: int, port: int, scheme: str, steps: int, out_dir: str
+) -> None:
+    """Greedy decoding with the KV cache split over ranks gives single-process eager's tokens."""
+    import torch_plugin
+    from torch_plugin import _C
+    from torch_plugin.models.llama import build_llama
+
+    _init(rank, world, port)
+    try:
+        torch.manual_seed(0)
+        model = build_llama(small=True).eval()  # 2 layers, GQA 4/2 heads, cache 64
+        reference = copy.deepcopy(model)
+        cp = torch_plugin.cache_parallel(model, None, scheme=scheme, block_size=4)
+        batch, prompt = 4, 8
+        tokens = torch.randint(
+            0, model.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(1)
+        )
+        ref_tokens, cp_tokens, max_diff = [], [], 0.0
+        per_step_bytes: list[int] = []
+        with torch.no_grad():
+            a, b = reference(tokens, 0), cp(tokens, 0)
+            max_diff = float((a - b).abs().max())
+            ta, tb = a[:, -1].argmax(-1, keepdim=True), b[:, -1].argmax(-1, keepdim=True)
+            for i in range(steps):
+                ref_tokens.append(ta.flatten().tolist())
+                cp_tokens.append(tb.flatten().tolist())
+                before = sum(v for k, v in cp.manager.comm.bytes_sent.items() if k != "output")
+                a, b = reference(ta, prompt + i), cp(tb, prompt + i)
+                after = sum(v for k, v in cp.manager.comm.bytes_sent.items() if k != "output")
+                per_step_bytes.append(after - before)
+                max_diff = max(max_diff, float((a - b).abs().max()))
+                ta, tb = a[:, -1].argmax(-1, keepdim=True), b[:, -1].argmax(-1, keepdim=True)
+        cfg = model.config
+        layer = {
+            "batch": batch,
+            "context": prompt + steps,
+            "hidden": cfg.dim,
+            "q_heads": cfg.n_heads,
+            "kv_heads": cfg.n_kv_heads,
+            "head_dim": cfg.dim // cfg.n_heads,
+            "ffn_hidden": cfg.ffn_dim,
+            "dtype_bytes": 4,
+        }
+        strategy = "cp_" + cp.manager.scheme
+        modelled = _C.model_decode_layer(layer, world, strategy, "cpu")["bytes_sent_per_rank"]
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "scheme": cp.manager.scheme,
+                    "sites": len(cp.plan["sites"]),
+                    "ref_tokens": ref_tokens,
+                    "cp_tokens": cp_tokens,
+                    "max_logit_diff": max_diff,
+                    "bytes_per_step": per_step_bytes,
+                    "modelled_bytes_per_layer": modelled,
+                    "layers": cfg.n_layers,
+                    "cache_bytes": cp.manager.memory_bytes(),
+                    "full_cache_bytes": 2
+                    * cfg.n_layers
+                    * int(model.layers[0].attention.cache_k.nbytes),
+                }
+            )
+        )
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,227 @@
+// cache_parallel: the functionalised KV-cache decode attention of a Llama layer, built by hand
+// as AOTAutograd emits it, is rewritten into one cp_attention node; variants are left alone.
+#include "passes/cache_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ir/verify.h"
+#include "test_graphs.h"
+
+namespace tp::passes {
+namespace {
+
+using testing::Op;
+using testing::Tensor;
+using testing::V;
+
+ir::ValueType SymInt(const std::string& e) {
+  return ir::ValueType::Scalar(ir::ValueKind::kSymInt, e);
+}
+
+struct DecodeGraphSpec {
+  int64_t batch = 2;
+  bool mask = true;         // offset-causal mask; false: no mask
+  bool user_mask = false;   // a mask from a graph input instead
+  bool leak_cache = false;  // the updated cache is also a graph output
+  bool dropout = false;
+  int64_t seq_dim = 2;
+};
+
+ir::Graph DecodeGraph(const DecodeGraphSpec& s) {
+  ir::GraphBuilder b;
+  const int64_t B = s.batch, H = 4, HKV = 2, D = 16, S = 64;
+  auto start = b.AddInput("start", SymInt("s0"), ir::InputKind::kSymbol);
+  auto q = b.AddInput("q", Tensor({B, H, 1, D}), ir::InputKind::kUser);
+  auto kn = b.AddInput("k_new", Tensor({B, HKV, 1, D}), ir::InputKind::kUser);
+  auto vn = b.AddInput("v_new", Tensor({B, HKV, 1, D}), ir::InputKind::kUser);
+  auto ck = b.AddInput("cache_k", Tensor({4, HKV, S, D}), ir::InputKind::kBuffer, "attn.cache_k");
+  auto cv = b.AddInput("cache_v", Tensor({4, HKV, S, D}), ir::InputKind::kBuffer, "attn.cache_v");
+  ir::ValueId user_mask = -1;
+  if (s.user_mask) user_mask = b.AddInput("mask", Tensor({1, 1}), ir::InputKind::kUser);
+  auto out0 = [&](ir::NodeId n) { return b.peek().node(n).outputs[0]; };
+  auto end = out0(
+      b.AddNode(Op("end", "python::_operator.add", {V(start), ir::Arg::Int(1)}, SymInt("s0 + 1"))));
+  auto I = [](int64_t v) { return ir::Arg::Int(v); };
+  auto chain = [&](const std::string& p, ir::ValueId cache, ir::ValueId nv) {
+    auto s3 = out0(b.AddNode(
+        Op(p + "s3", "aten::slice.Tensor", {V(cache), I(0), I(0), I(B)}, Tensor({B, HKV, S, D}))));
+    auto s4 = out0(b.AddNode(Op(p + "s4", "aten::slice.Tensor",
+                                {V(s3), I(s.seq_dim), V(start), V(end)}, Tensor({B, HKV, 1, D}))));
+    auto cp = out0(
+        b.AddNode(Op(p + "copy", "aten::copy.default", {V(s4), V(nv)}, Tensor({B, HKV, 1, D}))));
+    auto s5 = out0(b.AddNode(
+        Op(p + "s5", "aten::slice.Tensor", {V(cache), I(0), I(0), I(B)}, Tensor({B, HKV, S, D}))));
+    auto ss =
+        out0(b.AddNode(Op(p + "ss", "aten::slice_scatter.default",
+                          {V(s5), V(cp), I(s.seq_dim), V(start), V(end)}, Tensor({B, HKV, S, D}))));
+    auto ss1 = out0(b.AddNode(Op(p + "ss1", "aten::slice_scatter.default",
+                                 {V(cache), V(ss), I(0), I(0), I(B)}, Tensor({4, HKV, S, D}))));
+    auto r1 = out0(b.AddNode(
+        Op(p + "r1", "aten::slice.Tensor", {V(ss1), I(0), I(0), I(B)}, Tensor({B, HKV, S, D}))));
+    auto r2 = out0(b.AddNode(
+        Op(p + "r2", "aten::slice.Tensor", {V(r1), I(2), I(0), V(end)}, Tensor({B, HKV, 1, D}))));
+    return std::make_pair(ss1, r2);
+  };
+  auto [kup, keys] = chain("k_", ck, kn);
+  auto [vup, values] = chain("v_", cv, vn);
+  ir::NodeSpec sdpa = Op("sdpa", "aten::_scaled_dot_product_flash_attention_for_cpu.default",
+                         {V(q), V(keys), V(values)}, Tensor({B, H, 1, D}));
+  if (s.dropout) sdpa.args.push_back(ir::Arg::Double(0.1));
+  if (s.mask) {
+    ir::NodeSpec ones = Op("ones", "aten::ones.default", {ir::Arg::List({ir::Arg::Int(1), V(end)})},
+                           Tensor({1, 1}));
+    ones.kwargs.push_back({"dtype", ir::Arg::Tagged(ir::Arg::Kind::kDtype, "bool")});
+    auto o = out0(b.AddNode(ones));
+    auto tril = out0(b.AddNode(Op("tril", "aten::tril.default", {V(o), V(start)}, Tensor({1, 1}))));
+    auto zero =
+        out0(b.AddNode(Op("zero", "aten::scalar_tensor.default", {ir::Arg::Int(0)}, Tensor({}))));
+    auto ninf = out0(b.AddNode(
+        Op("ninf", "aten::scalar_tensor.default", {ir::Arg::Double(-INFINITY)}, Tensor({}))));
+    auto where = out0(
+        b.AddNode(Op("where", "aten::where.self", {V(tril), V(zero), V(ninf)}, Tensor({1, 1}))));
+    sdpa.kwargs.push_back({"attn_mask", V(where)});
+  } else if (s.user_mask) {
+    sdpa.kwargs.push_back({"attn_mask", V(user_mask)});
+  }
+  sdpa.output_types.push_back(Tensor({B, H, 1}));
+  sdpa.output_names = {"attn_out", ""};
+  sdpa.tuple_output = true;
+  auto sd = b.AddNode(sdpa);
+  auto attn = b.peek().node(sd).outputs[0];
+  auto proj = out0(
+      b.AddNode(Op("proj", "aten::mul.Tensor", {V(attn), ir::Arg::Int(2)}, Tensor({B, H, 1, D}))));
+  b.AddNode(Op("copy_k", "aten::copy_.default", {V(ck), V(kup)}, Tensor({4, HKV, S, D})));
+  b.AddNode(Op("copy_v", "aten::copy_.default", {V(cv), V(vup)}, Tensor({4, HKV, S, D})));
+  std::vector<ir::Arg> outs = {V(proj)};
+  if (s.leak_cache) outs.push_back(V(kup));
+  b.SetOutput(ir::Arg::List(outs, /*tuple=*/true));
+  return b.Build();
+}
+
+Context WorldContext(int world, const std::string& scheme = "auto", bool split = false) {
+  Context ctx;
+  ctx.options["cache_parallel.world"] = std::to_string(world);
+  ctx.options["cache_parallel.handle"] = "7";
+  ctx.options["cache_parallel.scheme"] = scheme;
+  ctx.options["cache_parallel.allow_batch_split"] = split ? "1" : "0";
+  return ctx;
+}
+
+int Count(const ir::Graph& g, const std::string& op) {
+  int n = 0;
+  for (const auto& node : g.nodes()) n += node.op == op;
+  return n;
+}
+
+TEST(CacheParallel, RewritesCausalDecodeAttention) {
+  Context ctx = WorldContext(2);
+  PassResult r = CacheParallelPass(DecodeGraph({}), ctx);
+  ASSERT_TRUE(r.changed);
+  ir::Verify(r.graph);
+  EXPECT_EQ(Count(r.graph, "torch_plugin::cp_attention.default"), 1);
+  for (const char* gone : {"aten::copy_.default", "aten::slice_scatter.default", "aten::where.self",
+                           "aten::tril.default", "aten::ones.default", "aten::copy.default",
+                           "aten::_scaled_dot_product_flash_attention_for_cpu.default"})
+    EXPECT_EQ(Count(r.graph, gone), 0) << gone;
+  for (const auto& n : r.graph.nodes()) {
+    if (n.op != "torch_plugin::cp_attention.default") continue;
+    ASSERT_EQ(n.args.size(), 13u);
+    EXPECT_EQ(r.graph.value(n.args[0].value()).name, "q");
+    EXPECT_EQ(r.graph.value(n.args[1].value()).name, "k_new");
+    EXPECT_EQ(r.graph.value(n.args[2].value()).name, "v_new");
+    EXPECT_EQ(r.graph.value(n.args[3].value()).name, "start");
+    EXPECT_EQ(r.graph.value(n.args[4].value()).name, "end");
+    EXPECT_TRUE(n.args[5].b);  // causal
+    EXPECT_EQ(n.args[7].s, "attn.cache_k");
+    EXPECT_EQ(n.args[8].s, "attn.cache_v");
+    EXPECT_EQ(n.args[9].i, 64);  // capacity
+    EXPECT_EQ(n.args[10].i, 7);  // handle
+    EXPECT_EQ(n.args[11].s, "gather_partials");
+    EXPECT_EQ(n.name, "attn_out");
+  }
+}
+
+TEST(CacheParallel, NoMaskMeansAllKeysBeforeEnd) {
+  DecodeGraphSpec s;
+  s.mask = false;
+  Context ctx = WorldContext(4);
+  PassResult r = CacheParallelPass(DecodeGraph(s), ctx);
+  ASSERT_TRUE(r.changed);
+  for (const auto& n : r.graph.nodes())
+    if (n.op == "torch_plugin::cp_attention.default") {
+      EXPECT_FALSE(n.args[5].b);
+    }
+}
+
+TEST(CacheParallel, LeavesDeviatingAttentionAloneAndSaysWhy) {
+  struct Case {
+    DecodeGraphSpec spec;
+    std::string why;
+  };
+  std::vector<Case> cases(4);
+  cases[0].spec.mask = false, cases[0].spec.user_mask = true, cases[0].why = "mask";
+  cases[1].spec.leak_cache = true, cases[1].why = "outside this attention";
+  cases[2].spec.dropout = true, cases[2].why = "dropout";
+  cases[3].spec.seq_dim = 1, cases[3].why = "";  // writes along heads: not a cache append
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.why);
+    const ir::Graph g = DecodeGraph(c.spec);
+    CacheParallelOptions o;
+    o.world = 2;
+    CacheParallelPlan plan = PlanCacheParallel(g, o);
+    EXPECT_TRUE(plan.sites.empty());
+    ASSERT_EQ(plan.skipped.size(), 1u);
+    EXPECT_NE(plan.skipped[0].find("sdpa: "), std::string::npos);
+    EXPECT_NE(plan.skipped[0].find(c.why), std::string::npos) << plan.skipped[0];
+    Context ctx = WorldContext(2);
+    PassResult r = CacheParallelPass(g, ctx);
+    EXPECT_FALSE(r.changed);
+    EXPECT_EQ(r.graph.nodes().size(), g.nodes().size());
+  }
+}
+
+TEST(CacheParallel, OptionErrorsSayWhatToDo) {
+  Context none;
+  try {
+    CacheParallelPass(DecodeGraph({}), none);
+    FAIL() << "expected PassError";
+  } catch (const PassError& e) {
+    EXPECT_NE(std::string(e.what()).find("torch_plugin.cache_parallel(model, mesh)"),
+              std::string::npos);
+  }
+  Context bad_scheme = WorldContext(2, "ring");
+  EXPECT_THROW(CacheParallelPass(DecodeGraph({}), bad_scheme), PassError);
+  Context no_split = WorldContext(2, "gather_qkv", /*split=*/false);
+  EXPECT_THROW(CacheParallelPass(DecodeGraph({}), no_split), PassError);
+  DecodeGraphSpec odd;
+  odd.batch = 3;
+  Context odd_ctx = WorldContext(2, "gather_qkv", /*split=*/true);
+  EXPECT_THROW(CacheParallelPass(DecodeGraph(odd), odd_ctx), PassError);
+  Context bad_int = WorldContext(2);
+  bad_int.options["cache_parallel.world"] = "two";
+  EXPECT_THROW(CacheParallelPass(DecodeGraph({}), bad_int), PassError);
+}
+
+TEST(CacheParallel, SchemeFollowsTheCostModel) {
+  const ir::Graph g = DecodeGraph({});
+  CacheParallelOptions o;
+  o.world = 2;
+  o.allow_batch_split = true;
+  CacheParallelPlan plan = PlanCacheParallel(g, o);
+  ASSERT_EQ(plan.sites.size(), 1u);
+  const bool qkv_cheaper = plan.gather_qkv_cost.total_s < plan.gather_partials_cost.total_s;
+  EXPECT_EQ(plan.scheme, qkv_cheaper ? "gather_qkv" : "gather_partials");
+  // Without batch splitting only gather_partials is possible, whatever it costs.
+  o.allow_batch_split = false;
+  EXPECT_EQ(PlanCacheParallel(g, o).scheme, "gather_partials");
+  // An odd batch cannot be split over two ranks.
+  DecodeGraphSpec odd;
+  odd.batch = 3;
+  o.allow_batch_split = true;
+  EXPECT_EQ(PlanCacheParallel(DecodeGraph(odd), o).scheme, "gather_partials");
+}
+
+}  // namespace
+}  // namespace tp::passes

@@ -1,0 +1,173 @@
+"""Cache parallelism: the C++ pass on real Llama graphs, the sharded KV cache, and greedy decoding
+on 2 and 4 gloo ranks against single-process eager."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+
+import dist_workers
+import pytest
+import torch
+
+import torch_plugin
+from torch_plugin import _C
+from torch_plugin.distributed import KVCacheManager
+from torch_plugin.distributed.kv_cache import CacheCapacityError
+from torch_plugin.models.llama import build_llama
+
+
+@pytest.mark.parametrize(
+    ("world", "scheme"), [(2, "gather_qkv"), (4, "gather_partials"), (4, "auto")]
+)
+def test_greedy_decode_matches_single_process(tmp_path: Path, world: int, scheme: str) -> None:
+    steps = 32
+    dist_workers.spawn(dist_workers.cp_decode_matches, world, scheme, steps, str(tmp_path))
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for r in results:
+        assert r["sites"] == 2, "both layers' attention must be rewritten"
+        assert r["cp_tokens"] == r["ref_tokens"]
+        assert len(r["cp_tokens"]) == steps
+        assert r["max_logit_diff"] < 1e-4
+        if scheme != "auto":
+            assert r["scheme"] == scheme
+        # Counted traffic of every decode step equals the model's per-layer volume x layers.
+        expected = r["modelled_bytes_per_layer"] * r["layers"]
+        assert r["bytes_per_step"] == [pytest.approx(expected)] * steps
+        # Each rank holds its share of the cache (blocks of 4 over a 64-position cache).
+        assert r["cache_bytes"] == r["full_cache_bytes"] // world
+
+
+def _llama_graph(batch: int = 2):
+    """The ATen inference graph of one decode step of the small Llama, as the backend sees it."""
+    graphs = []
+
+    def capture(gm, example_inputs):  # type: ignore[no-untyped-def]
+        from functorch.compile import min_cut_rematerialization_partition
+        from torch._dynamo.backends.common import aot_autograd
+
+        from torch_plugin import fx_bridge
+        from torch_plugin.backend import _dynamo_input_kinds
+
+        kinds = _dynamo_input_kinds(gm, example_inputs)
+
+        def fw(fx_g, inputs):  # type: ignore[no-untyped-def]
+            graphs.append(fx_bridge.to_ir(fx_g, kinds)[0])
+            return fx_g
+
+        return aot_autograd(
+            fw_compiler=fw,
+            partition_fn=min_cut_rematerialization_partition,
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
+
+    torch._dynamo.reset()
+    model = build_llama(small=True).eval()
+    with torch.no_grad():
+        torch.compile(model, backend=capture, dynamic=True)(
+            torch.zeros(batch, 3, dtype=torch.long), 5
+        )
+    return graphs[0]
+
+
+def test_pass_plan_on_llama_graph() -> None:
+    g = _llama_graph()
+    plan = _C.plan_cache_parallel(g, {"cache_parallel.world": "2"})
+    assert [s["cache_k"] for s in plan["sites"]] == [
+        "layers.0.attention.cache_k",
+        "layers.1.attention.cache_k",
+    ]
+    assert all(s["causal"] and s["capacity"] == 64 and s["kv_heads"] == 2 for s in plan["sites"])
+    assert plan["scheme"] == "gather_partials"  # no batch split without the wrapper
+    new, _ = _C.run_pipeline(g, ["cache_parallel"], True, None, {"cache_parallel.world": "2"})
+    ops = [n[1] for n in new.records()[1]]
+    assert ops.count("torch_plugin::cp_attention.default") == 2
+    assert not any("slice_scatter" in o or "copy_" in o or "scaled_dot" in o for o in ops)
+
+
+def test_pass_needs_world_and_says_how() -> None:
+    with pytest.raises(torch_plugin.PassError, match=r"cache_parallel\(model, mesh\)"):
+        _C.run_pipeline(_llama_graph(), ["cache_parallel"], True, None, {})
+    with pytest.raises(torch_plugin.PassError, match="valid: auto, gather_partials, gather_qkv"):
+        _C.plan_cache_parallel(
+            _llama_graph(), {"cache_parallel.world": "2", "cache_parallel.scheme": "ring"}
+        )
+
+
+def test_compile_path_single_process_equals_eager(caplog: pytest.LogCaptureFixture) -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = build_llama(small=True).eval()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(
+        model, backend="torch_plugin", options={"passes": ["cache_parallel"]}, dynamic=True
+    )
+    tokens = torch.randint(0, 1000, (2, 5))
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="torch_plugin"):
+        torch.testing.assert_close(compiled(tokens, 0), ref(tokens, 0), rtol=1e-5, atol=1e-5)
+        for pos in range(5, 9):
+            t = tokens[:, :1] + pos
+            torch.testing.assert_close(compiled(t, pos), ref(t, pos), rtol=1e-5, atol=1e-5)
+    assert "2 attention site(s)" in caplog.text
+
+
+def test_model_without_cache_runs_unsplit_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    torch._dynamo.reset()
+    model = build_llama(small=True).eval()
+    tokens = torch.randint(0, 1000, (2, 5))
+    cp = torch_plugin.cache_parallel(copy.deepcopy(model))
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="torch_plugin"):
+        torch.testing.assert_close(cp(tokens), model(tokens), rtol=1e-5, atol=1e-5)
+    assert "no decode attention over a KV cache" in caplog.text
+
+
+def test_kv_cache_placement_is_balanced_and_prefix_ordered() -> None:
+    m = KVCacheManager(block_size=4)
+    m.world = 3  # placement arithmetic only
+    for end in range(0, 100):
+        counts = [m.local_length(end, r) for r in range(3)]
+        assert sum(counts) == end
+        assert max(counts) - min(counts) <= 4  # at most one block apart
+    for r in range(3):
+        m.rank = r
+        pos = m.local_positions(m.local_length(50))
+        assert all(m.owner(int(p)) == r for p in pos)
+        assert pos.tolist() == sorted(pos.tolist()) and int(pos.max()) < 50
+        assert m.local_slots(pos).tolist() == list(range(len(pos)))
+
+
+def test_kv_cache_capacity_and_bad_options() -> None:
+    m = KVCacheManager(block_size=4)
+    k = torch.zeros(1, 2, 3, 8)
+    m.append("layer.cache_k", k, k, 0, capacity=8)
+    with pytest.raises(CacheCapacityError, match="holds 8 positions.*larger cache"):
+        m.append("layer.cache_k", k, k, 6, capacity=8)
+    with pytest.raises(ValueError, match="valid: auto, gather_partials, gather_qkv"):
+        KVCacheManager(scheme="ring")
+    with pytest.raises(ValueError, match="block_size"):
+        KVCacheManager(block_size=0)
+    with pytest.raises(TypeError, match="1-D torch.distributed DeviceMesh"):
+        torch_plugin.cache_parallel(build_llama(small=True), mesh="cpu")
+
+
+def test_decorator_wraps_instances() -> None:
+    from torch_plugin.models.llama import Llama, LlamaConfig
+
+    Wrapped = torch_plugin.cache_parallel(None, scheme="gather_partials")(Llama)
+    cp = Wrapped(
+        LlamaConfig(
+            dim=32,
+            n_layers=1,
+            n_heads=2,
+            n_kv_heads=1,
+            ffn_dim=64,
+            vocab_size=50,
+            max_seq_len=16,
+            max_batch=2,
+            seq_len=4,
+        )
+    )
+    assert isinstance(cp, torch_plugin.CacheParallel)
+    assert cp.manager.requested_scheme == "gather_partials"

@@ -1,0 +1,195 @@
+"""Cache parallelism for LLM decoding: `torch_plugin.cache_parallel(model, mesh)`.
+
+The C++ pass `cache_parallel` (csrc/passes/cache_parallel.cc) finds the model's attention over
+its KV-cache buffers in the ATen graph and replaces it, cache write included, with one
+`torch_plugin::cp_attention` call; that call runs on the rank-local, sequence-sharded cache of a
+`KVCacheManager` (kv_cache.py) and merges partial softmax results across ranks. The pass also
+picks the communication scheme from the cost model; with "gather_qkv" this wrapper runs the
+rest of the model data parallel over the batch and gathers the outputs back.
+
+Two ways in:
+  cp_model = torch_plugin.cache_parallel(model, mesh)  # or @torch_plugin.cache_parallel(mesh)
+  torch.compile(model, backend="torch_plugin",
+                options={"passes": ["cache_parallel"], "mesh": mesh})  # rest replicated
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .kv_cache import KVCacheManager, manager_for
+
+log = logging.getLogger("torch_plugin")
+
+
+@torch.library.custom_op("torch_plugin::cp_attention", mutates_args=())
+def cp_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    start: int,
+    end: int,
+    causal: bool,
+    scale: float,
+    cache_k: str,
+    cache_v: str,
+    capacity: int,
+    handle: int,
+    scheme: str,
+    seq_major: bool,
+) -> torch.Tensor:
+    """Appends k_new/v_new at [start, end) to the sharded caches and attends over [0, end).
+
+    Returns [B, H, s, D] like SDPA; laid out as [B, s, H, D] in memory when `seq_major`, as
+    the SDPA kernel it replaces did (the graph may view it through a transpose).
+    """
+    del cache_v  # the manager keeps k and v of a layer together, under the k buffer's name
+    out = manager_for(handle).attention(
+        q, k_new, v_new, start, end, causal, scale, cache_k, capacity, scheme
+    )
+    return out.transpose(1, 2).contiguous().transpose(1, 2) if seq_major else out.contiguous()
+
+
+@cp_attention.register_fake
+def _(
+    q,
+    k_new,
+    v_new,
+    start,
+    end,
+    causal,
+    scale,
+    cache_k,
+    cache_v,
+    capacity,
+    handle,
+    scheme,
+    seq_major,
+):  # type: ignore[no-untyped-def]
+    return torch.empty_like(q)
+
+
+def group_of(mesh: Any) -> Any:
+    """The process group of a 1-D torch DeviceMesh, a ProcessGroup, or None (default group)."""
+    if mesh is None or isinstance(mesh, dist.ProcessGroup):
+        return mesh
+    get_group = getattr(mesh, "get_group", None)
+    if get_group is not None:
+        if getattr(mesh, "ndim", 1) != 1:
+            raise ValueError(
+                "torch_plugin cache parallelism splits the KV cache over a 1-D mesh; got a "
+                f"{mesh.ndim}-D mesh. Pass mesh[...] for the axis to split over"
+            )
+        return get_group()
+    raise TypeError(
+        "torch_plugin: `mesh` must be a 1-D torch.distributed DeviceMesh, a ProcessGroup or "
+        f"None (the default group), got {type(mesh).__name__}"
+    )
+
+
+def pass_options(manager: KVCacheManager) -> dict[str, str]:
+    """The cache_parallel pass's options for this manager."""
+    return {
+        "cache_parallel.world": str(manager.world),
+        "cache_parallel.handle": str(manager.handle),
+        "cache_parallel.scheme": manager.scheme or manager.requested_scheme,
+        "cache_parallel.allow_batch_split": "1" if manager.allow_batch_split else "0",
+        "cache_parallel.device": manager.device_profile,
+        "cache_parallel.context": str(manager.context),
+        "cache_parallel.batch": str(manager.global_batch or 0),
+    }
+
+
+class CacheParallel(nn.Module):
+    """`module` with its KV caches split along the sequence over the ranks of `mesh`.
+
+    Call it like the model: `cp(tokens, start_pos)` on every rank with the same full batch; it
+    returns what the model returns (with the batch gathered back when the rest of the model ran
+    data parallel). `plan` is the pass's decision; `manager.comm.bytes_sent` counts traffic.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        mesh: Any = None,
+        *,
+        scheme: str = "auto",
+        device_profile: str = "cpu",
+        block_size: int = 16,
+        num_splits: int | None = None,
+        context: int = 0,
+    ):
+        super().__init__()
+        from ..backend import torch_plugin_backend
+        from ..options import Options
+
+        self.module = module
+        self.manager = KVCacheManager(
+            group_of(mesh),
+            block_size=block_size,
+            num_splits=num_splits,
+            scheme=scheme,
+            allow_batch_split=True,
+            device_profile=device_profile,
+            context=context,
+        )
+        opts = Options(passes=("cache_parallel",), on_error="raise", cache_parallel=self.manager)
+        backend = functools.partial(torch_plugin_backend, options=opts)
+        self._compiled = torch.compile(module, backend=backend, dynamic=True)
+
+    @property
+    def plan(self) -> dict[str, Any] | None:
+        return self.manager.plan
+
+    def forward(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        m = self.manager
+        batch = tokens.shape[0]
+        if m.global_batch is not None and m.global_batch != batch and m.layers:
+            m.layers.clear()  # a new batch of sequences: the old caches are meaningless
+        m.global_batch = batch
+        if m.scheme != "gather_qkv" or m.world == 1:
+            return self._compiled(tokens, *args, **kwargs)
+        if batch % m.world != 0:
+            raise ValueError(
+                f"torch_plugin cache_parallel: scheme gather_qkv runs the batch data parallel, "
+                f"but batch {batch} is not divisible by {m.world} ranks; pass a divisible batch "
+                "or scheme='gather_partials'"
+            )
+        local = tokens.chunk(m.world)[m.rank]
+        out = self._compiled(local, *args, **kwargs)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(
+                "torch_plugin cache_parallel with gather_qkv gathers a tensor output; the model "
+                f"returned {type(out).__name__}. Use scheme='gather_partials'"
+            )
+        return m.comm.all_gather(out, "output").flatten(0, 1)
+
+
+def cache_parallel(model: nn.Module | Any = None, mesh: Any = None, **kw: Any) -> Any:
+    """`cache_parallel(model, mesh, ...)` -> CacheParallel; `@cache_parallel(mesh, ...)` on an
+    nn.Module class wraps every instance it builds."""
+    if isinstance(model, nn.Module):
+        return CacheParallel(model, mesh, **kw)
+    if isinstance(model, type) and issubclass(model, nn.Module):
+        raise TypeError(
+            "use @torch_plugin.cache_parallel(mesh) (with parentheses) on a module class"
+        )
+    decorator_mesh = model if mesh is None else mesh
+
+    def wrap(cls: type) -> Any:
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise TypeError(f"@cache_parallel decorates nn.Module classes, got {cls!r}")
+
+        @functools.wraps(cls, updated=())
+        def build(*args: Any, **kwargs: Any) -> CacheParallel:
+            return CacheParallel(cls(*args, **kwargs), decorator_mesh, **kw)
+
+        return build
+
+    return wrap

@@ -1,0 +1,310 @@
+"""Sequence-sharded KV cache and the cross-rank attention merge of cache parallelism (issue 7).
+
+Positions are dealt to ranks in blocks, round-robin: block j (positions [j*block, (j+1)*block))
+lives on rank j % world, so whichever rank owns the tail takes the next append and every rank's
+share differs from another's by at most one block as the sequence grows. On a rank, its blocks
+are stored in order, so the entries below any `end` form a prefix of the local storage: decode
+attention over them is one split-KV kernel call with a length, no gather.
+
+`KVCacheManager.attention` is what the `torch_plugin::cp_attention` node calls (the C++ pass
+`cache_parallel` puts it where the model's SDPA over its cache was): append the new keys and
+values, attend locally (partial output + log-sum-exp), merge across ranks. Two schemes:
+  gather_partials: every rank runs the whole batch (the rest of the model replicated);
+                   all-gather the partials, merge.
+  gather_qkv:      each rank runs 1/world of the batch (the rest data parallel); all-gather
+                   q/k/v, attend for the whole batch, all-to-all the partials back to the rank
+                   that owns each request, merge there (the thesis's scheme).
+Every collective goes through `_Collectives`, which counts the bytes it sends, so the modelled
+volumes (cost/decode_model.h) can be checked against what actually moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import threading
+import weakref
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_MANAGERS: weakref.WeakValueDictionary[int, KVCacheManager] = weakref.WeakValueDictionary()
+_NEXT_HANDLE = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+class CacheCapacityError(RuntimeError):
+    """A write past the cache's capacity."""
+
+
+def manager_for(handle: int) -> KVCacheManager:
+    m = _MANAGERS.get(handle)
+    if m is None:
+        raise RuntimeError(
+            f"torch_plugin: KV cache manager {handle} no longer exists; the cache-parallel "
+            "model that owned it was deleted. Rebuild it with torch_plugin.cache_parallel(...)"
+        )
+    return m
+
+
+class _Collectives:
+    """torch.distributed calls on one group, counting the bytes this rank sends."""
+
+    def __init__(self, group: Any, world: int, rank: int):
+        self.group, self.world, self.rank = group, world, rank
+        self.bytes_sent: dict[str, int] = defaultdict(int)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._all_to_all_ok: bool | None = None
+
+    def _count(self, kind: str, nbytes: float) -> None:
+        self.bytes_sent[kind] += int(nbytes)
+        self.calls[kind] += 1
+
+    def all_gather(self, t: torch.Tensor, kind: str) -> torch.Tensor:
+        """[world, *t.shape]: every rank's t (a ring all-gather sends world-1 copies of t)."""
+        t = t.contiguous()
+        if self.world == 1:
+            return t.unsqueeze(0)
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(parts, t, group=self.group)
+        self._count(kind, (self.world - 1) * t.numel() * t.element_size())
+        return torch.stack(parts)
+
+    def all_to_all(self, t: torch.Tensor, kind: str) -> torch.Tensor:
+        """t [world*n, ...]: chunk j goes to rank j; returns [world, n, ...] from every rank."""
+        t = t.contiguous()
+        n = t.shape[0] // self.world
+        if self.world == 1:
+            return t.unsqueeze(0)
+        out = torch.empty_like(t)
+        chunk = t.numel() // self.world * t.element_size()
+        if self._all_to_all_ok is not False:
+            try:
+                dist.all_to_all_single(out, t, group=self.group)
+                self._all_to_all_ok = True
+                self._count(kind, (self.world - 1) * chunk)
+                return out.view(self.world, n, *t.shape[1:])
+            except (RuntimeError, NotImplementedError) as e:
+                if self._all_to_all_ok or "not supported" not in str(e).lower():
+                    raise
+                self._all_to_all_ok = False
+        # A backend without all-to-all: every rank gathers everything and keeps its chunks
+        # (counted as sent, so the accounting shows the extra volume this costs).
+        every = self.all_gather(t, kind)  # [world, world*n, ...]
+        return every[:, self.rank * n : (self.rank + 1) * n]
+
+    def reset_counts(self) -> None:
+        self.bytes_sent.clear()
+        self.calls.clear()
+
+
+@dataclasses.dataclass
+class _LayerShard:
+    k: torch.Tensor  # [batch, kv_heads, local_capacity, head_dim]
+    v: torch.Tensor
+    capacity: int  # global positions this cache can hold
+
+
+class KVCacheManager:
+    """The rank-local shards of every KV cache of one model, and the attention over them.
+
+    group: the process group the cache is split over (None: the default group, or one
+    process when torch.distributed is not initialised). block_size: tokens per block dealt
+    round-robin. num_splits: split-KV chunks per rank for the local decode kernel (None: by
+    length). scheme: "auto" (decided by the cost model in the C++ pass), "gather_partials"
+    or "gather_qkv". allow_batch_split: whether the caller can run the rest of the model data
+    parallel (the `cache_parallel` wrapper can; a plain torch.compile cannot).
+    """
+
+    def __init__(
+        self,
+        group: Any = None,
+        *,
+        block_size: int = 16,
+        num_splits: int | None = None,
+        scheme: str = "auto",
+        allow_batch_split: bool = False,
+        device_profile: str = "cpu",
+        context: int = 0,
+    ):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if scheme not in ("auto", "gather_partials", "gather_qkv"):
+            raise ValueError(
+                f"unknown cache-parallel scheme {scheme!r}; valid: auto, gather_partials, "
+                "gather_qkv"
+            )
+        if dist.is_available() and dist.is_initialized():
+            world, rank = dist.get_world_size(group), dist.get_rank(group)
+        else:
+            world, rank = 1, 0
+        self.world, self.rank, self.block_size = world, rank, block_size
+        self.num_splits = num_splits
+        self.requested_scheme = scheme
+        self.scheme: str | None = None if scheme == "auto" else scheme
+        self.allow_batch_split = allow_batch_split
+        self.device_profile = device_profile
+        self.context = context
+        self.global_batch: int | None = None  # set per call by the wrapper
+        self.comm = _Collectives(group, world, rank)
+        self.layers: dict[str, _LayerShard] = {}
+        self.plan: dict[str, Any] | None = None
+        with _LOCK:
+            self.handle = next(_NEXT_HANDLE)
+            _MANAGERS[self.handle] = self
+
+    # ------------------------------------------------------------- placement of positions
+
+    def owner(self, pos: int) -> int:
+        return (pos // self.block_size) % self.world
+
+    def local_slots(self, positions: torch.Tensor) -> torch.Tensor:
+        b, w = self.block_size, self.world
+        return (positions // (b * w)) * b + positions % b
+
+    def local_positions(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        """Global positions of this rank's first n local slots."""
+        j = torch.arange(n, device=device)
+        b, w = self.block_size, self.world
+        return (j // b) * b * w + self.rank * b + j % b
+
+    def local_length(self, end: int, rank: int | None = None) -> int:
+        """How many of positions [0, end) this rank (or `rank`) holds."""
+        r = self.rank if rank is None else rank
+        b, w = self.block_size, self.world
+        rounds, rem = divmod(end, b * w)
+        return rounds * b + min(max(rem - r * b, 0), b)
+
+    def local_capacity(self, capacity: int) -> int:
+        blocks = math.ceil(capacity / self.block_size)
+        return math.ceil(blocks / self.world) * self.block_size
+
+    def memory_bytes(self) -> int:
+        return sum(s.k.nbytes + s.v.nbytes for s in self.layers.values())
+
+    # ------------------------------------------------------------- cache storage
+
+    def _shard(self, key: str, like: torch.Tensor, batch: int, capacity: int) -> _LayerShard:
+        s = self.layers.get(key)
+        if s is not None and s.k.shape[0] >= batch:
+            return s
+        shape = (batch, like.shape[1], self.local_capacity(capacity), like.shape[3])
+        k = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        v = torch.zeros_like(k)
+        if s is not None:  # a bigger batch than before: keep what is cached
+            k[: s.k.shape[0]] = s.k
+            v[: s.v.shape[0]] = s.v
+        s = _LayerShard(k, v, capacity)
+        self.layers[key] = s
+        return s
+
+    def append(
+        self, key: str, k_new: torch.Tensor, v_new: torch.Tensor, start: int, capacity: int
+    ) -> _LayerShard:
+        """Writes positions [start, start + s) of k_new/v_new [B, Hkv, s, D] this rank owns."""
+        s_len = k_new.shape[2]
+        end = start + s_len
+        if start < 0 or end > capacity:
+            raise CacheCapacityError(
+                f"torch_plugin: KV cache '{key}' holds {capacity} positions; writing "
+                f"[{start}, {end}) exceeds it. Build the model with a larger cache "
+                "(e.g. max_seq_len) or start a new sequence"
+            )
+        shard = self._shard(key, k_new, k_new.shape[0], capacity)
+        pos = torch.arange(start, end, device=k_new.device)
+        mine = ((pos // self.block_size) % self.world) == self.rank
+        if bool(mine.any()):
+            slots = self.local_slots(pos[mine])
+            b = k_new.shape[0]
+            shard.k[:b, :, slots] = k_new[:, :, mine].to(shard.k.dtype)
+            shard.v[:b, :, slots] = v_new[:, :, mine].to(shard.v.dtype)
+        return shard
+
+    # ------------------------------------------------------------- attention
+
+    def _local_attention(
+        self,
+        q: torch.Tensor,
+        shard: _LayerShard,
+        start: int,
+        end: int,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Partial attention over this rank's entries below `end`: out [B,Hq,s,D], lse [B,Hq,s]."""
+        b, hq, s_len, d = q.shape
+        n = self.local_length(end)
+        k, v = shard.k[:b], shard.v[:b]
+        if s_len == 1:
+            splits = self.num_splits or max(1, min(8, n // 512))
+            lengths = torch.full((b,), n, dtype=torch.int64, device=q.device)
+            out, lse = torch.ops.torch_plugin.split_kv_attention(
+                q[:, :, 0].contiguous(), k, v, lengths, splits, scale
+            )
+            out, lse = torch.ops.torch_plugin.merge_attention_partials(out, lse)
+            return out.unsqueeze(2), lse.unsqueeze(2)
+        # Several new tokens (prefill): the same partials, written out; keys are this rank's
+        # entries, masked by their global positions.
+        hkv = k.shape[1]
+        kk = k[:, :, :n].float().repeat_interleave(hq // hkv, dim=1)
+        vv = v[:, :, :n].float().repeat_interleave(hq // hkv, dim=1)
+        sc = scale if scale > 0 else 1.0 / math.sqrt(d)
+        scores = torch.einsum("bhsd,bhnd->bhsn", q.float(), kk) * sc
+        if causal:
+            kpos = self.local_positions(n, q.device)
+            qpos = torch.arange(start, start + s_len, device=q.device)
+            scores = scores.masked_fill(kpos[None, :] > qpos[:, None], float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        p = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)  # rows with no key: 0
+        return torch.einsum("bhsn,bhnd->bhsd", p, vv), lse
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        start: int,
+        end: int,
+        causal: bool,
+        scale: float,
+        cache_k: str,
+        capacity: int,
+        scheme: str,
+    ) -> torch.Tensor:
+        if end != start + k_new.shape[2]:
+            raise RuntimeError(
+                f"torch_plugin cp_attention ({cache_k}): end {end} != start {start} + "
+                f"{k_new.shape[2]} new entries"
+            )
+        global_batch = self.global_batch or q.shape[0]
+        local_batch = q.shape[0]
+        if local_batch == global_batch:
+            split = False
+        elif local_batch * self.world == global_batch:
+            split = True
+        else:
+            raise RuntimeError(
+                f"torch_plugin cp_attention ({cache_k}): batch {local_batch} is neither the "
+                f"global batch {global_batch} nor 1/{self.world} of it"
+            )
+        if split:  # the thesis's scheme: gather q/k/v of every rank's requests
+            q = self.comm.all_gather(q, "qkv").flatten(0, 1)
+            k_new = self.comm.all_gather(k_new, "qkv").flatten(0, 1)
+            v_new = self.comm.all_gather(v_new, "qkv").flatten(0, 1)
+        shard = self.append(cache_k, k_new, v_new, start, capacity)
+        out, lse = self._local_attention(q, shard, start, end, causal, scale)
+        if self.world == 1:
+            return out.to(q.dtype)
+        if split:
+            outs = self.comm.all_to_all(out, "partials")  # [world, b_local, Hq, s, D]
+            lses = self.comm.all_to_all(lse, "partials")
+        else:
+            outs = self.comm.all_gather(out, "partials")  # [world, B, Hq, s, D]
+            lses = self.comm.all_gather(lse, "partials")
+        merged, _ = torch.ops.torch_plugin.merge_attention_partials(
+            outs.movedim(0, -2).contiguous(), lses.movedim(0, -1).contiguous()
+        )
+        return merged.to(q.dtype)
