@@ -4,7 +4,9 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "checks.h"
@@ -13,8 +15,129 @@ namespace tp::kernels {
 namespace {
 
 constexpr const char* kOp = "torch_plugin::split_kv_attention";
+constexpr int64_t kRowBlock = 64;  // cache rows converted to float at a time (16-bit caches)
 
 }  // namespace
+
+// The two inner loops, compiled twice (AVX2+FMA and baseline) and picked at load time by the
+// loader (GCC target_clones), so the wheel runs on any x86-64 and uses FMA where it exists.
+// They take float rows; 16-bit caches are converted a block at a time by the caller.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TP_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TP_MULTIVERSION
+#endif
+
+namespace detail {
+
+// GCC vector extensions: 8 floats in one register on AVX2, two on SSE, in every clone; loads
+// go through memcpy, so rows need no alignment.
+typedef float V8 __attribute__((vector_size(32), aligned(4)));
+
+inline V8 Load8(const float* p) {
+  V8 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void Store8(float* p, V8 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+
+inline float Sum8(V8 v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// scores[g * stride + j] = q[g] . k[j] for the `group` query heads that share this KV head:
+// each key row is read once for every head of its group (GQA reads the cache once). Dot products
+// run four (row, head) pairs at a time: four independent 8-wide chains hide the FMA latency,
+// and each pair pays one 8-lane horizontal sum.
+TP_MULTIVERSION void ScoreRows(const float* q, int64_t group, const float* k, int64_t rows,
+                               int64_t D, float* scores, int64_t stride) {
+  const int64_t pairs = rows * group;
+  const int64_t D8 = D / 8 * 8;
+  for (int64_t p0 = 0; p0 < pairs; p0 += 4) {
+    const int np = static_cast<int>(std::min<int64_t>(4, pairs - p0));
+    const float* qs[4];
+    const float* ks[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t pi = p0 + std::min(i, np - 1);  // pad with the last pair
+      qs[i] = q + (pi % group) * D;
+      ks[i] = k + (pi / group) * D;
+    }
+    V8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    for (int64_t d = 0; d < D8; d += 8) {
+      a0 += Load8(qs[0] + d) * Load8(ks[0] + d);
+      a1 += Load8(qs[1] + d) * Load8(ks[1] + d);
+      a2 += Load8(qs[2] + d) * Load8(ks[2] + d);
+      a3 += Load8(qs[3] + d) * Load8(ks[3] + d);
+    }
+    const float sums[4] = {Sum8(a0), Sum8(a1), Sum8(a2), Sum8(a3)};
+    for (int i = 0; i < np; ++i) {
+      float s = sums[i];
+      for (int64_t d = D8; d < D; ++d) s += qs[i][d] * ks[i][d];
+      const int64_t pi = p0 + i;
+      scores[(pi % group) * stride + pi / group] = s;
+    }
+  }
+}
+
+// x[i] = exp(x[i] - shift) (x[i] <= shift), returning the sum. A branch-free Cephes-style expf
+// (range reduction by ln 2, degree-6 polynomial, exponent by bit shift; ~2 ulp) so the loop
+// vectorises; libm's expf is a call per element.
+TP_MULTIVERSION float ExpShiftedSum(float* x, int64_t n, float shift) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i] - shift;
+    v = v < -87.0f ? -87.0f : v;
+    const float fn = std::floor(v * 1.44269504088896341f + 0.5f);
+    const float r = v - fn * 0.693359375f + fn * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    const int32_t bits = (static_cast<int32_t>(fn) + 127) << 23;
+    float scale;
+    __builtin_memcpy(&scale, &bits, sizeof(scale));
+    x[i] = y * scale;
+  }
+  V8 lanes = {};  // the sum in eight lanes: float addition does not reassociate on its own
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) lanes += Load8(x + i);
+  float total = Sum8(lanes);
+  for (; i < n; ++i) total += x[i];
+  return total;
+}
+
+// acc[g * D + d] += w[g * stride + j] * v[j * D + d] over the rows. Per head, 32 output lanes
+// stay in four registers while the (L1-resident) block of rows streams past.
+TP_MULTIVERSION void AccumulateRows(const float* w, int64_t stride, int64_t group, const float* v,
+                                    int64_t rows, int64_t D, float* acc) {
+  const int64_t D32 = D / 32 * 32;
+  for (int64_t g = 0; g < group; ++g) {
+    const float* wg = w + g * stride;
+    float* a = acc + g * D;
+    for (int64_t d = 0; d < D32; d += 32) {
+      V8 r0 = Load8(a + d), r1 = Load8(a + d + 8), r2 = Load8(a + d + 16), r3 = Load8(a + d + 24);
+      for (int64_t j = 0; j < rows; ++j) {
+        const float* vr = v + j * D + d;
+        const float wj = wg[j];
+        r0 += wj * Load8(vr);
+        r1 += wj * Load8(vr + 8);
+        r2 += wj * Load8(vr + 16);
+        r3 += wj * Load8(vr + 24);
+      }
+      Store8(a + d, r0), Store8(a + d + 8, r1), Store8(a + d + 16, r2), Store8(a + d + 24, r3);
+    }
+    for (int64_t d = D32; d < D; ++d) {
+      float s = a[d];
+      for (int64_t j = 0; j < rows; ++j) s += wg[j] * v[j * D + d];
+      a[d] = s;
+    }
+  }
+}
+
+}  // namespace detail
 
 std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
                                                        const at::Tensor& k_in,
@@ -43,39 +166,59 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
         const scalar_t* qp = q.data_ptr<scalar_t>();
         const scalar_t* kp = k.data_ptr<scalar_t>();
         const scalar_t* vp = v.data_ptr<scalar_t>();
-        // One task per (batch, head, split): independent, so no synchronisation.
-        at::parallel_for(0, B * Hq * num_splits, 1, [&](int64_t begin, int64_t end) {
-          std::vector<float> qf(D), scores, acc(D);
+        constexpr bool kFloat = std::is_same_v<scalar_t, float>;
+        // One task per (batch, KV head, split), covering the KV head's whole query group:
+        // independent, so no synchronisation, and each cache row is read once per task.
+        at::parallel_for(0, B * Hkv * num_splits, 1, [&](int64_t begin, int64_t end) {
+          std::vector<float> qf(group * D), scores, acc(group * D), m(group), sum(group);
+          std::vector<float> rowbuf(kFloat ? 0 : kRowBlock * D);
+          // Rows [j, j + n) of a cache as float: in place for fp32, converted otherwise.
+          auto rows_as_float = [&](const scalar_t* base, int64_t j, int64_t n) -> const float* {
+            if constexpr (kFloat) {
+              return reinterpret_cast<const float*>(base + j * D);  // scalar_t is float
+            } else {
+              const scalar_t* src = base + j * D;
+              for (int64_t i = 0; i < n * D; ++i) rowbuf[i] = static_cast<float>(src[i]);
+              return rowbuf.data();
+            }
+          };
           for (int64_t task = begin; task < end; ++task) {
-            const int64_t p = task % num_splits, bh = task / num_splits;
-            const int64_t b = bh / Hq, h = bh % Hq, kvh = h / group;
+            const int64_t p = task % num_splits, bk = task / num_splits;
+            const int64_t b = bk / Hkv, kvh = bk % Hkv;
             const int64_t chunk = (len[b] + num_splits - 1) / num_splits;
             const int64_t lo = p * chunk, hi = std::min(len[b], lo + chunk);
             if (lo >= hi) continue;  // empty split: out 0, lse -inf
-            const scalar_t* qrow = qp + (b * Hq + h) * D;
-            for (int64_t d = 0; d < D; ++d) qf[d] = static_cast<float>(qrow[d]) * fscale;
+            const int64_t n = hi - lo;
+            for (int64_t g = 0; g < group; ++g) {
+              const scalar_t* qrow = qp + (b * Hq + kvh * group + g) * D;
+              for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(qrow[d]) * fscale;
+            }
             const scalar_t* kbase = kp + ((b * Hkv + kvh) * S) * D;
             const scalar_t* vbase = vp + ((b * Hkv + kvh) * S) * D;
-            scores.resize(hi - lo);
-            float m = -std::numeric_limits<float>::infinity();
-            for (int64_t j = lo; j < hi; ++j) {
-              const scalar_t* krow = kbase + j * D;
-              float s = 0;
-              for (int64_t d = 0; d < D; ++d) s += qf[d] * static_cast<float>(krow[d]);
-              scores[j - lo] = s;
-              m = std::max(m, s);
+            scores.resize(group * n);
+            for (int64_t j = lo; j < hi; j += kRowBlock) {
+              const int64_t rows = std::min(kRowBlock, hi - j);
+              detail::ScoreRows(qf.data(), group, rows_as_float(kbase, j, rows), rows, D,
+                                scores.data() + (j - lo), n);
+            }
+            for (int64_t g = 0; g < group; ++g) {
+              float* sg = scores.data() + g * n;
+              float mg = -std::numeric_limits<float>::infinity();
+              for (int64_t j = 0; j < n; ++j) mg = std::max(mg, sg[j]);
+              m[g] = mg, sum[g] = detail::ExpShiftedSum(sg, n, mg);
             }
             std::fill(acc.begin(), acc.end(), 0.0f);
-            float sum = 0;
-            for (int64_t j = lo; j < hi; ++j) {
-              const float w = std::exp(scores[j - lo] - m);
-              sum += w;
-              const scalar_t* vrow = vbase + j * D;
-              for (int64_t d = 0; d < D; ++d) acc[d] += w * static_cast<float>(vrow[d]);
+            for (int64_t j = lo; j < hi; j += kRowBlock) {
+              const int64_t rows = std::min(kRowBlock, hi - j);
+              detail::AccumulateRows(scores.data() + (j - lo), n, group,
+                                     rows_as_float(vbase, j, rows), rows, D, acc.data());
             }
-            float* o = out_p + task * D;
-            for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / sum;
-            lse_p[task] = m + std::log(sum);
+            for (int64_t g = 0; g < group; ++g) {
+              const int64_t row = (b * Hq + kvh * group + g) * num_splits + p;
+              float* o = out_p + row * D;
+              for (int64_t d = 0; d < D; ++d) o[d] = acc[g * D + d] / sum[g];
+              lse_p[row] = m[g] + std::log(sum[g]);
+            }
           }
         });
       });

@@ -40,6 +40,8 @@ def make(b, hq, hkv, s, d, dtype=torch.float32, seed=0):  # type: ignore[no-unty
         (3, 8, 2, 129, 128, [1, 129, 64], 8),  # GQA 4:1, one-token sequence, head_dim 128
         (1, 4, 1, 5, 64, [5], 16),  # more splits than tokens: empty splits
         (2, 2, 2, 300, 64, [300, 299], 1),  # one split
+        (2, 6, 2, 70, 44, [70, 3], 3),  # head_dim not a multiple of 8 or 32: the scalar tails
+        (1, 3, 3, 200, 8, [200], 2),  # head_dim 8: no 32-lane block at all
     ],
 )
 def test_matches_sdpa_fp32(b, hq, hkv, s, d, lengths, splits) -> None:  # type: ignore[no-untyped-def]
