@@ -15,12 +15,14 @@ namespace tp::kernels {
 namespace {
 
 constexpr const char* kOp = "torch_plugin::split_kv_attention";
-constexpr int64_t kRowBlock = 64;  // cache rows converted to float at a time (16-bit caches)
+// Cache rows per inner call: a block of V rows stays in L1 while AccumulateRows streams it.
+constexpr int64_t kRowBlock = 64;
 
 }  // namespace
 
-// The two inner loops, compiled twice (AVX2+FMA and baseline) and picked at load time by the
-// loader (GCC target_clones), so the wheel runs on any x86-64 and uses FMA where it exists.
+// The inner loops, compiled twice (x86-64-v3, i.e. AVX2+FMA, and baseline) and picked at load
+// time by GCC's target_clones resolver, so the build runs on any x86-64 and uses AVX2 where it
+// exists. ("arch=haswell" would not do: its resolver tests the CPU model, so AMD never gets it.)
 // They take float rows; 16-bit caches are converted a block at a time by the caller.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define TP_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
