@@ -209,6 +209,17 @@ def _worker(rank: int, world: int, port: int, contexts: list[int], out: str) -> 
             results["cp_bytes_per_step"] = sum(
                 v for k, v in m.comm.bytes_sent.items() if k != "output"
             ) / (REAL_STEPS + 1)
+            if ctx == contexts[0]:  # TP's traffic, counted by torch's CommDebugMode
+                from torch.distributed.tensor.debug import CommDebugMode
+
+                with CommDebugMode() as comm:
+                    tp(tok, ctx)
+                counts = {str(k): v for k, v in comm.get_comm_counts().items()}
+                activation = REAL_BATCH * cfg.dim * 4  # [B, 1, dim] fp32 per all-reduce
+                results["tp_comm_counts"] = counts
+                results["tp_bytes_per_step"] = (
+                    sum(counts.values()) * 2 * (world - 1) / world * activation
+                )
             results["cp_qkv"][ctx] = _decode_rate(lambda p: cp_qkv(tok, p), ctx)
             results["tp"][ctx] = _decode_rate(lambda p: tp(tok, p), ctx)
             results["dp"][ctx] = _decode_rate(lambda p: dp(tok[rank : rank + 1], p), ctx)
@@ -220,6 +231,21 @@ def _worker(rank: int, world: int, port: int, contexts: list[int], out: str) -> 
                 flush=True,
             )
     results["scheme"] = m.scheme
+    layer = dict(
+        batch=REAL_BATCH,
+        context=contexts[0],
+        hidden=cfg.dim,
+        q_heads=cfg.n_heads,
+        kv_heads=cfg.n_kv_heads,
+        head_dim=cfg.dim // cfg.n_heads,
+        ffn_hidden=cfg.ffn_dim,
+        dtype_bytes=4,
+    )
+    results["modelled_bytes_per_step"] = {
+        name: cfg.n_layers
+        * _C.model_decode_layer(layer, world, strategy, "cpu")["bytes_sent_per_rank"]
+        for name, strategy in (("cp", "cp_" + m.scheme), ("tp", "tp"), ("dp", "dp"))
+    }
     results["cp_cache_bytes"] = m.memory_bytes()
     if rank == 0:
         with open(out, "w") as f:
@@ -354,6 +380,11 @@ def main() -> None:
         print("2. real decoding, 4 gloo ranks")
         real = real_bench(contexts)
         print(f"  scheme chosen by the pass: {real['scheme']}; check vs eager: {real['check']}")
+        print(
+            f"  bytes sent per rank per decode step: CP counted {real['cp_bytes_per_step']:.0f}"
+            f", TP counted {real['tp_bytes_per_step']:.0f} ({real['tp_comm_counts']}); "
+            f"modelled {real['modelled_bytes_per_step']}"
+        )
     print("3. modelled, Llama-7B layer")
     model = modelled()
     for device, world in (("a5000", 4), ("h100", 8)):
