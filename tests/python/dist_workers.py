@@ -218,3 +218,35 @@ def cp_decode_matches(
         )
     finally:
         dist.destroy_process_group()
+
+
+def cp_fault(rank: int, world: int, port: int, timeout_s: float, out_dir: str) -> None:
+    """The last rank dies mid-decode; the others must fail fast with a clear message."""
+    import time
+
+    import torch_plugin
+    from torch_plugin.models.llama import build_llama
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    torch.manual_seed(0)
+    cp = torch_plugin.cache_parallel(build_llama(small=True).eval(), None, block_size=4)
+    tokens = torch.zeros(2, 4, dtype=torch.long)
+    message, t0 = "", time.perf_counter()
+    try:
+        with torch.no_grad():
+            cp(tokens, 0)
+            for pos in range(4, 12):
+                if rank == world - 1 and pos == 6:
+                    os._exit(0)  # dies without a word, as a killed process does
+                cp(tokens[:, :1], pos)
+    except RuntimeError as e:
+        message = str(e)
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "message": message, "seconds": time.perf_counter() - t0})
+    )
+    os._exit(0)  # the group is broken; skip its teardown

@@ -171,3 +171,12 @@ def test_decorator_wraps_instances() -> None:
     )
     assert isinstance(cp, torch_plugin.CacheParallel)
     assert cp.manager.requested_scheme == "gather_partials"
+
+
+def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
+    timeout_s, world = 10.0, 3
+    dist_workers.spawn(dist_workers.cp_fault, world, timeout_s, str(tmp_path))
+    for r in range(world - 1):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert "torch_plugin cache_parallel" in res["message"] and "peer" in res["message"]
+        assert res["seconds"] < timeout_s + 60  # includes the first compile

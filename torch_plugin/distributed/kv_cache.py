@@ -59,6 +59,14 @@ class _Collectives:
         self.calls: dict[str, int] = defaultdict(int)
         self._all_to_all_ok: bool | None = None
 
+    def _fail(self, op: str, kind: str, e: Exception) -> RuntimeError:
+        return RuntimeError(
+            f"torch_plugin cache_parallel: {op} of {kind} on rank {self.rank} of {self.world} "
+            f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); a peer "
+            "rank died, stalled past the process-group timeout, or runs a different model - "
+            "check the other ranks' logs"
+        )
+
     def _count(self, kind: str, nbytes: float) -> None:
         self.bytes_sent[kind] += int(nbytes)
         self.calls[kind] += 1
@@ -69,7 +77,10 @@ class _Collectives:
         if self.world == 1:
             return t.unsqueeze(0)
         parts = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(parts, t, group=self.group)
+        try:
+            dist.all_gather(parts, t, group=self.group)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise self._fail("all_gather", kind, e) from e
         self._count(kind, (self.world - 1) * t.numel() * t.element_size())
         return torch.stack(parts)
 
@@ -89,7 +100,7 @@ class _Collectives:
                 return out.view(self.world, n, *t.shape[1:])
             except (RuntimeError, NotImplementedError) as e:
                 if self._all_to_all_ok or "not supported" not in str(e).lower():
-                    raise
+                    raise self._fail("all_to_all", kind, e) from e
                 self._all_to_all_ok = False
         # A backend without all-to-all: every rank gathers everything and keeps its chunks
         # (counted as sent, so the accounting shows the extra volume this costs).
