@@ -179,4 +179,4 @@ def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
     for r in range(world - 1):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert "torch_plugin cache_parallel" in res["message"] and "peer" in res["message"]
-        assert res["seconds"] < timeout_s + 60  # includes the first compile
+        assert res["seconds"] < timeout_s  # from the failing step's start
