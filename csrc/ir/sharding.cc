@@ -1,0 +1,272 @@
+#include "ir/sharding.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "ir/op_registry.h"
+
+namespace tp::ir {
+namespace {
+
+using S = ShardSpec;
+
+int64_t Size(const TensorType& t, int d) {
+  const auto& s = t.shape[static_cast<size_t>(d)];
+  return s.value > 0 ? s.value : -1;  // symbolic without hint: unknown
+}
+
+bool Divisible(const TensorType& t, int d, int world) {
+  const int64_t n = Size(t, d);
+  return n > 0 && n % world == 0;
+}
+
+const TensorType* TensorOf(const Graph& g, ValueId v) {
+  const auto& t = g.type(v);
+  return t.is_tensor() ? &t.tensor : nullptr;
+}
+
+ShardStrategy Replicated(const Graph& g, const Node& n) {
+  ShardStrategy s;
+  s.name = "replicate";
+  s.inputs.assign(TensorInputs(g, n).size(), S::R());
+  s.outputs.assign(n.outputs.size(), S::R());
+  return s;
+}
+
+int64_t Prefix(const TensorType& t, int d) {
+  int64_t p = 1;
+  for (int i = 0; i < d; ++i) {
+    const int64_t s = Size(t, i);
+    if (s < 0) return -1;
+    p *= s;
+  }
+  return p;
+}
+
+// Where a Shard(d) of `in` lands in `out` when only the shape changes (view, reshape): the dim
+// with the same prefix product whose size equals d's, merges d with later dims, or is d's
+// leading factor. Block sharding of the leading factor equals block sharding of the whole.
+int MapDimThroughReshape(const TensorType& in, const TensorType& out, int d, int world) {
+  const int64_t p = Prefix(in, d), s = Size(in, d);
+  if (p < 0 || s <= 0) return -1;
+  for (int o = 0; o < out.rank(); ++o) {
+    if (Prefix(out, o) != p) continue;
+    const int64_t so = Size(out, o);
+    if (so <= 0) return -1;
+    if (so == s) return o;
+    if (so > s && so % s == 0 && s % world == 0) return o;   // d merged with later dims
+    if (so < s && s % so == 0 && so % world == 0) return o;  // d split; o is its leading part
+  }
+  return -1;
+}
+
+bool IsOp(const Node& n, const char* op) { return n.op == op; }
+
+void AddMatmulStrategies(const Graph& g, const Node& n, int world,
+                         std::vector<ShardStrategy>* out) {
+  // mm(a [M, K], b [K, N]); addmm(bias [N] or [M, N], a, b).
+  const bool addmm = IsOp(n, "aten::addmm.default");
+  auto ins = TensorInputs(g, n);
+  if (ins.size() != (addmm ? 3u : 2u)) return;
+  const TensorType* a = TensorOf(g, ins[addmm ? 1 : 0]);
+  const TensorType* b = TensorOf(g, ins[addmm ? 2 : 1]);
+  if (a == nullptr || b == nullptr || a->rank() != 2 || b->rank() != 2) return;
+  const TensorType* bias = addmm ? TensorOf(g, ins[0]) : nullptr;
+  const double f = 1.0 / world;
+  auto with_bias = [&](S bias_spec, S as, S bs, S o, const char* name) {
+    ShardStrategy s;
+    s.name = name;
+    if (addmm) s.inputs.push_back(bias_spec);
+    s.inputs.push_back(as);
+    s.inputs.push_back(bs);
+    s.outputs = {o};
+    s.compute_fraction = f;
+    out->push_back(s);
+  };
+  const bool bias_1d = bias != nullptr && bias->rank() == 1;
+  if (Divisible(*a, 0, world)) {  // rows: a split by rows, b replicated
+    S bias_spec = bias == nullptr ? S::R() : (bias_1d ? S::R() : S::S(0));
+    with_bias(bias_spec, S::S(0), S::R(), S::S(0), "row");
+  }
+  if (Divisible(*b, 1, world)) {  // columns (Megatron column-parallel)
+    S bias_spec = bias == nullptr ? S::R() : S::S(bias_1d ? 0 : 1);
+    with_bias(bias_spec, S::R(), S::S(1), S::S(1), "col");
+  }
+  if (Divisible(*a, 1, world)) {  // contraction (Megatron row-parallel): partial sums
+    with_bias(S::P(), S::S(1), S::S(0), S::P(), "inner");
+  }
+}
+
+void AddElementwiseStrategies(const Graph& g, const Node& n, int world,
+                              std::vector<ShardStrategy>* out) {
+  if (n.outputs.size() != 1) return;
+  const TensorType* o = TensorOf(g, n.outputs[0]);
+  if (o == nullptr) return;
+  auto ins = TensorInputs(g, n);
+  for (int d = 0; d < o->rank(); ++d) {
+    if (!Divisible(*o, d, world)) continue;
+    ShardStrategy s;
+    s.name = "dim" + std::to_string(d);
+    s.compute_fraction = 1.0 / world;
+    for (ValueId v : ins) {
+      const TensorType* t = TensorOf(g, v);
+      const int di = t == nullptr ? -1 : d - static_cast<int>(o->rank() - t->rank());
+      // A broadcast (size-1 or missing) dim stays replicated.
+      s.inputs.push_back(di >= 0 && Size(*t, di) == Size(*o, d) ? S::S(di) : S::R());
+    }
+    s.outputs = {S::S(d)};
+    out->push_back(s);
+  }
+  // Partial passes through sums and through products with one replicated factor.
+  const std::string base = n.op.substr(0, n.op.find('.'));
+  if ((base == "aten::add" || base == "aten::sub") && ins.size() == 2) {
+    out->push_back({"partial", {S::P(), S::P()}, {S::P()}, 1.0});
+  } else if ((base == "aten::mul" || base == "aten::div") && !ins.empty()) {
+    ShardStrategy s{"partial", {}, {S::P()}, 1.0};
+    for (size_t i = 0; i < ins.size(); ++i) s.inputs.push_back(i == 0 ? S::P() : S::R());
+    out->push_back(s);
+  } else if (base == "aten::neg" && ins.size() == 1) {
+    out->push_back({"partial", {S::P()}, {S::P()}, 1.0});
+  }
+}
+
+// Shard every tensor (inputs and outputs) along the same leading dim d < `limit`.
+void AddSameDimStrategies(const Graph& g, const Node& n, int world, int limit, const char* name,
+                          std::vector<ShardStrategy>* out) {
+  auto ins = TensorInputs(g, n);
+  if (ins.empty()) return;
+  const TensorType* first = TensorOf(g, ins[0]);
+  if (first == nullptr) return;
+  for (int d = 0; d < std::min<int>(limit, static_cast<int>(first->rank())); ++d) {
+    bool ok = true;
+    ShardStrategy s;
+    s.name = std::string(name) + std::to_string(d);
+    s.compute_fraction = 1.0 / world;
+    for (ValueId v : ins) {
+      const TensorType* t = TensorOf(g, v);
+      if (t != nullptr && t->rank() == first->rank()) {
+        ok = ok && Divisible(*t, d, world);
+        s.inputs.push_back(S::S(d));
+      } else {
+        s.inputs.push_back(S::R());  // weights of a norm, masks of other rank, scalars
+      }
+    }
+    for (ValueId v : n.outputs) {
+      const TensorType* t = TensorOf(g, v);
+      if (t != nullptr && t->rank() > d) {
+        ok = ok && Divisible(*t, d, world);
+        s.outputs.push_back(S::S(d));
+      } else {
+        s.outputs.push_back(S::R());
+      }
+    }
+    if (ok) out->push_back(s);
+  }
+}
+
+int64_t IntArg(const Node& n, size_t pos, int64_t fallback) {
+  if (pos < n.args.size() && n.args[pos].kind == Arg::Kind::kInt) return n.args[pos].i;
+  return fallback;
+}
+
+}  // namespace
+
+std::string ShardSpec::ToString() const {
+  switch (kind) {
+    case Kind::kReplicate:
+      return "R";
+    case Kind::kPartial:
+      return "P";
+    case Kind::kShard:
+      return "S(" + std::to_string(dim) + ")";
+  }
+  return "?";
+}
+
+std::vector<ValueId> TensorInputs(const Graph& graph, const Node& node) {
+  std::vector<ValueId> out;
+  std::function<void(const Arg&)> visit = [&](const Arg& a) {
+    if (a.is_value()) {
+      if (graph.type(a.value()).is_tensor()) out.push_back(a.value());
+    } else {
+      for (const auto& item : a.items) visit(item);
+    }
+  };
+  for (const auto& a : node.args) visit(a);
+  for (const auto& kw : node.kwargs) visit(kw.value);
+  return out;
+}
+
+std::vector<ShardSpec> InputSpecs(const TensorType& type, int world) {
+  std::vector<ShardSpec> specs = {S::R()};
+  if (world <= 1) return specs;
+  for (int d = 0; d < type.rank(); ++d)
+    if (Divisible(type, d, world)) specs.push_back(S::S(d));
+  return specs;
+}
+
+std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int world) {
+  std::vector<ShardStrategy> out = {Replicated(g, n)};
+  if (world <= 1) return out;
+  for (ValueId v : n.outputs)
+    if (!g.type(v).is_tensor()) return out;
+  const OpInfo* info = OpRegistry::Default().Find(n.op);
+  if (info == nullptr || !info->pure) return out;
+  auto ins = TensorInputs(g, n);
+  if (IsOp(n, "aten::mm.default") || IsOp(n, "aten::addmm.default")) {
+    AddMatmulStrategies(g, n, world, &out);
+  } else if (IsOp(n, "aten::t.default") || IsOp(n, "aten::transpose.int")) {
+    const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
+    if (t != nullptr) {
+      int a = 0, b = 1;
+      if (IsOp(n, "aten::transpose.int")) {
+        a = static_cast<int>(IntArg(n, 1, 0)), b = static_cast<int>(IntArg(n, 2, 1));
+        if (a < 0) a += t->rank();
+        if (b < 0) b += t->rank();
+      }
+      for (int d = 0; d < t->rank(); ++d) {
+        if (!Divisible(*t, d, world)) continue;
+        const int od = d == a ? b : d == b ? a : d;
+        out.push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(od)}, 1.0});
+      }
+      out.push_back({"partial", {S::P()}, {S::P()}, 1.0});
+    }
+  } else if (info->cls == OpClass::kView &&
+             (n.op.rfind("aten::view.", 0) == 0 || n.op.rfind("aten::_unsafe_view.", 0) == 0 ||
+              n.op.rfind("aten::reshape.", 0) == 0)) {
+    const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
+    const TensorType* o = TensorOf(g, n.outputs[0]);
+    if (t != nullptr && o != nullptr) {
+      for (int d = 0; d < t->rank(); ++d) {
+        if (!Divisible(*t, d, world)) continue;
+        const int od = MapDimThroughReshape(*t, *o, d, world);
+        if (od >= 0) out.push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(od)}, 1.0});
+      }
+      out.push_back({"partial", {S::P()}, {S::P()}, 1.0});
+    }
+  } else if (info->cls == OpClass::kElementwise) {
+    AddElementwiseStrategies(g, n, world, &out);
+  } else if (info->cls == OpClass::kSoftmax && n.op.rfind("aten::_softmax.", 0) == 0) {
+    const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
+    if (t != nullptr) {
+      int64_t dim = IntArg(n, 1, -1);
+      if (dim < 0) dim += t->rank();
+      for (int d = 0; d < t->rank(); ++d)
+        if (d != dim && Divisible(*t, d, world))
+          out.push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(d)}, 1.0 / world});
+    }
+  } else if (info->cls == OpClass::kNorm && n.op.rfind("aten::native_layer_norm.", 0) == 0) {
+    // native_layer_norm(x, normalized_shape, weight, bias, eps): dims before the normalised ones.
+    const TensorType* t = ins.empty() ? nullptr : TensorOf(g, ins[0]);
+    if (t != nullptr && !n.args.empty() && n.args.size() > 1) {
+      const int normalized = static_cast<int>(n.args[1].items.size());
+      AddSameDimStrategies(g, n, world, static_cast<int>(t->rank()) - normalized, "dim", &out);
+    }
+  } else if (info->cls == OpClass::kAttention && n.op.find("backward") == std::string::npos) {
+    // q, k, v [B, H, S, D]: batch or heads; the mask (if any) must then be broadcast over them.
+    AddSameDimStrategies(g, n, world, 2, "attn_dim", &out);
+  }
+  return out;
+}
+
+}  // namespace tp::ir

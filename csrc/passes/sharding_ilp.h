@@ -1,0 +1,66 @@
+// Pass: sharding_ilp (issue 5, first slice): one sharding strategy per node on a 1-D mesh,
+// chosen by an ILP on CBC (Rhino's formulation, Alpa's costs).
+//
+// Variables: x[n][s] = node n runs strategy s (ir/sharding.h; graph inputs choose a spec);
+// y[e][s][t] >= x[p][s] + x[c][t] - 1 carries the resharding cost of edge e when producer p
+// emits one spec and consumer c needs another (collectives priced alpha-beta on the device
+// profile). Objective: per-rank compute + resharding + (training) the gradient all-reduce of
+// every replicated parameter. Constraints: one strategy per node, parameter memory per rank
+// under the budget (x optimizer-state factor when training), pinned specs.
+// Graph outputs must end Replicate. Infeasible memory -> ShardingError with the minimum needed.
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cost/device_profile.h"
+#include "ir/graph.h"
+#include "ir/sharding.h"
+
+namespace tp::passes {
+
+struct ShardingOptions {
+  int world = 1;
+  std::string device = "a100";
+  bool training = true;            // price gradient sync of replicated parameters
+  double state_bytes_factor = 4;   // training: param + grad + two Adam moments per element
+  double memory_budget_bytes = 0;  // per rank, parameters (and state); 0 = unlimited
+  double time_limit_s = 30;
+  // Pinned specs: graph input source ("fc.weight") or node name -> spec of its (first) output.
+  std::map<std::string, ir::ShardSpec> pinned;
+};
+
+struct Collective {
+  std::string kind;      // "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
+  std::string value;     // the value resharded
+  std::string consumer;  // the node (or "output") that needed the other spec
+  ir::ShardSpec from, to;
+  double bytes = 0, seconds = 0;
+};
+
+struct ShardingPlan {
+  std::map<std::string, std::string> strategy;  // node name -> strategy name
+  std::map<std::string, ir::ShardSpec> spec;    // value name (and input source) -> spec
+  std::vector<Collective> collectives;          // forward resharding
+  double compute_s = 0, comm_s = 0, grad_sync_s = 0, objective = 0;
+  double param_bytes_per_rank = 0;
+  int variables = 0, constraints = 0;
+  std::string status;
+};
+
+class ShardingError : public std::runtime_error {
+ public:
+  ShardingError(const std::string& what, double min_bytes)
+      : std::runtime_error(what), min_bytes_(min_bytes) {}
+  double min_bytes() const { return min_bytes_; }
+
+ private:
+  double min_bytes_;
+};
+
+// Throws ShardingError (infeasible memory, a pin naming nothing or an impossible spec).
+ShardingPlan PlanSharding(const ir::Graph& graph, const ShardingOptions& options);
+
+}  // namespace tp::passes
