@@ -36,7 +36,7 @@ def run_pipeline(
     passes: list[str],
     verify_each: bool = True,
     log: Callable[[str], None] | None = None,
-    options: dict[str, str] | None = None,
+    options: dict[str, str] = ...,
 ) -> tuple[Graph, dict[str, Any]]: ...
 def solve_ilp(
     variables: list[tuple[float, float, float, bool]],
@@ -62,3 +62,12 @@ def model_decode_layer(
     layer: dict[str, float], world: int, strategy: str, device: str
 ) -> dict[str, Any]: ...
 def plan_cache_parallel(graph: Graph, options: dict[str, str]) -> dict[str, Any]: ...
+def plan_sharding(
+    graph: Graph,
+    world: int,
+    device: str = "a100",
+    training: bool = True,
+    memory_budget_bytes: float = 0.0,
+    time_limit_s: float = 30.0,
+    pinned: dict[str, str] = ...,
+) -> dict[str, Any]: ...

@@ -16,6 +16,7 @@
 #include "ir/text.h"
 #include "ir/verify.h"
 #include "passes/pipeline.h"
+#include "passes/sharding_ilp.h"
 #include "passes/pipeline_partition.h"
 #include "solver/cbc.h"
 
@@ -243,6 +244,11 @@ void TranslateExceptions(std::exception_ptr p) {
     py::object type = py::module_::import("torch_plugin._C").attr("PlanError");
     py::object exc = type(e.what());
     exc.attr("min_memory_bytes") = e.min_memory_bytes();
+    PyErr_SetObject(type.ptr(), exc.ptr());
+  } catch (const passes::ShardingError& e) {
+    py::object type = py::module_::import("torch_plugin._C").attr("PlanError");
+    py::object exc = type(e.what());
+    exc.attr("min_memory_bytes") = e.min_bytes();
     PyErr_SetObject(type.ptr(), exc.ptr());
   }
 }
