@@ -40,24 +40,47 @@ class Bytes {
 };
 
 const std::vector<std::string> kOps = {
-    "aten::mm.default", "aten::addmm.default", "aten::bmm.default", "aten::baddbmm.default",
-    "aten::convolution.default", "aten::convolution_backward.default",
+    "aten::mm.default",
+    "aten::addmm.default",
+    "aten::bmm.default",
+    "aten::baddbmm.default",
+    "aten::convolution.default",
+    "aten::convolution_backward.default",
     "aten::scaled_dot_product_attention.default",
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default",
-    "aten::embedding.default", "aten::embedding_dense_backward.default",
-    "aten::native_layer_norm.default", "aten::_softmax.default", "aten::sum.dim_IntList",
-    "aten::gelu.default", "aten::add.Tensor", "aten::view.default", "aten::native_dropout.default",
-    "aten::copy_.default", "aten::sym_size.int", "aten::linear.default", "aten::max_pool2d_with_indices.default",
-    "torch_plugin::bias_gelu.default", "mylib::unknown.default", "fx::get_attr", "python::_operator.getitem",
-    "", "aten::", "::", "aten::mm",
+    "aten::embedding.default",
+    "aten::embedding_dense_backward.default",
+    "aten::native_layer_norm.default",
+    "aten::_softmax.default",
+    "aten::sum.dim_IntList",
+    "aten::gelu.default",
+    "aten::add.Tensor",
+    "aten::view.default",
+    "aten::native_dropout.default",
+    "aten::copy_.default",
+    "aten::sym_size.int",
+    "aten::linear.default",
+    "aten::max_pool2d_with_indices.default",
+    "torch_plugin::bias_gelu.default",
+    "mylib::unknown.default",
+    "fx::get_attr",
+    "python::_operator.getitem",
+    "",
+    "aten::",
+    "::",
+    "aten::mm",
 };
 
 ir::ValueType RandomType(Bytes& in) {
   switch (in.U8() % 6) {
-    case 0: return ir::ValueType::None();
-    case 1: return ir::ValueType::Scalar(ir::ValueKind::kSymInt, "s" + std::to_string(in.U8()));
-    case 2: return ir::ValueType::Opaque("fuzz");
-    default: break;
+    case 0:
+      return ir::ValueType::None();
+    case 1:
+      return ir::ValueType::Scalar(ir::ValueKind::kSymInt, "s" + std::to_string(in.U8()));
+    case 2:
+      return ir::ValueType::Opaque("fuzz");
+    default:
+      break;
   }
   ir::TensorType t;
   const int64_t rank = in.Small(0, 5);
@@ -72,7 +95,8 @@ ir::ValueType RandomType(Bytes& in) {
     }
   }
   if (in.U8() % 4 == 0) {
-    for (int64_t d = 0; d < in.Small(0, 5); ++d) t.stride.push_back(ir::SymDim::Concrete(in.Small(0, 9)));
+    for (int64_t d = 0; d < in.Small(0, 5); ++d)
+      t.stride.push_back(ir::SymDim::Concrete(in.Small(0, 9)));
   }
   t.dtype = static_cast<ir::DType>(in.U8() % 15);
   t.requires_grad = in.U8() & 1;
@@ -81,13 +105,20 @@ ir::ValueType RandomType(Bytes& in) {
 
 ir::Arg RandomArg(Bytes& in, int64_t num_values, int depth) {
   switch (in.U8() % (depth > 2 ? 8 : 10)) {
-    case 0: return ir::Arg::None();
-    case 1: return ir::Arg::Bool(in.U8() & 1);
-    case 2: return ir::Arg::Int(in.I64());
-    case 3: return ir::Arg::Double(static_cast<double>(in.I64()) / 7.0);
-    case 4: return ir::Arg::String(std::string(in.Small(0, 4), 'a'));
-    case 5: return ir::Arg::Tagged(ir::Arg::Kind::kDtype, "float32");
-    case 6: return ir::Arg::Opaque(in.U8());
+    case 0:
+      return ir::Arg::None();
+    case 1:
+      return ir::Arg::Bool(in.U8() & 1);
+    case 2:
+      return ir::Arg::Int(in.I64());
+    case 3:
+      return ir::Arg::Double(static_cast<double>(in.I64()) / 7.0);
+    case 4:
+      return ir::Arg::String(std::string(in.Small(0, 4), 'a'));
+    case 5:
+      return ir::Arg::Tagged(ir::Arg::Kind::kDtype, "float32");
+    case 6:
+      return ir::Arg::Opaque(in.U8());
     case 7: {
       // Mostly valid references; sometimes dangling, negative or forward.
       const uint8_t mode = in.U8() % 8;
@@ -112,7 +143,8 @@ void Exercise(const ir::Graph& g) {
   for (const auto& n : g.nodes()) (void)reg.Estimate(g, n);
   (void)g.ComputeUsers();
   passes::Context ctx;
-  (void)passes::RunPipeline(g, {"dead_code_elimination"}, ctx);
+  ctx.options["cache_parallel.world"] = "2";
+  (void)passes::RunPipeline(g, {"dead_code_elimination", "cache_parallel"}, ctx);
 }
 
 }  // namespace
@@ -123,8 +155,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int node_count = 0;
   try {
     for (int64_t i = 0, n = in.Small(0, 4); i < n; ++i) {
-      b.AddInput("in" + std::to_string(i), RandomType(in),
-                 static_cast<ir::InputKind>(in.U8() % 6), "");
+      b.AddInput("in" + std::to_string(i), RandomType(in), static_cast<ir::InputKind>(in.U8() % 6),
+                 "");
     }
     while (!in.empty() && node_count < 64) {
       ir::NodeSpec spec;
@@ -138,7 +170,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const int64_t outs = spec.tuple_output ? in.Small(0, 4) : (in.U8() % 16 == 0 ? 2 : 1);
       for (int64_t o = 0; o < outs; ++o) {
         spec.output_types.push_back(RandomType(in));
-        spec.output_names.push_back(o == 0 ? spec.name : (in.U8() & 1 ? "" : "o" + std::to_string(o)));
+        spec.output_names.push_back(o == 0 ? spec.name
+                                           : (in.U8() & 1 ? "" : "o" + std::to_string(o)));
       }
       b.AddNode(std::move(spec));
     }

@@ -21,6 +21,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch_plugin import _C, GraphError, PassError, fx_bridge
 from torch_plugin.options import registered_passes
 
+# Options the registered passes need (cache_parallel: the ranks sharing a KV cache).
+PASS_OPTIONS = {"cache_parallel.world": "2"}
+
 EXAMPLES = int(os.environ.get("TP_FUZZ_EXAMPLES", "150"))
 SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -107,12 +110,16 @@ def test_random_graphs_survive_every_pass(program) -> None:
     expected = gm(*inputs)
     for passes in [[]] + [[name] for name in registered_passes()]:
         graph, ctx = fx_bridge.to_ir(gm)
-        out_graph, _ = _C.run_pipeline(graph, passes)
+        out_graph, _ = _C.run_pipeline(graph, passes, True, None, PASS_OPTIONS)
         new = fx_bridge.from_ir(out_graph, ctx)
         if not passes:
             assert new.code == gm.code
         for a, b in zip(expected, new(*inputs), strict=True):
             assert torch.equal(a, b), f"passes={passes}"
+    # The sharding planner takes any graph: a plan (every value with a spec) or PlanError.
+    graph, _ = fx_bridge.to_ir(gm)
+    plan = _C.plan_sharding(graph, 2, "cpu", False, 0.0, 10.0)
+    assert plan["status"] in ("optimal", "feasible")
 
 
 def _mutate(value, draw, depth=0):
@@ -164,6 +171,6 @@ def test_corrupted_records_raise_graph_error_not_crash(program, data) -> None:
     rebuilt.estimate()
     rebuilt.records()
     try:
-        _C.run_pipeline(rebuilt, list(registered_passes()))
+        _C.run_pipeline(rebuilt, list(registered_passes()), True, None, PASS_OPTIONS)
     except PassError as e:
         pytest.fail(f"a verified graph failed a pass: {e}")
