@@ -152,9 +152,10 @@ def pipeline_fault(
 
 
 def cp_decode_matches(
-    rank: int, world: int, port: int, scheme: str, steps: int, out_dir: str
+    rank: int, world: int, port: int, schemes: list[str], steps: int, out_dir: str
 ) -> None:
-    """Greedy decoding with the KV cache split over ranks gives single-process eager's tokens."""
+    """Greedy decoding with the KV cache split over ranks gives single-process eager's tokens,
+    for each scheme in turn (one process group for all of them)."""
     import torch_plugin
     from torch_plugin import _C
     from torch_plugin.models.llama import build_llama
@@ -163,69 +164,79 @@ def cp_decode_matches(
     try:
         torch.manual_seed(0)
         model = build_llama(small=True).eval()  # 2 layers, GQA 4/2 heads, cache 64
-        reference = copy.deepcopy(model)
-        cp = torch_plugin.cache_parallel(model, None, scheme=scheme, block_size=4)
+        cfg = model.config
         batch, prompt = 4, 8
         tokens = torch.randint(
             0, model.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(1)
         )
-        ref_tokens, cp_tokens, max_diff = [], [], 0.0
-        per_step_bytes: list[int] = []
+        reference = copy.deepcopy(model)
+        ref_logits, ref_tokens = [], []
         with torch.no_grad():
-            a, b = reference(tokens, 0), cp(tokens, 0)
-            max_diff = float((a - b).abs().max())
-            ta, tb = a[:, -1].argmax(-1, keepdim=True), b[:, -1].argmax(-1, keepdim=True)
+            a = reference(tokens, 0)
+            ref_logits.append(a)
             for i in range(steps):
-                ref_tokens.append(ta.flatten().tolist())
-                cp_tokens.append(tb.flatten().tolist())
-                before = sum(v for k, v in cp.manager.comm.bytes_sent.items() if k != "output")
-                a, b = reference(ta, prompt + i), cp(tb, prompt + i)
-                after = sum(v for k, v in cp.manager.comm.bytes_sent.items() if k != "output")
-                per_step_bytes.append(after - before)
-                max_diff = max(max_diff, float((a - b).abs().max()))
-                ta, tb = a[:, -1].argmax(-1, keepdim=True), b[:, -1].argmax(-1, keepdim=True)
-        cfg = model.config
-        layer = {
-            "batch": batch,
-            "context": prompt + steps,
-            "hidden": cfg.dim,
-            "q_heads": cfg.n_heads,
-            "kv_heads": cfg.n_kv_heads,
-            "head_dim": cfg.dim // cfg.n_heads,
-            "ffn_hidden": cfg.ffn_dim,
-            "dtype_bytes": 4,
-        }
-        strategy = "cp_" + cp.manager.scheme
-        modelled = _C.model_decode_layer(layer, world, strategy, "cpu")["bytes_sent_per_rank"]
-        Path(out_dir, f"rank{rank}.json").write_text(
-            json.dumps(
-                {
-                    "rank": rank,
-                    "scheme": cp.manager.scheme,
-                    "sites": len(cp.plan["sites"]),
-                    "ref_tokens": ref_tokens,
-                    "cp_tokens": cp_tokens,
-                    "max_logit_diff": max_diff,
-                    "bytes_per_step": per_step_bytes,
-                    "modelled_bytes_per_layer": modelled,
-                    "layers": cfg.n_layers,
-                    "cache_bytes": cp.manager.memory_bytes(),
-                    "full_cache_bytes": 2
-                    * cfg.n_layers
-                    * int(model.layers[0].attention.cache_k.nbytes),
-                }
+                t = a[:, -1].argmax(-1, keepdim=True)
+                ref_tokens.append(t.flatten().tolist())
+                a = reference(t, prompt + i)
+                ref_logits.append(a)
+        for scheme in schemes:
+            cp = torch_plugin.cache_parallel(
+                copy.deepcopy(model), None, scheme=scheme, block_size=4
             )
-        )
+            cp_tokens, max_diff, per_step_bytes = [], 0.0, []
+            with torch.no_grad():
+                b = cp(tokens, 0)
+                for i in range(steps):
+                    max_diff = max(max_diff, float((b - ref_logits[i]).abs().max()))
+                    t = b[:, -1].argmax(-1, keepdim=True)
+                    cp_tokens.append(t.flatten().tolist())
+                    before = sum(v for k, v in cp.manager.comm.bytes_sent.items() if k != "output")
+                    b = cp(t, prompt + i)
+                    after = sum(v for k, v in cp.manager.comm.bytes_sent.items() if k != "output")
+                    per_step_bytes.append(after - before)
+                max_diff = max(max_diff, float((b - ref_logits[steps]).abs().max()))
+            layer = {
+                "batch": batch,
+                "context": prompt + steps,
+                "hidden": cfg.dim,
+                "q_heads": cfg.n_heads,
+                "kv_heads": cfg.n_kv_heads,
+                "head_dim": cfg.dim // cfg.n_heads,
+                "ffn_hidden": cfg.ffn_dim,
+                "dtype_bytes": 4,
+            }
+            strategy = "cp_" + cp.manager.scheme
+            modelled = _C.model_decode_layer(layer, world, strategy, "cpu")["bytes_sent_per_rank"]
+            full_cache = 2 * cfg.n_layers * int(model.layers[0].attention.cache_k.nbytes)
+            Path(out_dir, f"rank{rank}_{scheme}.json").write_text(
+                json.dumps(
+                    {
+                        "rank": rank,
+                        "scheme": cp.manager.scheme,
+                        "sites": len(cp.plan["sites"]),
+                        "ref_tokens": ref_tokens,
+                        "cp_tokens": cp_tokens,
+                        "max_logit_diff": max_diff,
+                        "bytes_per_step": per_step_bytes,
+                        "modelled_bytes_per_layer": modelled,
+                        "layers": cfg.n_layers,
+                        "cache_bytes": cp.manager.memory_bytes(),
+                        "full_cache_bytes": full_cache,
+                    }
+                )
+            )
     finally:
         dist.destroy_process_group()
 
 
 def cp_fault(rank: int, world: int, port: int, timeout_s: float, out_dir: str) -> None:
-    """The last rank dies mid-decode; the others must fail fast with a clear message."""
+    """The last rank dies mid-decode; the others' next collective must fail fast and say why.
+
+    Drives the KV cache manager directly (what every cp_attention node calls), so no compile.
+    """
     import time
 
-    import torch_plugin
-    from torch_plugin.models.llama import build_llama
+    from torch_plugin.distributed import KVCacheManager
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -233,18 +244,15 @@ def cp_fault(rank: int, world: int, port: int, timeout_s: float, out_dir: str) -
     dist.init_process_group(
         "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
     )
-    torch.manual_seed(0)
-    cp = torch_plugin.cache_parallel(build_llama(small=True).eval(), None, block_size=4)
-    tokens = torch.zeros(2, 4, dtype=torch.long)
+    m = KVCacheManager(block_size=4)
+    q, kv = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 1, 16)
     message, t0 = "", time.perf_counter()
     try:
-        with torch.no_grad():
-            cp(tokens, 0)
-            for pos in range(4, 12):
-                if rank == world - 1 and pos == 6:
-                    os._exit(0)  # dies without a word, as a killed process does
-                t0 = time.perf_counter()
-                cp(tokens[:, :1], pos)
+        for pos in range(12):
+            if rank == world - 1 and pos == 6:
+                os._exit(0)  # dies without a word, as a killed process does
+            t0 = time.perf_counter()
+            m.attention(q, kv, kv, pos, pos + 1, True, 0.0, "layer.cache_k", 64, "gather_partials")
     except RuntimeError as e:
         message = str(e)
     Path(out_dir, f"rank{rank}.json").write_text(
