@@ -110,6 +110,35 @@ std::vector<ValueId> Graph::OutputValues() const {
   return out;
 }
 
+std::vector<ValueId> GraphBuilder::CopyInputs(const Graph& from) {
+  std::vector<ValueId> remap(from.values().size(), -1);
+  for (const auto& in : from.inputs()) {
+    const Value& v = from.value(in.value);
+    remap[static_cast<size_t>(in.value)] = AddInput(v.name, v.type, in.kind, in.source);
+  }
+  return remap;
+}
+
+NodeId GraphBuilder::CopyNode(const Graph& from, const Node& node, std::vector<ValueId>* remap) {
+  NodeSpec spec;
+  spec.name = node.name;
+  spec.op = node.op;
+  for (const auto& a : node.args) spec.args.push_back(a.Remap(*remap));
+  for (const auto& kw : node.kwargs) spec.kwargs.push_back({kw.name, kw.value.Remap(*remap)});
+  for (ValueId out : node.outputs) {
+    spec.output_types.push_back(from.type(out));
+    spec.output_names.push_back(from.value(out).name);
+  }
+  spec.tuple_output = node.tuple_output;
+  spec.scope = node.scope;
+  spec.attrs = node.attrs;
+  const NodeId id = AddNode(std::move(spec));
+  const Node& added = graph_.node(id);
+  for (size_t i = 0; i < node.outputs.size(); ++i)
+    (*remap)[static_cast<size_t>(node.outputs[i])] = added.outputs[i];
+  return id;
+}
+
 GraphBuilder Graph::Edit() const {
   GraphBuilder b;
   b.graph_ = *this;

@@ -201,6 +201,11 @@ class GraphBuilder {
   // malformed from Python get one clear error instead of a crash here.
   NodeId AddNode(NodeSpec spec);
   void SetOutput(Arg output);
+  // Rebuilding passes copy what they keep: every input of `from` (returns the old -> new value
+  // map, -1 for values not copied yet), and one node with its arguments remapped (its outputs
+  // are added to `remap`).
+  std::vector<ValueId> CopyInputs(const Graph& from);
+  NodeId CopyNode(const Graph& from, const Node& node, std::vector<ValueId>* remap);
   int64_t num_values() const { return static_cast<int64_t>(graph_.values_.size()); }
   const Graph& peek() const { return graph_; }
   // Verifies (see verify.h) and returns the graph; throws GraphError when malformed.

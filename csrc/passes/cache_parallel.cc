@@ -544,17 +544,13 @@ PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& o, 
   }
 
   ir::GraphBuilder b;
-  std::vector<ir::ValueId> remap(graph.values().size(), -1);
-  for (const auto& in : graph.inputs()) {
-    const ir::Value& v = graph.value(in.value);
-    remap[static_cast<size_t>(in.value)] = b.AddInput(v.name, v.type, in.kind, in.source);
-  }
+  std::vector<ir::ValueId> remap = b.CopyInputs(graph);
   for (const auto& n : graph.nodes()) {
     if (drop.count(&n)) continue;
-    ir::NodeSpec spec;
     auto it = by_sdpa.find(&n);
     if (it != by_sdpa.end()) {
       const Matched& m = *it->second;
+      ir::NodeSpec spec;
       const ir::Value& out = graph.value(n.outputs[0]);
       spec.name = out.name.empty() ? n.name : out.name;
       spec.op = kCpOp;
@@ -582,21 +578,7 @@ PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& o, 
       remap[static_cast<size_t>(n.outputs[0])] = b.peek().node(id).outputs[0];
       continue;
     }
-    spec.name = n.name;
-    spec.op = n.op;
-    for (const auto& a : n.args) spec.args.push_back(a.Remap(remap));
-    for (const auto& kw : n.kwargs) spec.kwargs.push_back({kw.name, kw.value.Remap(remap)});
-    for (ir::ValueId out : n.outputs) {
-      spec.output_types.push_back(graph.type(out));
-      spec.output_names.push_back(graph.value(out).name);
-    }
-    spec.tuple_output = n.tuple_output;
-    spec.scope = n.scope;
-    spec.attrs = n.attrs;
-    const ir::NodeId id = b.AddNode(std::move(spec));
-    const ir::Node& added = b.peek().node(id);
-    for (size_t i = 0; i < n.outputs.size(); ++i)
-      remap[static_cast<size_t>(n.outputs[i])] = added.outputs[i];
+    b.CopyNode(graph, n, &remap);
   }
   b.SetOutput(graph.output().Remap(remap));
   // The scatter chains, slices and masks are dead now.

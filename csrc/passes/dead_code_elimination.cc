@@ -39,32 +39,9 @@ PassResult DeadCodeElimination(const ir::Graph& graph, Context& /*ctx*/) {
 
   // S2: rebuild with the kept nodes, renumbering values.
   ir::GraphBuilder builder;
-  std::vector<ir::ValueId> remap(graph.values().size(), -1);
-  for (const auto& in : graph.inputs()) {
-    const ir::Value& v = graph.value(in.value);
-    remap[static_cast<size_t>(in.value)] = builder.AddInput(v.name, v.type, in.kind, in.source);
-  }
-  for (size_t k = 0; k < nodes.size(); ++k) {
-    if (!keep[k]) continue;
-    const ir::Node& node = nodes[k];
-    ir::NodeSpec spec;
-    spec.name = node.name;
-    spec.op = node.op;
-    for (const auto& a : node.args) spec.args.push_back(a.Remap(remap));
-    for (const auto& kw : node.kwargs) spec.kwargs.push_back({kw.name, kw.value.Remap(remap)});
-    for (ir::ValueId out : node.outputs) {
-      spec.output_types.push_back(graph.type(out));
-      spec.output_names.push_back(graph.value(out).name);
-    }
-    spec.tuple_output = node.tuple_output;
-    spec.scope = node.scope;
-    spec.attrs = node.attrs;
-    const ir::NodeId id = builder.AddNode(std::move(spec));
-    const ir::Node& added = builder.peek().node(id);
-    for (size_t i = 0; i < node.outputs.size(); ++i) {
-      remap[static_cast<size_t>(node.outputs[i])] = added.outputs[i];
-    }
-  }
+  std::vector<ir::ValueId> remap = builder.CopyInputs(graph);
+  for (size_t k = 0; k < nodes.size(); ++k)
+    if (keep[k]) builder.CopyNode(graph, nodes[k], &remap);
   builder.SetOutput(graph.output().Remap(remap));
   result.graph = builder.Build();
   result.changed = true;

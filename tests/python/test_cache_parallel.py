@@ -9,6 +9,7 @@ import json
 import logging
 from pathlib import Path
 
+import aten_graphs
 import dist_workers
 import pytest
 import torch
@@ -46,36 +47,10 @@ def test_greedy_decode_matches_single_process(
 
 @functools.lru_cache(maxsize=1)
 def _llama_graph(batch: int = 2):
-    """The ATen inference graph of one decode step of the small Llama, as the backend sees it
-    (captured once; graphs are immutable)."""
-    graphs = []
-
-    def capture(gm, example_inputs):  # type: ignore[no-untyped-def]
-        from functorch.compile import min_cut_rematerialization_partition
-        from torch._dynamo.backends.common import aot_autograd
-
-        from torch_plugin import fx_bridge
-        from torch_plugin.backend import _dynamo_input_kinds
-
-        kinds = _dynamo_input_kinds(gm, example_inputs)
-
-        def fw(fx_g, inputs):  # type: ignore[no-untyped-def]
-            graphs.append(fx_bridge.to_ir(fx_g, kinds)[0])
-            return fx_g
-
-        return aot_autograd(
-            fw_compiler=fw,
-            partition_fn=min_cut_rematerialization_partition,
-            keep_inference_input_mutations=True,
-        )(gm, example_inputs)
-
-    torch._dynamo.reset()
+    """The ATen inference graph of one decode step of the small Llama (captured once; graphs
+    are immutable)."""
     model = build_llama(small=True).eval()
-    with torch.no_grad():
-        torch.compile(model, backend=capture, dynamic=True)(
-            torch.zeros(batch, 3, dtype=torch.long), 5
-        )
-    return graphs[0]
+    return aten_graphs.forward_ir(model, torch.zeros(batch, 3, dtype=torch.long), 5, dynamic=True)
 
 
 def test_pass_plan_on_llama_graph() -> None:

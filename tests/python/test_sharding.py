@@ -2,37 +2,16 @@
 
 from __future__ import annotations
 
+import aten_graphs
 import pytest
-import torch
-from functorch.compile import min_cut_rematerialization_partition
-from torch._dynamo.backends.common import aot_autograd
 
 import torch_plugin
-from torch_plugin import _C, fx_bridge, models
-from torch_plugin.backend import _dynamo_input_kinds
+from torch_plugin import _C, models
 
 
 def _forward_graph(name: str) -> _C.Graph:
-    graphs = []
-
-    def capture(gm, example_inputs):  # type: ignore[no-untyped-def]
-        kinds = _dynamo_input_kinds(gm, example_inputs)
-
-        def fw(fx_g, inputs):  # type: ignore[no-untyped-def]
-            graphs.append(fx_bridge.to_ir(fx_g, kinds)[0])
-            return fx_g
-
-        return aot_autograd(
-            fw_compiler=fw,
-            partition_fn=min_cut_rematerialization_partition,
-            keep_inference_input_mutations=True,
-        )(gm, example_inputs)
-
-    torch._dynamo.reset()
     model, inputs = models.build(name, small=True, batch=8)
-    with torch.no_grad():
-        torch.compile(model.eval(), backend=capture)(*inputs)
-    return graphs[0]
+    return aten_graphs.forward_ir(model.eval(), *inputs)
 
 
 def test_gpt2_mlp_is_megatron() -> None:
