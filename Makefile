@@ -25,7 +25,8 @@ test-cpp:
 
 # The same GoogleTest suite under AddressSanitizer (+LeakSanitizer) and UBSan.
 test-sanitize:
-	cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=ON >/dev/null
+	cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+	  -DTP_SANITIZE=ON >/dev/null
 	cmake --build build/sanitize -j2
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir build/sanitize --output-on-failure -j2
