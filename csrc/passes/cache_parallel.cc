@@ -457,7 +457,11 @@ CacheParallelOptions CacheParallelOptions::FromContext(const Context& ctx) {
   return o;
 }
 
-CacheParallelPlan PlanCacheParallel(const ir::Graph& graph, const CacheParallelOptions& o) {
+namespace {
+
+// The plan, and the matched sites it was made from (the rewrite needs their nodes).
+CacheParallelPlan PlanWithMatches(const ir::Graph& graph, const CacheParallelOptions& o,
+                                  std::vector<Matched>* matched) {
   if (o.world < 1) {
     throw PassError(kPass, "", "needs the number of ranks sharing the KV cache",
                     "use torch_plugin.cache_parallel(model, mesh) or compile with "
@@ -479,7 +483,8 @@ CacheParallelPlan PlanCacheParallel(const ir::Graph& graph, const CacheParallelO
     throw PassError(kPass, "", e.what());
   }
   CacheParallelPlan plan;
-  for (auto& m : MatchSites(graph, &plan.skipped)) plan.sites.push_back(m.site);
+  *matched = MatchSites(graph, &plan.skipped);
+  for (const auto& m : *matched) plan.sites.push_back(m.site);
   if (plan.sites.empty()) return plan;
 
   // The per-layer shape for the decision: attention from the first site, the rest of the
@@ -523,8 +528,16 @@ CacheParallelPlan PlanCacheParallel(const ir::Graph& graph, const CacheParallelO
   return plan;
 }
 
+}  // namespace
+
+CacheParallelPlan PlanCacheParallel(const ir::Graph& graph, const CacheParallelOptions& o) {
+  std::vector<Matched> matched;
+  return PlanWithMatches(graph, o, &matched);
+}
+
 PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& o, Context& ctx) {
-  CacheParallelPlan plan = PlanCacheParallel(graph, o);
+  std::vector<Matched> matched;
+  CacheParallelPlan plan = PlanWithMatches(graph, o, &matched);
   PassResult result;
   for (const auto& why : plan.skipped) ctx.Log("cache_parallel: left alone " + why);
   if (plan.sites.empty()) {
@@ -533,8 +546,6 @@ PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& o, 
                                                 : "no site rewritten: " + Join(plan.skipped));
     return result;
   }
-  std::vector<std::string> none;
-  auto matched = MatchSites(graph, &none);
   std::map<const ir::Node*, const Matched*> by_sdpa;
   std::set<const ir::Node*> drop;  // the copy_ back of every rewritten cache
   for (const auto& m : matched) {

@@ -16,7 +16,6 @@ Two ways in:
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
 
 import torch
@@ -24,8 +23,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .kv_cache import KVCacheManager, manager_for
-
-log = logging.getLogger("torch_plugin")
 
 
 @torch.library.custom_op("torch_plugin::cp_attention", mutates_args=())

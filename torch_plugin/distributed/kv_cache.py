@@ -116,7 +116,6 @@ class _Collectives:
 class _LayerShard:
     k: torch.Tensor  # [batch, kv_heads, local_capacity, head_dim]
     v: torch.Tensor
-    capacity: int  # global positions this cache can hold
 
 
 class KVCacheManager:
@@ -208,7 +207,7 @@ class KVCacheManager:
         if s is not None:  # a bigger batch than before: keep what is cached
             k[: s.k.shape[0]] = s.k
             v[: s.v.shape[0]] = s.v
-        s = _LayerShard(k, v, capacity)
+        s = _LayerShard(k, v)
         self.layers[key] = s
         return s
 
