@@ -13,9 +13,11 @@ from ._C import GraphError, PassError, PlanError
 from .backend import register, torch_plugin_backend
 from .distributed import (
     CacheParallel,
+    DeviceMesh,
     KVCacheManager,
     PipelineParallel,
     PipelinePlan,
+    ShardedModule,
     cache_parallel,
     parallelize,
     plan_pipeline,
@@ -24,6 +26,8 @@ from .options import Options
 
 __all__ = [
     "CacheParallel",
+    "DeviceMesh",
+    "ShardedModule",
     "KVCacheManager",
     "GraphError",
     "Options",

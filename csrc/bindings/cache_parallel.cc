@@ -1,5 +1,4 @@
-// Bindings of the distributed planners (cache parallelism, sharding ILP) and the decode cost
-// model, as Python dicts. No LibTorch.
+// Bindings of the cache-parallel planner and the decode cost model, as Python dicts. No LibTorch.
 #include "passes/cache_parallel.h"
 
 #include <pybind11/pybind11.h>
@@ -8,7 +7,6 @@
 #include <algorithm>
 
 #include "cost/decode_model.h"
-#include "passes/sharding_ilp.h"
 
 namespace py = pybind11;
 
@@ -54,18 +52,6 @@ cost::DecodeStrategy StrategyFromName(const std::string& s) {
                               "'; valid: dp, tp, cp_gather_qkv, cp_gather_partials");
 }
 
-ir::ShardSpec SpecFromString(const std::string& s) {
-  if (s == "R") return ir::ShardSpec::R();
-  if (s == "P") return ir::ShardSpec::P();
-  if (s.size() > 3 && s.rfind("S(", 0) == 0 && s.back() == ')') {
-    try {
-      return ir::ShardSpec::S(std::stoi(s.substr(2, s.size() - 3)));
-    } catch (const std::exception&) {
-    }
-  }
-  throw std::invalid_argument("bad shard spec '" + s + "'; use 'R', 'P' or 'S(<dim>)'");
-}
-
 }  // namespace
 
 void BindCacheParallel(py::module_& m) {
@@ -105,41 +91,6 @@ void BindCacheParallel(py::module_& m) {
       },
       py::arg("graph"), py::arg("options"),
       "The cache_parallel pass's plan for a graph: sites, skipped nodes and why, scheme.");
-
-  m.def(
-      "plan_sharding",
-      [](const ir::Graph& g, int world, const std::string& device, bool training,
-         double memory_budget_bytes, double time_limit_s,
-         const std::map<std::string, std::string>& pinned) {
-        passes::ShardingOptions o;
-        o.world = world, o.device = device, o.training = training;
-        o.memory_budget_bytes = memory_budget_bytes, o.time_limit_s = time_limit_s;
-        for (const auto& [k, v] : pinned) o.pinned[k] = SpecFromString(v);
-        const passes::ShardingPlan p = passes::PlanSharding(g, o);
-        py::dict spec;
-        for (const auto& [k, v] : p.spec) spec[py::str(k)] = v.ToString();
-        py::list colls;
-        for (const auto& c : p.collectives) {
-          colls.append(py::dict(py::arg("kind") = c.kind, py::arg("value") = c.value,
-                                py::arg("consumer") = c.consumer,
-                                py::arg("from") = c.from.ToString(),
-                                py::arg("to") = c.to.ToString(), py::arg("bytes") = c.bytes,
-                                py::arg("seconds") = c.seconds));
-        }
-        return py::dict(py::arg("strategy") = p.strategy, py::arg("spec") = spec,
-                        py::arg("collectives") = colls, py::arg("compute_s") = p.compute_s,
-                        py::arg("comm_s") = p.comm_s, py::arg("grad_sync_s") = p.grad_sync_s,
-                        py::arg("objective") = p.objective,
-                        py::arg("param_bytes_per_rank") = p.param_bytes_per_rank,
-                        py::arg("variables") = p.variables, py::arg("constraints") = p.constraints,
-                        py::arg("status") = p.status);
-      },
-      py::arg("graph"), py::arg("world"), py::arg("device") = "a100", py::arg("training") = true,
-      py::arg("memory_budget_bytes") = 0.0, py::arg("time_limit_s") = 30.0,
-      py::arg("pinned") = std::map<std::string, std::string>{},
-      "Sharding plan of an ATen graph on a 1-D mesh of `world` ranks (ILP on CBC): strategy per "
-      "node, spec per value ('R', 'S(d)', 'P'), forward collectives, modelled times. Raises "
-      "PlanError (with .min_memory_bytes) when no plan fits the budget.");
 }
 
 }  // namespace tp::bindings

@@ -259,6 +259,7 @@ void TranslateExceptions(std::exception_ptr p) {
 namespace tp::bindings {
 void BindPipeline(py::module_& m);        // pipeline.cc
 void BindCacheParallel(py::module_& m);  // cache_parallel.cc
+void BindSharding(py::module_& m);       // sharding.cc
 }  // namespace tp::bindings
 
 PYBIND11_MODULE(_C, m) {
@@ -287,6 +288,7 @@ class PassError(RuntimeError):
   py::register_exception_translator(&TranslateExceptions);
   BindPipeline(m);
   BindCacheParallel(m);
+  BindSharding(m);
 
   py::class_<ir::Graph>(m, "Graph")
       .def_static("from_records", &GraphFromRecords, py::arg("inputs"), py::arg("nodes"),

@@ -103,17 +103,26 @@ void AddElementwiseStrategies(const Graph& g, const Node& n, int world,
   const TensorType* o = TensorOf(g, n.outputs[0]);
   if (o == nullptr) return;
   auto ins = TensorInputs(g, n);
-  for (int d = 0; d < o->rank(); ++d) {
+  // tril/triu index their last two dims: a slice of those is a different matrix.
+  const bool matrix_op = IsOp(n, "aten::tril.default") || IsOp(n, "aten::triu.default");
+  const int limit = static_cast<int>(o->rank()) - (matrix_op ? 2 : 0);
+  for (int d = 0; d < limit; ++d) {
     if (!Divisible(*o, d, world)) continue;
     ShardStrategy s;
     s.name = "dim" + std::to_string(d);
     s.compute_fraction = 1.0 / world;
+    bool some_input_sharded = false;
     for (ValueId v : ins) {
       const TensorType* t = TensorOf(g, v);
       const int di = t == nullptr ? -1 : d - static_cast<int>(o->rank() - t->rank());
       // A broadcast (size-1 or missing) dim stays replicated.
-      s.inputs.push_back(di >= 0 && Size(*t, di) == Size(*o, d) ? S::S(di) : S::R());
+      const bool split = di >= 0 && Size(*t, di) == Size(*o, d);
+      s.inputs.push_back(split ? S::S(di) : S::R());
+      some_input_sharded = some_input_sharded || split;
     }
+    // An op whose output is not split by any input's split (a factory, a pure broadcast) would
+    // produce the whole tensor on every rank.
+    if (!some_input_sharded) continue;
     s.outputs = {S::S(d)};
     out->push_back(s);
   }

@@ -263,6 +263,8 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
       }
     } else {
       plan.strategy[e.name] = st.name;
+      plan.chosen[e.name] = st;
+      plan.node_compute_s[e.name] = e.compute_s[static_cast<size_t>(chosen[i])];
       plan.compute_s += e.compute_s[static_cast<size_t>(chosen[i])];
     }
   }

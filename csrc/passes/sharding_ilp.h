@@ -42,6 +42,8 @@ struct Collective {
 
 struct ShardingPlan {
   std::map<std::string, std::string> strategy;  // node name -> strategy name
+  std::map<std::string, ir::ShardStrategy> chosen;  // node name -> the strategy itself
+  std::map<std::string, double> node_compute_s;     // node name -> modelled per-rank time
   std::map<std::string, ir::ShardSpec> spec;    // value name (and input source) -> spec
   std::vector<Collective> collectives;          // forward resharding
   double compute_s = 0, comm_s = 0, grad_sync_s = 0, objective = 0;

@@ -100,7 +100,7 @@ def pipeline_step_matches(
                     "params": names,
                     "max_grad_diff": max_diff,
                     "loss": loss,
-                    "ref_loss": float(ref_loss),
+                    "ref_loss": float(ref_loss.detach()),
                     "stages": pp.plan.num_stages,
                     "depth": pp.plan.raw["depth"],
                     "micro_batches": [s["micro_batch"] for s in pp.plan.stages],
@@ -253,6 +253,112 @@ def cp_fault(rank: int, world: int, port: int, timeout_s: float, out_dir: str) -
                 os._exit(0)  # dies without a word, as a killed process does
             t0 = time.perf_counter()
             m.attention(q, kv, kv, pos, pos + 1, True, 0.0, "layer.cache_k", 64, "gather_partials")
+    except RuntimeError as e:
+        message = str(e)
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "message": message, "seconds": time.perf_counter() - t0})
+    )
+    os._exit(0)  # the group is broken; skip its teardown
+
+
+# The models of issue 5's acceptance: 4-layer GPT-2 and BERT configs (dropout off so the
+# single-process reference is deterministic), and the zoo MLP.
+SHARDING_MODELS: dict[str, dict[str, Any]] = {
+    "mlp": {},
+    "gpt2": dict(n_layer=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "bert": dict(num_hidden_layers=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+}
+
+
+def sharding_step_matches(
+    rank: int, world: int, port: int, model_names: list[str], batch: int, out_dir: str
+) -> None:
+    """Forward, gradients and one SGD step of the sharded model equal single-process training."""
+    import torch_plugin
+    from torch_plugin import models
+
+    _init(rank, world, port)
+    report: dict[str, Any] = {"rank": rank}
+    try:
+        mesh = torch_plugin.DeviceMesh.from_torchrun()
+        for name in model_names:
+            model, inputs = models.build(name, small=True, batch=batch, **SHARDING_MODELS[name])
+            model.train()
+            reference = copy.deepcopy(model)
+            out = reference(*inputs)
+            torch.manual_seed(123)
+            target = torch.randn_like(out)
+            ref_loss = F.mse_loss(out, target)
+            ref_loss.backward()
+            ref = dict(reference.named_parameters())
+
+            sharded = torch_plugin.parallelize(model, mesh, inputs)
+            del model
+            dist_out = sharded(*inputs)
+            loss = F.mse_loss(dist_out, target)
+            loss.backward()
+            torch.testing.assert_close(dist_out, out, rtol=1e-5, atol=1e-5)
+            max_diff, sharded_params = 0.0, 0
+            for pname, p, spec in sharded.named_local_parameters():
+                assert p.grad is not None, f"rank {rank}: no gradient for {pname} ({spec})"
+                expect = sharded.shard(ref[pname].grad, spec)
+                torch.testing.assert_close(
+                    p.grad,
+                    expect,
+                    rtol=1e-5,
+                    atol=1e-5,
+                    msg=lambda m, n=pname, s=spec: f"{n} {s}: {m}",
+                )
+                max_diff = max(max_diff, float((p.grad - expect).abs().max()))
+                sharded_params += spec != "R"
+            opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
+            opt.step()
+            with torch.no_grad():
+                for pname, p, spec in sharded.named_local_parameters():
+                    full = ref[pname] - 0.1 * ref[pname].grad
+                    torch.testing.assert_close(p, sharded.shard(full, spec), rtol=1e-5, atol=1e-5)
+            whole = sum(p.numel() * p.element_size() for p in ref.values())
+            report[name] = {
+                "loss": float(loss.detach()),
+                "ref_loss": float(ref_loss.detach()),
+                "max_grad_diff": max_diff,
+                "sharded_params": sharded_params,
+                "params": len(ref),
+                "param_bytes_local": sharded.local_parameter_bytes(),
+                "param_bytes_whole": whole,
+                "comm_calls": dict(sharded.comm.calls),
+            }
+        # Bad input is a clear error, not a wrong answer.
+        bad = torch.zeros(batch + 1, 64)
+        try:
+            sharded(bad)
+        except ValueError as e:
+            report["bad_input"] = str(e)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+    finally:
+        dist.destroy_process_group()
+
+
+def sharding_fault(rank: int, world: int, port: int, timeout_s: float, out_dir: str) -> None:
+    """The last rank dies before a training step; the others must fail fast and say why."""
+    import time
+
+    import torch_plugin
+    from torch_plugin import models
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    model, inputs = models.build("mlp", small=True, batch=8)
+    sharded = torch_plugin.parallelize(model, torch_plugin.DeviceMesh.from_torchrun(), inputs)
+    message, t0 = "", time.perf_counter()
+    if rank == world - 1:
+        os._exit(0)  # dies without a word, as a killed process does
+    try:
+        sharded(*inputs).sum().backward()
     except RuntimeError as e:
         message = str(e)
     Path(out_dir, f"rank{rank}.json").write_text(

@@ -1,13 +1,20 @@
-"""Distributed runtimes: graph pipeline parallelism and cache parallelism."""
+"""Distributed runtimes: automatic sharding, graph pipeline parallelism, cache parallelism."""
 
+from .api import parallelize
 from .cache_parallel import CacheParallel, cache_parallel
 from .graph import TracedModel, cost_records, trace_module_level
 from .kv_cache import CacheCapacityError, KVCacheManager
-from .pipeline import PipelineParallel, PipelinePlan, parallelize, plan_pipeline
+from .mesh import DeviceMesh
+from .pipeline import PipelineParallel, PipelinePlan, plan_pipeline
+from .sharding import ShardedModule, ShardingPlan, shard_model
 
 __all__ = [
     "CacheCapacityError",
     "CacheParallel",
+    "DeviceMesh",
+    "ShardedModule",
+    "ShardingPlan",
+    "shard_model",
     "KVCacheManager",
     "cache_parallel",
     "PipelineParallel",

@@ -14,7 +14,7 @@ values, attend locally (partial output + log-sum-exp), merge across ranks. Two s
   gather_qkv:      each rank runs 1/world of the batch (the rest data parallel); all-gather
                    q/k/v, attend for the whole batch, all-to-all the partials back to the rank
                    that owns each request, merge there (the thesis's scheme).
-Every collective goes through `_Collectives`, which counts the bytes it sends, so the modelled
+Every collective goes through `Collectives`, which counts the bytes it sends, so the modelled
 volumes (cost/decode_model.h) can be checked against what actually moved.
 """
 
@@ -25,11 +25,12 @@ import itertools
 import math
 import threading
 import weakref
-from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from .collectives import Collectives
 
 _MANAGERS: weakref.WeakValueDictionary[int, KVCacheManager] = weakref.WeakValueDictionary()
 _NEXT_HANDLE = itertools.count(1)
@@ -48,68 +49,6 @@ def manager_for(handle: int) -> KVCacheManager:
             "model that owned it was deleted. Rebuild it with torch_plugin.cache_parallel(...)"
         )
     return m
-
-
-class _Collectives:
-    """torch.distributed calls on one group, counting the bytes this rank sends."""
-
-    def __init__(self, group: Any, world: int, rank: int):
-        self.group, self.world, self.rank = group, world, rank
-        self.bytes_sent: dict[str, int] = defaultdict(int)
-        self.calls: dict[str, int] = defaultdict(int)
-        self._all_to_all_ok: bool | None = None
-
-    def _fail(self, op: str, kind: str, e: Exception) -> RuntimeError:
-        return RuntimeError(
-            f"torch_plugin cache_parallel: {op} of {kind} on rank {self.rank} of {self.world} "
-            f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); a peer "
-            "rank died, stalled past the process-group timeout, or runs a different model - "
-            "check the other ranks' logs"
-        )
-
-    def _count(self, kind: str, nbytes: float) -> None:
-        self.bytes_sent[kind] += int(nbytes)
-        self.calls[kind] += 1
-
-    def all_gather(self, t: torch.Tensor, kind: str) -> torch.Tensor:
-        """[world, *t.shape]: every rank's t (a ring all-gather sends world-1 copies of t)."""
-        t = t.contiguous()
-        if self.world == 1:
-            return t.unsqueeze(0)
-        parts = [torch.empty_like(t) for _ in range(self.world)]
-        try:
-            dist.all_gather(parts, t, group=self.group)
-        except (RuntimeError, dist.DistBackendError) as e:
-            raise self._fail("all_gather", kind, e) from e
-        self._count(kind, (self.world - 1) * t.numel() * t.element_size())
-        return torch.stack(parts)
-
-    def all_to_all(self, t: torch.Tensor, kind: str) -> torch.Tensor:
-        """t [world*n, ...]: chunk j goes to rank j; returns [world, n, ...] from every rank."""
-        t = t.contiguous()
-        n = t.shape[0] // self.world
-        if self.world == 1:
-            return t.unsqueeze(0)
-        out = torch.empty_like(t)
-        chunk = t.numel() // self.world * t.element_size()
-        if self._all_to_all_ok is not False:
-            try:
-                dist.all_to_all_single(out, t, group=self.group)
-                self._all_to_all_ok = True
-                self._count(kind, (self.world - 1) * chunk)
-                return out.view(self.world, n, *t.shape[1:])
-            except (RuntimeError, NotImplementedError) as e:
-                if self._all_to_all_ok or "not supported" not in str(e).lower():
-                    raise self._fail("all_to_all", kind, e) from e
-                self._all_to_all_ok = False
-        # A backend without all-to-all: every rank gathers everything and keeps its chunks
-        # (counted as sent, so the accounting shows the extra volume this costs).
-        every = self.all_gather(t, kind)  # [world, world*n, ...]
-        return every[:, self.rank * n : (self.rank + 1) * n]
-
-    def reset_counts(self) -> None:
-        self.bytes_sent.clear()
-        self.calls.clear()
 
 
 @dataclasses.dataclass
@@ -159,7 +98,7 @@ class KVCacheManager:
         self.device_profile = device_profile
         self.context = context
         self.global_batch: int | None = None  # set per call by the wrapper
-        self.comm = _Collectives(group, world, rank)
+        self.comm = Collectives(group, world, rank, "torch_plugin cache_parallel")
         self.layers: dict[str, _LayerShard] = {}
         self.plan: dict[str, Any] | None = None
         with _LOCK:

@@ -1,0 +1,79 @@
+"""`parallelize`: one call from a single-device model to its distributed form."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.utils._pytree as pytree
+
+from .mesh import DeviceMesh
+from .pipeline import PipelineParallel
+from .sharding import ShardedModule, shard_model
+
+
+def parallelize(
+    model: nn.Module,
+    mesh: int | DeviceMesh | None = None,
+    example_inputs: tuple[Any, ...] = (),
+    *,
+    strategy: str | None = None,
+    constraints: dict[str, str] | None = None,
+    memory_budget_gb: float | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    num_microbatches: int | None = None,
+    **options: Any,
+) -> PipelineParallel | ShardedModule:
+    """One call from a single-device model to its distributed form (run under torchrun).
+
+    strategy: "shard" (automatic tensor/data parallelism, the default when `mesh` is a
+    DeviceMesh: returns a ShardedModule), "pipeline" / "gpp" (graph pipeline, the default
+    otherwise), "spp" (sequential pipeline). For sharding, `constraints` pins specs ({"fc.weight":
+    "S(0)"}) and `memory_budget_gb` bounds parameters (+ optimizer state) per rank. For pipelines
+    `mesh` is the number of ranks (the world by default); `num_microbatches` fixes one
+    micro-batch size (mini-batch / n), by default the partitioner picks per-stage sizes; other
+    options go to `PipelineParallel`.
+    """
+    if strategy is None:
+        strategy = "shard" if isinstance(mesh, DeviceMesh) else "pipeline"
+    if strategy == "shard":
+        if not isinstance(mesh, DeviceMesh):
+            raise ValueError("strategy 'shard' needs a DeviceMesh (DeviceMesh.from_torchrun())")
+        if loss_fn is not None or num_microbatches is not None:
+            raise ValueError("loss_fn / num_microbatches are pipeline options, not sharding ones")
+        return shard_model(
+            model,
+            mesh,
+            example_inputs,
+            constraints=constraints,
+            memory_budget_gb=memory_budget_gb,
+            **options,
+        )
+    if constraints is not None or memory_budget_gb is not None:
+        raise ValueError("constraints / memory_budget_gb apply to strategy 'shard'")
+    if isinstance(mesh, DeviceMesh):
+        mesh = mesh.size()
+    kinds = {"pipeline": "gpp", "gpp": "gpp", "spp": "spp"}
+    if strategy not in kinds:
+        raise ValueError(f"unknown strategy {strategy!r}; valid: shard, {', '.join(kinds)}")
+    if loss_fn is None:
+        raise ValueError("parallelize needs loss_fn(output, target) for training")
+    if dist.is_initialized() and mesh is not None and int(mesh) != dist.get_world_size():
+        raise ValueError(
+            f"mesh of {mesh} ranks but the world has {dist.get_world_size()}; launch with "
+            f"torchrun --nproc-per-node {mesh}"
+        )
+    if num_microbatches is not None:
+        flat, _ = pytree.tree_flatten(tuple(example_inputs))
+        batch = next(int(x.shape[0]) for x in flat if isinstance(x, torch.Tensor) and x.dim())
+        if num_microbatches <= 0 or batch % num_microbatches:
+            raise ValueError(
+                f"num_microbatches={num_microbatches} does not divide the batch of {batch}"
+            )
+        options["micro_batch_sizes"] = [batch // num_microbatches]
+    return PipelineParallel(
+        model, example_inputs, loss_fn=loss_fn, strategy=kinds[strategy], **options
+    )
