@@ -28,8 +28,10 @@ ir::ShardSpec SpecFromString(const std::string& s) {
 
 passes::ShardingOptions Options(int world, const std::string& device, bool training,
                                 double memory_budget_bytes, double time_limit_s,
-                                const std::map<std::string, std::string>& pinned) {
+                                const std::map<std::string, std::string>& pinned,
+                                const std::string& level) {
   passes::ShardingOptions o;
+  o.level = level;
   o.world = world, o.device = device, o.training = training;
   o.memory_budget_bytes = memory_budget_bytes, o.time_limit_s = time_limit_s;
   for (const auto& [k, v] : pinned) o.pinned[k] = SpecFromString(v);
@@ -59,6 +61,7 @@ py::dict PlanDict(const passes::ShardingPlan& p) {
                   py::arg("objective") = p.objective,
                   py::arg("param_bytes_per_rank") = p.param_bytes_per_rank,
                   py::arg("variables") = p.variables, py::arg("constraints") = p.constraints,
+                  py::arg("classes") = p.classes, py::arg("level") = p.level,
                   py::arg("status") = p.status);
 }
 
@@ -69,24 +72,25 @@ void BindSharding(py::module_& m) {
       "plan_sharding",
       [](const ir::Graph& g, int world, const std::string& device, bool training,
          double memory_budget_bytes, double time_limit_s,
-         const std::map<std::string, std::string>& pinned) {
+         const std::map<std::string, std::string>& pinned, const std::string& level) {
         return PlanDict(passes::PlanSharding(
-            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned)));
+            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned, level)));
       },
       py::arg("graph"), py::arg("world"), py::arg("device") = "a100", py::arg("training") = true,
       py::arg("memory_budget_bytes") = 0.0, py::arg("time_limit_s") = 30.0,
-      py::arg("pinned") = std::map<std::string, std::string>{},
+      py::arg("pinned") = std::map<std::string, std::string>{}, py::arg("level") = "auto",
       "Sharding plan of an ATen graph on a 1-D mesh of `world` ranks (ILP on CBC): strategy per "
-      "node, spec per value ('R', 'S(d)', 'P'), forward collectives, modelled times. Raises "
+      "node, spec per value ('R', 'S(d)', 'P'), forward collectives, modelled times. level: "
+      "'exact' (whole graph), 'fast' (repeated layers share variables), 'auto'. Raises "
       "PlanError (with .min_memory_bytes) when no plan fits the budget.");
 
   m.def(
       "shard_graph",
       [](const ir::Graph& g, int world, int64_t group, const std::string& device, bool training,
          double memory_budget_bytes, double time_limit_s,
-         const std::map<std::string, std::string>& pinned) {
+         const std::map<std::string, std::string>& pinned, const std::string& level) {
         const passes::ShardingPlan plan = passes::PlanSharding(
-            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned));
+            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned, level));
         passes::MaterializeOptions mo;
         mo.world = world, mo.group = group, mo.training = training;
         passes::MaterializeStats stats;
@@ -101,6 +105,7 @@ void BindSharding(py::module_& m) {
       py::arg("graph"), py::arg("world"), py::arg("group"), py::arg("device") = "a100",
       py::arg("training") = true, py::arg("memory_budget_bytes") = 0.0,
       py::arg("time_limit_s") = 30.0, py::arg("pinned") = std::map<std::string, std::string>{},
+      py::arg("level") = "auto",
       "Plans the sharding (as plan_sharding) and materialises it: the dict gains 'graph', the "
       "SPMD graph every rank runs on its local shards, with torch_plugin::reshard / grad_sync / "
       "replicated_output nodes on process group handle `group`.");

@@ -173,6 +173,50 @@ void AddSameDimStrategies(const Graph& g, const Node& n, int world, int limit, c
   }
 }
 
+// bmm(a [b, m, k], c [b, k, n]): by batch, by a's rows, by c's columns, or by the contraction.
+void AddBmmStrategies(const Graph& g, const Node& n, int world, std::vector<ShardStrategy>* out) {
+  auto ins = TensorInputs(g, n);
+  if (ins.size() != 2) return;
+  const TensorType* a = TensorOf(g, ins[0]);
+  const TensorType* c = TensorOf(g, ins[1]);
+  if (a == nullptr || c == nullptr || a->rank() != 3 || c->rank() != 3) return;
+  const double f = 1.0 / world;
+  if (Divisible(*a, 0, world)) out->push_back({"batch", {S::S(0), S::S(0)}, {S::S(0)}, f});
+  if (Divisible(*a, 1, world)) out->push_back({"row", {S::S(1), S::R()}, {S::S(1)}, f});
+  if (Divisible(*c, 2, world)) out->push_back({"col", {S::R(), S::S(2)}, {S::S(2)}, f});
+  if (Divisible(*a, 2, world)) out->push_back({"inner", {S::S(2), S::S(1)}, {S::P()}, f});
+}
+
+// embedding(weight [V, E], indices [...]): split the lookups (any indices dim) or the feature
+// dim E. (Vocabulary-parallel lookup needs shifted, masked indices: not a plain local op.)
+void AddEmbeddingStrategies(const Graph& g, const Node& n, int world,
+                            std::vector<ShardStrategy>* out) {
+  auto ins = TensorInputs(g, n);
+  if (ins.size() != 2) return;
+  const TensorType* w = TensorOf(g, ins[0]);
+  const TensorType* idx = TensorOf(g, ins[1]);
+  if (w == nullptr || idx == nullptr || w->rank() != 2) return;
+  const double f = 1.0 / world;
+  for (int d = 0; d < idx->rank(); ++d)
+    if (Divisible(*idx, d, world))
+      out->push_back({"lookups" + std::to_string(d), {S::R(), S::S(d)}, {S::S(d)}, f});
+  if (Divisible(*w, 1, world))
+    out->push_back({"features", {S::S(1), S::R()}, {S::S(static_cast<int>(idx->rank()))}, f});
+}
+
+// Ops that return their input's values in the same layout (copies, detach): any spec passes.
+void AddPassthroughStrategies(const Graph& g, const Node& n, int world,
+                              std::vector<ShardStrategy>* out) {
+  auto ins = TensorInputs(g, n);
+  if (ins.size() != 1 || n.outputs.size() != 1) return;
+  const TensorType* t = TensorOf(g, ins[0]);
+  if (t == nullptr) return;
+  for (int d = 0; d < t->rank(); ++d)
+    if (Divisible(*t, d, world))
+      out->push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(d)}, 1.0 / world});
+  out->push_back({"partial", {S::P()}, {S::P()}, 1.0});
+}
+
 int64_t IntArg(const Node& n, size_t pos, int64_t fallback) {
   if (pos < n.args.size() && n.args[pos].kind == Arg::Kind::kInt) return n.args[pos].i;
   return fallback;
@@ -224,6 +268,23 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
   auto ins = TensorInputs(g, n);
   if (IsOp(n, "aten::mm.default") || IsOp(n, "aten::addmm.default")) {
     AddMatmulStrategies(g, n, world, &out);
+  } else if (IsOp(n, "aten::bmm.default")) {
+    AddBmmStrategies(g, n, world, &out);
+  } else if (IsOp(n, "aten::embedding.default")) {
+    AddEmbeddingStrategies(g, n, world, &out);
+  } else if (IsOp(n, "aten::clone.default") || IsOp(n, "aten::detach.default") ||
+             IsOp(n, "aten::alias.default")) {
+    AddPassthroughStrategies(g, n, world, &out);
+  } else if (IsOp(n, "aten::unsqueeze.default")) {
+    const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
+    if (t != nullptr) {
+      int64_t at = IntArg(n, 1, 0);
+      if (at < 0) at += t->rank() + 1;
+      for (int d = 0; d < t->rank(); ++d)
+        if (Divisible(*t, d, world))
+          out.push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(d >= at ? d + 1 : d)}, 1.0});
+      out.push_back({"partial", {S::P()}, {S::P()}, 1.0});
+    }
   } else if (IsOp(n, "aten::t.default") || IsOp(n, "aten::transpose.int")) {
     const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
     if (t != nullptr) {

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "cost/decode_model.h"
 #include "ir/op_registry.h"
@@ -51,6 +53,104 @@ std::pair<std::string, double> Reshard(const ShardSpec& from, const ShardSpec& t
   if (from.kind == Kind::kPartial && to.kind == Kind::kShard)
     return {"reduce_scatter", launch + cost::AllGatherTime(d, bytes, world)};
   return {"", 0};
+}
+
+std::string TypeKey(const ir::ValueType& t) {
+  if (!t.is_tensor()) return "x";
+  std::string k = ir::DTypeName(t.tensor.dtype);
+  for (const auto& d : t.tensor.shape) k += "," + d.ToString();
+  return k;
+}
+
+// The node's constant arguments (values elided): identical layers have identical constants.
+void ArgKey(const ir::Arg& a, std::string* out) {
+  switch (a.kind) {
+    case ir::Arg::Kind::kValue:
+      *out += "v";
+      return;
+    case ir::Arg::Kind::kList:
+    case ir::Arg::Kind::kTuple:
+      *out += "[";
+      for (const auto& item : a.items) ArgKey(item, out), *out += ",";
+      *out += "]";
+      return;
+    case ir::Arg::Kind::kInt:
+      *out += std::to_string(a.i);
+      return;
+    case ir::Arg::Kind::kDouble:
+      *out += std::to_string(a.d);
+      return;
+    case ir::Arg::Kind::kBool:
+      *out += a.b ? "T" : "F";
+      return;
+    default:
+      *out += a.s;
+  }
+}
+
+// Classes of entities with isomorphic neighbourhoods (Weisfeiler-Lehman refinement over the
+// value edges, `rounds` hops): the same op of every repeat of a layer lands in one class. The
+// class id is its first member's index.
+std::vector<int> RepeatClasses(const ir::Graph& g, const std::vector<Entity>& ents,
+                               const std::map<ir::ValueId, std::pair<int, int>>& producer,
+                               const std::map<int, ShardSpec>& pins, int rounds = 4) {
+  const size_t n = ents.size();
+  std::map<std::string, const ir::Node*> node_of;
+  for (const auto& node : g.nodes()) node_of[node.name] = &node;
+  std::set<int> outputs;
+  for (ir::ValueId v : g.OutputValues()) {
+    auto it = producer.find(v);
+    if (it != producer.end()) outputs.insert(it->second.first);
+  }
+  std::vector<std::vector<std::pair<int, int>>> in(n), out(n);  // (entity, position)
+  std::vector<std::string> label(n);
+  std::map<std::string, int> input_entity;
+  for (size_t i = 0; i < n; ++i) {
+    const Entity& e = ents[i];
+    std::string key = std::to_string(e.strategies.size()) + (outputs.count(int(i)) ? "o" : "");
+    auto pin = pins.find(static_cast<int>(i));
+    if (pin != pins.end()) key += "pin" + pin->second.ToString();
+    if (e.is_input) {
+      label[i] = key + "in" + (e.is_parameter ? "p" : "u");
+      continue;
+    }
+    const ir::Node& node = *node_of.at(e.name);
+    key += node.op + "|";
+    for (ir::ValueId v : node.outputs) key += TypeKey(g.type(v)) + ";";
+    for (const auto& a : node.args) ArgKey(a, &key);
+    for (const auto& kw : node.kwargs) key += kw.name + "=", ArgKey(kw.value, &key);
+    label[i] = key;
+    const auto ins = ir::TensorInputs(g, node);
+    for (size_t k = 0; k < ins.size(); ++k) {
+      auto it = producer.find(ins[k]);
+      if (it == producer.end()) continue;
+      const int p = it->second.first;
+      in[i].push_back({p, it->second.second * 1000 + static_cast<int>(k)});
+      out[static_cast<size_t>(p)].push_back({static_cast<int>(i), static_cast<int>(k)});
+    }
+  }
+  for (size_t i = 0; i < n; ++i)  // inputs: their type, known from any consumer's view
+    if (ents[i].is_input) label[i] += std::to_string(static_cast<long long>(ents[i].bytes));
+  std::hash<std::string> hash;
+  std::vector<std::string> next(n);
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      std::string k = label[i] + "<";
+      for (const auto& [p, pos] : in[i]) k += label[static_cast<size_t>(p)] + "@" + std::to_string(pos) + ",";
+      std::vector<std::string> users;
+      for (const auto& [c, pos] : out[i])
+        users.push_back(label[static_cast<size_t>(c)] + "@" + std::to_string(pos));
+      std::sort(users.begin(), users.end());
+      k += ">";
+      for (const auto& u : users) k += u + ",";
+      next[i] = std::to_string(hash(k)) + ":" + std::to_string(k.size());
+    }
+    label.swap(next);
+  }
+  std::map<std::string, int> first;
+  std::vector<int> cls(n);
+  for (size_t i = 0; i < n; ++i) cls[i] = first.emplace(label[i], static_cast<int>(i)).first->second;
+  return cls;
 }
 
 }  // namespace
@@ -122,20 +222,45 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     pins[found] = spec;
   }
 
+  // Fast level: entities whose neighbourhoods are identical (the same op in every repeat of a
+  // layer) share their variables, so the ILP has one copy of each repeated layer.
+  if (o.level != "exact" && o.level != "fast" && o.level != "auto")
+    throw ShardingError("unknown sharding level '" + o.level + "'; valid: exact, fast, auto", 0);
+  const bool tie = o.level == "fast" || (o.level == "auto" && ents.size() > o.auto_fast_above);
+  std::vector<int> cls(ents.size());
+  for (size_t i = 0; i < ents.size(); ++i) cls[i] = static_cast<int>(i);
+  if (tie) cls = RepeatClasses(g, ents, producer, pins);
+
   solver::IlpModel m;
   ShardingPlan plan;
-  for (auto& e : ents) {
+  // Objective per (class, strategy): the members' sum.
+  std::map<int, std::vector<double>> obj;
+  for (size_t i = 0; i < ents.size(); ++i) {
+    const Entity& e = ents[i];
+    auto& o_cls = obj[cls[i]];
+    o_cls.resize(e.strategies.size(), 0.0);
+    for (size_t s = 0; s < e.strategies.size(); ++s) {
+      double c = e.compute_s[s];
+      if (o.training && e.is_parameter && e.strategies[s].outputs[0].kind == Kind::kReplicate)
+        c += cost::AllReduceTime(device, e.bytes, o.world);  // gradient sync
+      o_cls[s] += c;
+    }
+  }
+  for (size_t i = 0; i < ents.size(); ++i) {
+    Entity& e = ents[i];
+    if (cls[i] != static_cast<int>(i)) {
+      e.vars = ents[static_cast<size_t>(cls[i])].vars;  // a member: the representative's x
+      continue;
+    }
     std::vector<std::pair<int, double>> one;
     for (size_t s = 0; s < e.strategies.size(); ++s) {
-      double obj = e.compute_s[s];
-      if (o.training && e.is_parameter && e.strategies[s].outputs[0].kind == Kind::kReplicate)
-        obj += cost::AllReduceTime(device, e.bytes, o.world);  // gradient sync
-      const int x = m.AddBinary(obj, e.name + "/" + e.strategies[s].name);
+      const int x = m.AddBinary(obj[cls[i]][s], e.name + "/" + e.strategies[s].name);
       e.vars.push_back(x);
       one.push_back({x, 1.0});
     }
     m.AddConstraint(one, solver::Sense::kEqual, 1.0);
   }
+  plan.classes = static_cast<int>(obj.size());
   for (const auto& [i, spec] : pins) {
     const Entity& e = ents[static_cast<size_t>(i)];
     for (size_t s = 0; s < e.strategies.size(); ++s)
@@ -145,15 +270,18 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   // Parameter memory.
   const double factor = o.training ? o.state_bytes_factor : 1.0;
   double min_bytes = 0;
-  std::vector<std::pair<int, double>> mem;
-  for (const auto& e : ents) {
+  std::map<int, double> mem_by_var;
+  for (size_t i = 0; i < ents.size(); ++i) {
+    const Entity& e = ents[i];
     if (!e.is_parameter) continue;
     double least = std::numeric_limits<double>::infinity();
+    auto pin = pins.find(static_cast<int>(i));
     for (size_t s = 0; s < e.strategies.size(); ++s) {
       const double b =
           factor * e.bytes / (e.strategies[s].outputs[0].kind == Kind::kShard ? o.world : 1);
-      mem.push_back({e.vars[s], b});
-      least = std::min(least, b);
+      mem_by_var[e.vars[s]] += b;
+      // The least a pinned parameter can take is its pinned spec's size.
+      if (pin == pins.end() || e.strategies[s].outputs[0] == pin->second) least = std::min(least, b);
     }
     min_bytes += least;
   }
@@ -162,21 +290,26 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
       std::ostringstream os;
       os << "no sharding fits " << o.memory_budget_bytes / 1e9 << " GB per rank: parameters"
          << (o.training ? " and optimizer state" : "") << " need at least " << min_bytes / 1e9
-         << " GB per rank on " << o.world << " ranks; raise the budget or use more ranks";
+         << " GB per rank on " << o.world << " ranks" << (pins.empty() ? "" : " with the pinned specs")
+         << "; raise the budget, use more ranks" << (pins.empty() ? "" : " or pin less");
       throw ShardingError(os.str(), min_bytes);
     }
+    std::vector<std::pair<int, double>> mem(mem_by_var.begin(), mem_by_var.end());
     m.AddConstraint(mem, solver::Sense::kLessEqual, o.memory_budget_bytes);
   }
 
-  // Edges: resharding between producer output spec and consumer input spec.
-  struct EdgeChoice {
-    int y;
-    int p, sp, c, sc;
-    std::string kind, value, consumer;
-    ShardSpec from, to;
-    double bytes, seconds;
+  // Edges: resharding between producer output spec and consumer input spec. Edges between the
+  // same classes at the same positions share one set of variables, weighted by their count.
+  struct MemberEdge {
+    int p, c;  // c = -1: graph output
+    std::string value, consumer;
+    double bytes;
   };
-  std::vector<EdgeChoice> edges;
+  struct EdgeGroup {
+    int p, k, c, i;  // representative producer (output k) and consumer (input i)
+    std::vector<MemberEdge> members;
+  };
+  std::map<std::tuple<int, int, int, int>, EdgeGroup> groups;
   std::map<std::string, int> node_entity;
   for (size_t i = 0; i < ents.size(); ++i)
     if (!ents[i].is_input) node_entity[ents[i].name] = static_cast<int>(i);
@@ -184,40 +317,16 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     auto it = node_entity.find(n.name);
     if (it == node_entity.end()) continue;
     const int c = it->second;
-    const Entity& ce = ents[static_cast<size_t>(c)];
     const auto ins = ir::TensorInputs(g, n);
     for (size_t i = 0; i < ins.size(); ++i) {
       auto pit = producer.find(ins[i]);
       if (pit == producer.end()) continue;
       const auto [p, k] = pit->second;
-      const Entity& pe = ents[static_cast<size_t>(p)];
-      const double bytes = Bytes(g, ins[i]);
-      // Transportation form (tighter than y >= x + x' - 1): e[sp][sc] >= 0 with
-      // sum_sc e = x[p][sp] and sum_sp e = x[c][sc]; its LP relaxation is near-integral.
-      std::vector<std::vector<int>> e(pe.strategies.size(),
-                                      std::vector<int>(ce.strategies.size(), -1));
-      for (size_t sp = 0; sp < pe.strategies.size(); ++sp) {
-        for (size_t sc = 0; sc < ce.strategies.size(); ++sc) {
-          const ShardSpec& from = pe.strategies[sp].outputs[static_cast<size_t>(k)];
-          const ShardSpec& to = ce.strategies[sc].inputs[i];
-          auto [kind, secs] = Reshard(from, to, bytes, o.world, device);
-          e[sp][sc] = m.AddVariable(0.0, 1.0, comm_factor * secs, false);
-          if (secs > 0) {
-            edges.push_back({e[sp][sc], p, static_cast<int>(sp), c, static_cast<int>(sc), kind,
-                             g.value(ins[i]).name, n.name, from, to, bytes, secs});
-          }
-        }
-      }
-      for (size_t sp = 0; sp < pe.strategies.size(); ++sp) {
-        std::vector<std::pair<int, double>> row = {{pe.vars[sp], -1.0}};
-        for (size_t sc = 0; sc < ce.strategies.size(); ++sc) row.push_back({e[sp][sc], 1.0});
-        m.AddConstraint(row, solver::Sense::kEqual, 0.0);
-      }
-      for (size_t sc = 0; sc < ce.strategies.size(); ++sc) {
-        std::vector<std::pair<int, double>> row = {{ce.vars[sc], -1.0}};
-        for (size_t sp = 0; sp < pe.strategies.size(); ++sp) row.push_back({e[sp][sc], 1.0});
-        m.AddConstraint(row, solver::Sense::kEqual, 0.0);
-      }
+      auto key = std::make_tuple(cls[static_cast<size_t>(p)], k, cls[static_cast<size_t>(c)],
+                                 static_cast<int>(i));
+      auto& grp = groups[key];
+      if (grp.members.empty()) grp = {p, k, c, static_cast<int>(i), {}};
+      grp.members.push_back({p, c, g.value(ins[i]).name, n.name, Bytes(g, ins[i])});
     }
   }
   // Graph outputs must be replicated: the producer pays the gather directly.
@@ -225,15 +334,57 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     auto pit = producer.find(v);
     if (pit == producer.end()) continue;
     const auto [p, k] = pit->second;
-    Entity& pe = ents[static_cast<size_t>(p)];
+    auto key = std::make_tuple(cls[static_cast<size_t>(p)], k, -1, -1);
+    auto& grp = groups[key];
+    if (grp.members.empty()) grp = {p, k, -1, -1, {}};
+    grp.members.push_back({p, -1, g.value(v).name, "output", Bytes(g, v)});
+  }
+  struct EdgeChoice {
+    const EdgeGroup* group;
+    int sp, sc;
+    std::string kind;
+    ShardSpec from, to;
+    double seconds;
+  };
+  std::vector<EdgeChoice> edges;
+  for (const auto& [key, grp] : groups) {
+    const Entity& pe = ents[static_cast<size_t>(grp.p)];
+    const double bytes = grp.members[0].bytes;
+    const double count = static_cast<double>(grp.members.size());
+    if (grp.c < 0) {
+      for (size_t sp = 0; sp < pe.strategies.size(); ++sp) {
+        const ShardSpec& from = pe.strategies[sp].outputs[static_cast<size_t>(grp.k)];
+        auto [kind, secs] = Reshard(from, ShardSpec::R(), bytes, o.world, device);
+        if (secs <= 0) continue;
+        const int y = m.AddVariable(0.0, 1.0, count * comm_factor * secs, false);
+        m.AddConstraint({{y, 1.0}, {pe.vars[sp], -1.0}}, solver::Sense::kEqual, 0.0);
+        edges.push_back({&grp, static_cast<int>(sp), -1, kind, from, ShardSpec::R(), secs});
+      }
+      continue;
+    }
+    const Entity& ce = ents[static_cast<size_t>(grp.c)];
+    // Transportation form (tighter than y >= x + x' - 1): e[sp][sc] >= 0 with
+    // sum_sc e = x[p][sp] and sum_sp e = x[c][sc]; its LP relaxation is near-integral.
+    std::vector<std::vector<int>> e(pe.strategies.size(), std::vector<int>(ce.strategies.size()));
     for (size_t sp = 0; sp < pe.strategies.size(); ++sp) {
-      const ShardSpec& from = pe.strategies[sp].outputs[static_cast<size_t>(k)];
-      auto [kind, secs] = Reshard(from, ShardSpec::R(), Bytes(g, v), o.world, device);
-      if (secs <= 0) continue;
-      const int y = m.AddVariable(0.0, 1.0, comm_factor * secs, false);
-      m.AddConstraint({{y, 1.0}, {pe.vars[sp], -1.0}}, solver::Sense::kEqual, 0.0);
-      edges.push_back({y, p, static_cast<int>(sp), -1, -1, kind, g.value(v).name, "output", from,
-                       ShardSpec::R(), Bytes(g, v), secs});
+      for (size_t sc = 0; sc < ce.strategies.size(); ++sc) {
+        const ShardSpec& from = pe.strategies[sp].outputs[static_cast<size_t>(grp.k)];
+        const ShardSpec& to = ce.strategies[sc].inputs[static_cast<size_t>(grp.i)];
+        auto [kind, secs] = Reshard(from, to, bytes, o.world, device);
+        e[sp][sc] = m.AddVariable(0.0, 1.0, count * comm_factor * secs, false);
+        if (secs > 0)
+          edges.push_back({&grp, static_cast<int>(sp), static_cast<int>(sc), kind, from, to, secs});
+      }
+    }
+    for (size_t sp = 0; sp < pe.strategies.size(); ++sp) {
+      std::vector<std::pair<int, double>> row = {{pe.vars[sp], -1.0}};
+      for (size_t sc = 0; sc < ce.strategies.size(); ++sc) row.push_back({e[sp][sc], 1.0});
+      m.AddConstraint(row, solver::Sense::kEqual, 0.0);
+    }
+    for (size_t sc = 0; sc < ce.strategies.size(); ++sc) {
+      std::vector<std::pair<int, double>> row = {{ce.vars[sc], -1.0}};
+      for (size_t sp = 0; sp < pe.strategies.size(); ++sp) row.push_back({e[sp][sc], 1.0});
+      m.AddConstraint(row, solver::Sense::kEqual, 0.0);
     }
   }
 
@@ -243,6 +394,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   plan.variables = m.num_variables();
   plan.constraints = m.num_constraints();
   plan.status = solver::IlpStatusName(sol.status);
+  plan.level = tie ? "fast" : "exact";
   if (!sol.has_solution())
     throw ShardingError("the sharding ILP found no plan (" + plan.status + ")", min_bytes);
   plan.objective = sol.objective;
@@ -277,11 +429,15 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
       plan.spec[g.value(n.outputs[k]).name] = st.outputs[k];
   }
   for (const auto& e : edges) {
-    const bool on = chosen[static_cast<size_t>(e.p)] == e.sp &&
-                    (e.c < 0 || chosen[static_cast<size_t>(e.c)] == e.sc);
+    const EdgeGroup& grp = *e.group;
+    const bool on = chosen[static_cast<size_t>(grp.p)] == e.sp &&
+                    (grp.c < 0 || chosen[static_cast<size_t>(grp.c)] == e.sc);
     if (!on) continue;
-    plan.collectives.push_back({e.kind, e.value, e.consumer, e.from, e.to, e.bytes, e.seconds});
-    plan.comm_s += comm_factor * e.seconds;
+    for (const auto& me : grp.members) {
+      plan.collectives.push_back(
+          {e.kind, me.value, me.consumer, e.from, e.to, me.bytes, e.seconds});
+      plan.comm_s += comm_factor * e.seconds;
+    }
   }
   return plan;
 }

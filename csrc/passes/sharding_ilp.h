@@ -28,6 +28,11 @@ struct ShardingOptions {
   double state_bytes_factor = 4;   // training: param + grad + two Adam moments per element
   double memory_budget_bytes = 0;  // per rank, parameters (and state); 0 = unlimited
   double time_limit_s = 30;
+  // "exact": one ILP variable set per node. "fast": nodes with identical neighbourhoods (the
+  // repeats of a layer) share one, so a 96-layer model costs about one layer's ILP (Rhino's
+  // coarse level; exact within that restriction). "auto": fast above `auto_fast_above` entities.
+  std::string level = "auto";
+  size_t auto_fast_above = 600;
   // Pinned specs: graph input source ("fc.weight") or node name -> spec of its (first) output.
   std::map<std::string, ir::ShardSpec> pinned;
 };
@@ -49,6 +54,8 @@ struct ShardingPlan {
   double compute_s = 0, comm_s = 0, grad_sync_s = 0, objective = 0;
   double param_bytes_per_rank = 0;
   int variables = 0, constraints = 0;
+  int classes = 0;  // decision units after tying repeated layers (= entities at the exact level)
+  std::string level;
   std::string status;
 };
 

@@ -97,19 +97,37 @@ class Materializer {
       Track(nv, v.type, spec);
       remap_[static_cast<size_t>(in.value)] = nv;
     }
-    // After every input: inputs keep the value ids 0..n-1 (the bridge relies on it).
+    // After every input (inputs keep the value ids 0..n-1; the bridge relies on it): one node
+    // through which every replicated parameter passes, so the backward sums all their gradient
+    // summands in one all-reduce (a bucket) instead of one collective per parameter.
+    std::vector<const ir::GraphInput*> synced;
     for (const auto& in : g_.inputs()) {
       const ir::Value& v = g_.value(in.value);
       const ValueId nv = remap_[static_cast<size_t>(in.value)];
       if (o_.training && in.kind == ir::InputKind::kParameter && v.type.is_tensor() &&
           ir::IsFloatingPoint(v.type.tensor.dtype) &&
-          spec_[static_cast<size_t>(nv)].kind == Kind::kReplicate && o_.world > 1) {
-        remap_[static_cast<size_t>(in.value)] =
-            AddUnary(v.name + "_grad_sync", kGradSync, {Arg::Value(nv), Arg::Int(o_.group)},
-                     v.type, v.type, ShardSpec::R(), "");
-        if (stats_) ++stats_->grad_syncs;
-      }
+          spec_[static_cast<size_t>(nv)].kind == Kind::kReplicate && o_.world > 1)
+        synced.push_back(&in);
     }
+    if (synced.empty()) return;
+    ir::NodeSpec ns;
+    ns.name = FreshName("grad_sync");
+    ns.op = kGradSync;
+    std::vector<Arg> params;
+    for (const auto* in : synced) {
+      params.push_back(Arg::Value(remap_[static_cast<size_t>(in->value)]));
+      ns.output_types.push_back(g_.type(in->value));
+      ns.output_names.push_back(FreshName(g_.value(in->value).name + "_synced"));
+    }
+    ns.args = {Arg::List(params), Arg::Int(o_.group)};
+    ns.tuple_output = true;
+    const ir::NodeId id = b_.AddNode(std::move(ns));
+    for (size_t k = 0; k < synced.size(); ++k) {
+      const ValueId out = b_.peek().node(id).outputs[k];
+      Track(out, g_.type(synced[k]->value), ShardSpec::R());
+      remap_[static_cast<size_t>(synced[k]->value)] = out;
+    }
+    if (stats_) stats_->grad_syncs += static_cast<int>(synced.size());
   }
 
   // The value `v` (new graph) in spec `want`, through a shared reshard node when it differs.

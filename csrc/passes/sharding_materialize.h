@@ -9,8 +9,9 @@
 //     spec other than its producer's (one per value and target spec, shared by consumers);
 //   - rewrites the size arguments of view/reshape nodes whose output is sharded;
 //   - reshards every graph output to Replicate;
-//   - when training, routes each replicated parameter through
-//     `torch_plugin::grad_sync.default(p, group)` and each float output through
+//   - when training, routes the replicated parameters through one
+//     `torch_plugin::grad_sync.default([p...], group)` node (a tuple of the same tensors; its
+//     backward all-reduces their gradients in one bucket) and each float output through
 //     `torch_plugin::replicated_output.default(x, group)`.
 //
 // Gradient convention (what makes plain autograd on the local graph correct): the gradient a
@@ -19,7 +20,7 @@
 // incoming gradient with the same Jacobian on every rank); each reshard's backward is the dual
 // reshard (all_gather <-> reduce_scatter, all_reduce <-> all_reduce, slice <-> zero-pad);
 // replicated_output scales the seed by 1/world so the summands add up to the loss's gradient,
-// and grad_sync all-reduces a replicated parameter's summands.
+// and grad_sync all-reduces the replicated parameters' summands.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,7 @@ struct MaterializeOptions {
 };
 
 struct MaterializeStats {
-  int reshards = 0, grad_syncs = 0, views_rewritten = 0;
+  int reshards = 0, grad_syncs = 0, views_rewritten = 0;  // grad_syncs: parameters synced
 };
 
 // Throws ShardingError naming the node when the plan does not fit the graph (a strategy with

@@ -12,7 +12,8 @@ namespace tp::testing {
 // x [T, E] -> q/k/v = addmm(b, x, t(w)) -> view [B, S, H, D] -> transpose -> sdpa -> transpose
 // -> view [T, E] -> addmm(bo, ., t(wo)) -> + x -> addmm(b1, ., t(w1)) -> gelu ->
 // addmm(b2, ., t(w2)) -> + residual.
-inline ir::Graph GptBlock(int64_t B = 8, int64_t S = 128, int64_t E = 1024, int64_t H = 16) {
+inline ir::Graph GptBlock(int64_t B = 8, int64_t S = 128, int64_t E = 1024, int64_t H = 16,
+                          int layers = 1) {
   const int64_t T = B * S, D = E / H, F = 4 * E;
   ir::GraphBuilder b;
   auto out0 = [&](ir::NodeId n) { return b.peek().node(n).outputs[0]; };
@@ -39,26 +40,31 @@ inline ir::Graph GptBlock(int64_t B = 8, int64_t S = 128, int64_t E = 1024, int6
     return out0(b.AddNode(
         Op(p + "_tr", "aten::transpose.int", {V(view), I(1), I(2)}, Tensor({B, H, S, D}))));
   };
-  auto q = heads("q", linear("attn.q", x, E, E));
-  auto k = heads("k", linear("attn.k", x, E, E));
-  auto v = heads("v", linear("attn.v", x, E, E));
-  ir::NodeSpec sdpa =
-      Op("sdpa", "aten::_scaled_dot_product_flash_attention_for_cpu.default",
-         {V(q), V(k), V(v), ir::Arg::Double(0.0), ir::Arg::Bool(true)}, Tensor({B, H, S, D}));
-  sdpa.output_types.push_back(Tensor({B, H, S}));
-  sdpa.output_names = {"attn", "lse"};
-  sdpa.tuple_output = true;
-  auto attn = out0(b.AddNode(sdpa));
-  auto back = out0(
-      b.AddNode(Op("attn_tr", "aten::transpose.int", {V(attn), I(1), I(2)}, Tensor({B, S, H, D}))));
-  auto flat =
-      out0(b.AddNode(Op("attn_view", "aten::view.default", {V(back), L({T, E})}, Tensor({T, E}))));
-  auto proj = linear("attn.o", flat, E, E);
-  auto r1 = out0(b.AddNode(Op("res1", "aten::add.Tensor", {V(x), V(proj)}, Tensor({T, E}))));
-  auto h = linear("mlp.fc1", r1, E, F);
-  auto gelu = out0(b.AddNode(Op("gelu", "aten::gelu.default", {V(h)}, Tensor({T, F}))));
-  auto m = linear("mlp.fc2", gelu, F, E);
-  auto r2 = out0(b.AddNode(Op("res2", "aten::add.Tensor", {V(r1), V(m)}, Tensor({T, E}))));
+  ir::ValueId in = x, r2 = x;
+  for (int layer = 0; layer < layers; ++layer) {
+    const std::string P = layers == 1 ? "" : "l" + std::to_string(layer) + ".";
+    auto q = heads(P + "q", linear(P + "attn.q", in, E, E));
+    auto k = heads(P + "k", linear(P + "attn.k", in, E, E));
+    auto v = heads(P + "v", linear(P + "attn.v", in, E, E));
+    ir::NodeSpec sdpa =
+        Op(P + "sdpa", "aten::_scaled_dot_product_flash_attention_for_cpu.default",
+           {V(q), V(k), V(v), ir::Arg::Double(0.0), ir::Arg::Bool(true)}, Tensor({B, H, S, D}));
+    sdpa.output_types.push_back(Tensor({B, H, S}));
+    sdpa.output_names = {P + "attn", P + "lse"};
+    sdpa.tuple_output = true;
+    auto attn = out0(b.AddNode(sdpa));
+    auto back = out0(
+        b.AddNode(Op(P + "attn_tr", "aten::transpose.int", {V(attn), I(1), I(2)}, Tensor({B, S, H, D}))));
+    auto flat =
+        out0(b.AddNode(Op(P + "attn_view", "aten::view.default", {V(back), L({T, E})}, Tensor({T, E}))));
+    auto proj = linear(P + "attn.o", flat, E, E);
+    auto r1 = out0(b.AddNode(Op(P + "res1", "aten::add.Tensor", {V(in), V(proj)}, Tensor({T, E}))));
+    auto h = linear(P + "mlp.fc1", r1, E, F);
+    auto gelu = out0(b.AddNode(Op(P + "gelu", "aten::gelu.default", {V(h)}, Tensor({T, F}))));
+    auto m = linear(P + "mlp.fc2", gelu, F, E);
+    r2 = out0(b.AddNode(Op(P + "res2", "aten::add.Tensor", {V(r1), V(m)}, Tensor({T, E}))));
+    in = r2;
+  }
   b.SetOutput(ir::Arg::List({V(r2)}, /*tuple=*/true));
   return b.Build();
 }

@@ -270,19 +270,67 @@ SHARDING_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
+# Pins that steer the plan through rules the free plans of these tiny models do not pick (all
+# replicated: launch costs dominate), so those rules are checked numerically.
+SHARDING_PINS: dict[str, dict[str, str]] = {
+    "matmul_attn": {
+        "qkv.0.weight": "S(0)",
+        "qkv.1.weight": "S(0)",
+        "qkv.2.weight": "S(0)",
+        "emb.weight": "S(1)",
+        # node outputs (make_fx names): embedding by features, scores by batch*heads, the
+        # probabilities @ v by the contraction (partial sums), unsqueeze/clone split
+        "embedding": "S(2)",
+        "bmm": "S(0)",
+        "bmm_1": "P",
+        "unsqueeze": "S(2)",
+        "clone_4": "S(2)",
+    }
+}
+
+
+class MatmulAttention(torch.nn.Module):
+    """Embedding + attention written with matmuls (bmm after tracing) + unsqueeze/clone: ops the
+    zoo models' SDPA graphs do not reach."""
+
+    def __init__(self, vocab: int = 256, dim: int = 32, heads: int = 4):
+        super().__init__()
+        self.vocab_size, self.seq_len, self.heads = vocab, 8, heads
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(3))
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        b, s, d = x.shape
+        q, k, v = (lin(x).view(b, s, self.heads, -1).transpose(1, 2) for lin in self.qkv)
+        scores = (q @ k.transpose(-1, -2)).softmax(-1) @ v
+        y = self.out(scores.transpose(1, 2).reshape(b, s, d))
+        return (y.unsqueeze(1).clone() + x.unsqueeze(1)).squeeze(1)
+
+
+def _sharding_model(name: str, batch: int) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    from torch_plugin import models
+
+    if name == "matmul_attn":
+        torch.manual_seed(0)
+        model = MatmulAttention()
+        return model, (torch.randint(0, model.vocab_size, (batch, model.seq_len)),)
+    return models.build(name, small=True, batch=batch, **SHARDING_MODELS.get(name, {}))
+
+
 def sharding_step_matches(
     rank: int, world: int, port: int, model_names: list[str], batch: int, out_dir: str
 ) -> None:
     """Forward, gradients and one SGD step of the sharded model equal single-process training."""
     import torch_plugin
-    from torch_plugin import models
 
     _init(rank, world, port)
     report: dict[str, Any] = {"rank": rank}
     try:
         mesh = torch_plugin.DeviceMesh.from_torchrun()
         for name in model_names:
-            model, inputs = models.build(name, small=True, batch=batch, **SHARDING_MODELS[name])
+            model, inputs = _sharding_model(name, batch)
             model.train()
             reference = copy.deepcopy(model)
             out = reference(*inputs)
@@ -292,7 +340,13 @@ def sharding_step_matches(
             ref_loss.backward()
             ref = dict(reference.named_parameters())
 
-            sharded = torch_plugin.parallelize(model, mesh, inputs)
+            sharded = torch_plugin.parallelize(
+                model,
+                mesh,
+                inputs,
+                constraints=SHARDING_PINS.get(name),
+                level="fast" if name == "gpt" else "auto",  # the tied-layer level, run for real
+            )
             del model
             dist_out = sharded(*inputs)
             loss = F.mse_loss(dist_out, target)
@@ -327,6 +381,7 @@ def sharding_step_matches(
                 "param_bytes_local": sharded.local_parameter_bytes(),
                 "param_bytes_whole": whole,
                 "comm_calls": dict(sharded.comm.calls),
+                "level": sharded.plan.level,
             }
         # Bad input is a clear error, not a wrong answer.
         bad = torch.zeros(batch + 1, 64)

@@ -43,10 +43,11 @@ def test_bad_sharding_input_is_a_clear_error() -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path) -> None:
-    """Issue 5 acceptance: MLP, 4-layer GPT-2 and BERT configs on gloo; outputs, gradients and
-    the parameters after one SGD step equal single-process training within 1e-5 (the worker
-    asserts each), and every rank holds only its blocks of the sharded parameters."""
-    names = ["mlp", "gpt2", "bert"]
+    """Issue 5 acceptance: MLP, 4-layer GPT-2 and BERT configs (+ our GPT and a matmul
+    attention) on gloo; outputs, gradients and the parameters after one SGD step equal
+    single-process training within 1e-5 (the worker asserts each), and every rank holds only
+    its blocks of the sharded parameters."""
+    names = ["mlp", "gpt2", "bert", "gpt", "matmul_attn"]
     dist_workers.spawn(dist_workers.sharding_step_matches, world, names, 8, str(tmp_path))
     for r in range(world):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
@@ -56,6 +57,7 @@ def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path)
             assert m["sharded_params"] > 0, f"{name}: the plan sharded nothing"
             assert m["param_bytes_local"] < m["param_bytes_whole"]
             assert sum(m["comm_calls"].values()) > 0
+        assert res["gpt"]["level"] == "fast"
         assert "captured for" in res["bad_input"]
 
 

@@ -114,16 +114,23 @@ class _Reshard(torch.autograd.Function):
 
 
 class _GradSync(torch.autograd.Function):
-    """Identity; the backward sums the replicated parameter's gradient summands over ranks."""
+    """Identity on the replicated parameters; the backward sums their gradient summands over
+    ranks in one flat all-reduce (one bucket rather than a collective per parameter)."""
 
     @staticmethod
-    def forward(ctx: Any, p: torch.Tensor, handle: int) -> torch.Tensor:
+    def forward(ctx: Any, handle: int, *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.handle = handle
-        return p.view_as(p)
+        return tuple(p.view_as(p) for p in params)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return _group(ctx.handle).all_reduce(grad, "grad_sync"), None
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        summed = _group(ctx.handle).all_reduce(flat, "grad_sync")
+        out, at = [], 0
+        for g in grads:
+            out.append(summed[at : at + g.numel()].view(g.shape).to(g.dtype))
+            at += g.numel()
+        return (None, *out)
 
 
 class _ReplicatedOutput(torch.autograd.Function):
@@ -143,8 +150,8 @@ def reshard(x: torch.Tensor, src: str, dst: str, group: int) -> torch.Tensor:
     return _Reshard.apply(x, src, dst, group)
 
 
-def grad_sync(p: torch.Tensor, group: int) -> torch.Tensor:
-    return _GradSync.apply(p, group)
+def grad_sync(params: list[torch.Tensor], group: int) -> tuple[torch.Tensor, ...]:
+    return _GradSync.apply(group, *params)
 
 
 def replicated_output(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -173,11 +180,12 @@ class ShardingPlan:
     solve_status: str
     variables: int
     constraints: int
+    level: str
     raw: dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
 
     def table(self) -> str:
         lines = [
-            f"sharding plan on {self.world} ranks (modelled on {self.device}; ILP "
+            f"sharding plan on {self.world} ranks (modelled on {self.device}; {self.level} ILP, "
             f"{self.variables} variables, {self.constraints} constraints, {self.solve_status})",
             f"{'parameter':<52} {'shape':<16} {'spec':<6} {'bytes/rank':>12}",
         ]
@@ -243,8 +251,36 @@ def _capture(
         out_spec.append(spec)
         return tuple(leaves)
 
-    gm = make_fx(forward, tracing_mode="fake")(*params.values(), *buffers.values(), *flat)
+    args = [*params.values(), *buffers.values(), *flat]
+    if any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
+        # A model too big to build: trace on fake CPU tensors (no storage) so the graph has the
+        # CPU kernels' ops (e.g. flash SDPA) rather than meta decompositions.
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode()
+        converted = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.is_meta:
+                with mode:
+                    a = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cpu")
+            elif isinstance(a, torch.Tensor):
+                a = mode.from_tensor(a)
+            converted.append(a)
+        args = converted
+    gm = make_fx(forward, tracing_mode="fake")(*args)
     return gm, pnames, bnames, len(flat), in_spec, out_spec[-1]
+
+
+def capture_graph(model: nn.Module, example_inputs: Sequence[Any]) -> _C.Graph:
+    """The ATen forward graph the sharding planner sees (no process group needed; a model on
+    the `meta` device works, so plans of models too big for this machine can be modelled)."""
+    gm, pnames, bnames, n_inputs, _, _ = _capture(model, tuple(example_inputs))
+    kinds = (
+        [("parameter", n) for n in pnames]
+        + [("buffer", n) for n in bnames]
+        + [("user", "")] * n_inputs
+    )
+    return fx_bridge.to_ir(gm, kinds)[0]
 
 
 class ShardedModule(nn.Module):
@@ -261,6 +297,7 @@ class ShardedModule(nn.Module):
         device: str = "a100",
         training: bool | None = None,
         time_limit_s: float = 30.0,
+        level: str = "auto",
     ) -> None:
         super().__init__()
         if len(mesh.shape) != 1:
@@ -296,6 +333,7 @@ class ShardedModule(nn.Module):
             budget,
             time_limit_s,
             dict(constraints or {}),
+            level,
         )
         ctx.targets.update(_TARGETS)
         self.graph_module = fx_bridge.from_ir(result["graph"], ctx)
@@ -334,6 +372,7 @@ class ShardedModule(nn.Module):
             solve_status=result["status"],
             variables=result["variables"],
             constraints=result["constraints"],
+            level=result["level"],
             raw=result,
         )
         log.info(

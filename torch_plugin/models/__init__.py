@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from . import cnn, hf, llama, mlp, multibranch
+from . import cnn, gpt, hf, llama, mlp, multibranch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,7 @@ ZOO: dict[str, ZooModel] = {
     "nasnet": ZooModel("nasnet", cnn.build_nasnet, cnn.image_inputs, 8, 2, True),
     "bert": ZooModel("bert", hf.build_bert, hf.token_inputs, 4, 2, needs_transformers=True),
     "gpt2": ZooModel("gpt2", hf.build_gpt2, hf.token_inputs, 4, 2, needs_transformers=True),
+    "gpt": ZooModel("gpt", gpt.build_gpt, hf.token_inputs, 8, 2),
     "llama": ZooModel("llama", llama.build_llama, llama.llama_inputs, 2, 2),
     "mmt": ZooModel("mmt", multibranch.build_mmt, multibranch.mmt_inputs, 64, 2),
     "dlrm": ZooModel("dlrm", multibranch.build_dlrm, multibranch.dlrm_inputs, 256, 2),

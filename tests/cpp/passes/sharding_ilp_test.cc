@@ -129,6 +129,53 @@ TEST(ShardingIlp, MemoryBudgetForcesShardingAndInfeasibleSaysTheMinimum) {
   }
 }
 
+TEST(ShardingIlp, FastLevelTiesRepeatedLayersAndKeepsTheOptimum) {
+  const ir::Graph g = GptBlock(8, 128, 1024, 16, /*layers=*/12);
+  ShardingOptions o;
+  o.world = 4;
+  o.level = "exact";
+  const ShardingPlan exact = PlanSharding(g, o);
+  o.level = "fast";
+  const ShardingPlan fast = PlanSharding(g, o);
+  EXPECT_EQ(exact.level, "exact");
+  EXPECT_EQ(fast.level, "fast");
+  // Twelve repeats collapse to about one layer's worth of decision units (the first and last
+  // layers differ near the graph's ends).
+  EXPECT_LT(fast.classes * 2, exact.classes);
+  EXPECT_LT(fast.variables * 2, exact.variables);
+  EXPECT_NEAR(fast.objective, exact.objective, 1e-9 + 1e-6 * exact.objective);
+  // Every layer runs Megatron's plan.
+  for (int l = 0; l < 12; ++l) {
+    const std::string p = "l" + std::to_string(l) + ".";
+    EXPECT_EQ(fast.strategy.at(p + "attn.q_addmm"), "col") << p;
+    EXPECT_EQ(fast.strategy.at(p + "mlp.fc2_addmm"), "inner") << p;
+  }
+  o.level = "coarse";
+  EXPECT_THROW(PlanSharding(g, o), ShardingError);
+}
+
+TEST(ShardingIlp, InfeasibleMinimumRespectsPins) {
+  // Pinning every parameter replicated (pure data parallelism): the minimum is all of them.
+  const ir::Graph g = GptBlock(2, 16, 64, 4);
+  ShardingOptions o;
+  o.world = 4;
+  o.training = false;
+  double weight_bytes = 0;
+  for (const auto& in : g.inputs()) {
+    if (in.kind != ir::InputKind::kParameter) continue;
+    weight_bytes += *g.type(in.value).tensor.BytesHint();
+    o.pinned[in.source] = ShardSpec::R();
+  }
+  o.memory_budget_bytes = weight_bytes / 2;
+  try {
+    PlanSharding(g, o);
+    FAIL();
+  } catch (const ShardingError& e) {
+    EXPECT_NEAR(e.min_bytes(), weight_bytes, 1.0);
+    EXPECT_NE(std::string(e.what()).find("pin less"), std::string::npos) << e.what();
+  }
+}
+
 // Brute force over every assignment of a tiny graph (each entity's strategies have distinct
 // output specs, so pinning every output fixes the whole assignment): the ILP's optimum is the
 // least of them.

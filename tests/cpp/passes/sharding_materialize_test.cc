@@ -59,6 +59,15 @@ TEST(ShardingMaterialize, MegatronBlockBecomesLocalProgram) {
     grad_syncs += spec.kind == ShardSpec::Kind::kReplicate;
   }
   EXPECT_EQ(stats.grad_syncs, grad_syncs);
+  // One bucket: a single grad_sync node carries every replicated parameter.
+  int sync_nodes = 0;
+  for (const auto& n : local.nodes()) {
+    if (n.op != "torch_plugin::grad_sync.default") continue;
+    ++sync_nodes;
+    EXPECT_EQ(static_cast<int>(n.outputs.size()), grad_syncs);
+    EXPECT_TRUE(n.tuple_output);
+  }
+  EXPECT_EQ(sync_nodes, grad_syncs > 0 ? 1 : 0);
 
   // Every planned forward collective is one reshard node with the planned specs.
   std::multiset<std::string> planned, built;
