@@ -420,3 +420,31 @@ def sharding_fault(rank: int, world: int, port: int, timeout_s: float, out_dir: 
         json.dumps({"rank": rank, "message": message, "seconds": time.perf_counter() - t0})
     )
     os._exit(0)  # the group is broken; skip its teardown
+
+
+def sharding_meta_init(rank: int, world: int, port: int, out_dir: str) -> None:
+    """A model built on `meta` is materialised block by block, each block equal to the same
+    slice of a single-process build with the same seed; its forward equals that build's."""
+    import torch_plugin
+    from torch_plugin.models import gpt
+
+    _init(rank, world, port)
+    try:
+        with torch.device("meta"):
+            model = gpt.build_gpt(small=True)
+        torch.manual_seed(7)
+        reference = gpt.build_gpt(small=True)
+        tokens = torch.randint(0, reference.vocab_size, (4, reference.seq_len))
+        mesh = torch_plugin.DeviceMesh.from_torchrun()
+        sharded = torch_plugin.parallelize(model, mesh, (tokens,), init_seed=7)
+        ref = dict(reference.named_parameters())
+        sharded_count = 0
+        for name, p, spec in sharded.named_local_parameters():
+            assert torch.equal(p, sharded.shard(ref[name], spec)), f"{name} ({spec}) differs"
+            sharded_count += spec != "R"
+        torch.testing.assert_close(sharded(tokens), reference(tokens), rtol=1e-5, atol=1e-5)
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps({"sharded": sharded_count, "params": len(ref)})
+        )
+    finally:
+        dist.destroy_process_group()

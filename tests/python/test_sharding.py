@@ -78,3 +78,10 @@ def test_mesh_and_parallelize_errors() -> None:
         torch_plugin.parallelize(model, 2, inputs, strategy="shard")
     with pytest.raises(ValueError, match="unknown strategy"):
         torch_plugin.parallelize(model, 2, inputs, strategy="zero")
+
+
+def test_meta_model_is_materialised_block_by_block(tmp_path: Path) -> None:
+    dist_workers.spawn(dist_workers.sharding_meta_init, 2, str(tmp_path))
+    for r in range(2):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert res["sharded"] > 0

@@ -16,11 +16,12 @@ on the local graph exact.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -283,6 +284,41 @@ def capture_graph(model: nn.Module, example_inputs: Sequence[Any]) -> _C.Graph:
     return fx_bridge.to_ir(gm, kinds)[0]
 
 
+def _init_blocks_like_constructor(
+    model: nn.Module, seed: int, block_of: Callable[[str, torch.Tensor], torch.Tensor]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """This rank's blocks of a `meta` model's tensors, initialised as a single process building
+    the model after `torch.manual_seed(seed)` would: module by module in registration order
+    (the constructor's order), each module's tensors made whole on the CPU, reset, cut to this
+    rank's block and dropped, so peak memory is one module's tensors, not the model's."""
+    rng = torch.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for mod_name, mod in model.named_modules():
+            direct = [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]
+            if not direct:
+                continue
+            if not hasattr(mod, "reset_parameters"):
+                raise ValueError(
+                    f"module '{mod_name}' ({type(mod).__name__}) is on the meta device and has no "
+                    "reset_parameters(); build it on the CPU, or give it one"
+                )
+            whole = copy.copy(mod)  # shallow: materialise its own tensors, not the model's
+            whole._parameters = dict(mod._parameters)
+            whole._buffers = dict(mod._buffers)
+            whole._modules = {}
+            whole.to_empty(device="cpu", recurse=False)
+            with torch.no_grad():
+                whole.reset_parameters()
+            prefix = f"{mod_name}." if mod_name else ""
+            for name, _ in direct:
+                t = getattr(whole, name)
+                yield prefix + name, block_of(prefix + name, t.detach()).clone()
+            del whole
+    finally:
+        torch.set_rng_state(rng)
+
+
 class ShardedModule(nn.Module):
     """The rank-local program of a sharded model: this rank's parameter blocks and the graph."""
 
@@ -298,6 +334,7 @@ class ShardedModule(nn.Module):
         training: bool | None = None,
         time_limit_s: float = 30.0,
         level: str = "auto",
+        init_seed: int | None = None,
     ) -> None:
         super().__init__()
         if len(mesh.shape) != 1:
@@ -347,12 +384,29 @@ class ShardedModule(nn.Module):
         self.buffer_specs = [spec.get(n, "R") for n in bnames]
         all_params = dict(model.named_parameters())
         all_buffers = dict(model.named_buffers())
+        specs = dict(zip(pnames + bnames, self.param_specs + self.buffer_specs, strict=True))
+        meta = any(t.is_meta for t in [*all_params.values(), *all_buffers.values()])
+        if meta:
+            if init_seed is None:
+                raise ValueError(
+                    "the model is on the meta device: pass init_seed (the seed it would be built "
+                    "with) so each rank initialises its blocks as one process would"
+                )
+            blocks = dict(
+                _init_blocks_like_constructor(
+                    model, init_seed, lambda n, t: self.shard(t, specs[n])
+                )
+            )
+        else:
+            blocks = {
+                n: self.shard(t.detach(), specs[n]).clone()
+                for n, t in [*all_params.items(), *all_buffers.items()]
+            }
         self.local_params = nn.ParameterList(
-            nn.Parameter(self.shard(t.detach(), s).clone(), requires_grad=t.requires_grad)
-            for t, s in ((all_params[n], s) for n, s in zip(pnames, self.param_specs, strict=True))
+            nn.Parameter(blocks[n], requires_grad=all_params[n].requires_grad) for n in pnames
         )
-        for i, (n, s) in enumerate(zip(bnames, self.buffer_specs, strict=True)):
-            self.register_buffer(f"_buffer{i}", self.shard(all_buffers[n].detach(), s).clone())
+        for i, n in enumerate(bnames):
+            self.register_buffer(f"_buffer{i}", blocks[n])
         self._input_shapes = [
             tuple(x.shape) if isinstance(x, torch.Tensor) else None
             for x in pytree.tree_leaves(example_inputs)
