@@ -185,6 +185,9 @@ class Materializer {
     ir::NodeSpec ns;
     ns.name = n.name;
     ns.op = n.op;
+    // A local block (or a gathered tensor) need not have the strides the whole tensor had, so a
+    // view valid on the whole may not be on the block: reshape is the same view when one exists.
+    if (o_.world > 1 && n.op == "aten::view.default") ns.op = "aten::reshape.default";
     size_t next = 0;
     for (const auto& a : n.args) ns.args.push_back(Substitute(a, local, &next));
     for (const auto& kw : n.kwargs) ns.kwargs.push_back({kw.name, Substitute(kw.value, local, &next)});

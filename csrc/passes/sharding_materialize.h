@@ -7,7 +7,8 @@
 //     user inputs arrive whole and are sliced in the graph (a free local reshard);
 //   - inserts `torch_plugin::reshard.default(x, from, to, group)` wherever a consumer needs a
 //     spec other than its producer's (one per value and target spec, shared by consumers);
-//   - rewrites the size arguments of view/reshape nodes whose output is sharded;
+//   - rewrites the size arguments of view/reshape nodes whose output is sharded, and turns
+//     views into reshapes (a local block need not have the strides the view relied on);
 //   - reshards every graph output to Replicate;
 //   - when training, routes the replicated parameters through one
 //     `torch_plugin::grad_sync.default([p...], group)` node (a tuple of the same tensors; its

@@ -59,6 +59,9 @@ def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path)
             assert sum(m["comm_calls"].values()) > 0
         assert res["gpt"]["level"] == "fast"
         assert "captured for" in res["bad_input"]
+        if world == 4:
+            assert res["mesh2"] == [r // 2, r % 2]
+            assert "1-D meshes" in res["mesh2_error"]
 
 
 def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
