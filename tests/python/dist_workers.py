@@ -322,10 +322,68 @@ def _sharding_model(name: str, batch: int) -> tuple[torch.nn.Module, tuple[Any, 
     return models.build(name, small=True, batch=batch, **SHARDING_MODELS.get(name, {}))
 
 
+def _sharded_step_matches(name: str, mesh: Any, batch: int) -> tuple[dict[str, Any], Any]:
+    """One training step of `name` sharded on `mesh` equals single-process training (asserts);
+    returns figures and the sharded module."""
+    import torch_plugin
+
+    model, inputs = _sharding_model(name, batch)
+    model.train()
+    reference = copy.deepcopy(model)
+    out = reference(*inputs)
+    torch.manual_seed(123)
+    target = torch.randn_like(out)
+    ref_loss = F.mse_loss(out, target)
+    ref_loss.backward()
+    ref = dict(reference.named_parameters())
+
+    sharded = torch_plugin.parallelize(
+        model,
+        mesh,
+        inputs,
+        constraints=SHARDING_PINS.get(name),
+        # the tied-layer level run for real, on the CPU profile (other plans than A100's)
+        **({"level": "fast", "device": "cpu"} if name == "gpt" else {}),
+    )
+    del model
+    dist_out = sharded(*inputs)
+    loss = F.mse_loss(dist_out, target)
+    loss.backward()
+    torch.testing.assert_close(dist_out, out, rtol=1e-5, atol=1e-5)
+    max_diff, sharded_params = 0.0, 0
+    for pname, p, spec in sharded.named_local_parameters():
+        assert p.grad is not None, f"{name}: no gradient for {pname} ({spec})"
+        expect = sharded.shard(ref[pname].grad, spec)
+        torch.testing.assert_close(
+            p.grad, expect, rtol=1e-5, atol=1e-5, msg=lambda m, n=pname, s=spec: f"{n} {s}: {m}"
+        )
+        max_diff = max(max_diff, float((p.grad - expect).abs().max()))
+        sharded_params += spec != "R"
+    opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
+    opt.step()
+    with torch.no_grad():
+        for pname, p, spec in sharded.named_local_parameters():
+            full = ref[pname] - 0.1 * ref[pname].grad
+            torch.testing.assert_close(p, sharded.shard(full, spec), rtol=1e-5, atol=1e-5)
+    whole = sum(p.numel() * p.element_size() for p in ref.values())
+    return {
+        "loss": float(loss.detach()),
+        "ref_loss": float(ref_loss.detach()),
+        "max_grad_diff": max_diff,
+        "sharded_params": sharded_params,
+        "params": len(ref),
+        "param_bytes_local": sharded.local_parameter_bytes(),
+        "param_bytes_whole": whole,
+        "comm_calls": dict(sharded.comm.calls),
+        "level": sharded.plan.level,
+    }, sharded
+
+
 def sharding_step_matches(
     rank: int, world: int, port: int, model_names: list[str], batch: int, out_dir: str
 ) -> None:
-    """Forward, gradients and one SGD step of the sharded model equal single-process training."""
+    """Forward, gradients and one SGD step of the sharded model equal single-process training,
+    on a 1-D mesh of the world and (4 ranks) on a 2 x 2 (dp, tp) mesh."""
     import torch_plugin
 
     _init(rank, world, port)
@@ -333,60 +391,7 @@ def sharding_step_matches(
     try:
         mesh = torch_plugin.DeviceMesh.from_torchrun()
         for name in model_names:
-            model, inputs = _sharding_model(name, batch)
-            model.train()
-            reference = copy.deepcopy(model)
-            out = reference(*inputs)
-            torch.manual_seed(123)
-            target = torch.randn_like(out)
-            ref_loss = F.mse_loss(out, target)
-            ref_loss.backward()
-            ref = dict(reference.named_parameters())
-
-            sharded = torch_plugin.parallelize(
-                model,
-                mesh,
-                inputs,
-                constraints=SHARDING_PINS.get(name),
-                # the tied-layer level run for real, on the CPU profile (other plans than A100's)
-                **({"level": "fast", "device": "cpu"} if name == "gpt" else {}),
-            )
-            del model
-            dist_out = sharded(*inputs)
-            loss = F.mse_loss(dist_out, target)
-            loss.backward()
-            torch.testing.assert_close(dist_out, out, rtol=1e-5, atol=1e-5)
-            max_diff, sharded_params = 0.0, 0
-            for pname, p, spec in sharded.named_local_parameters():
-                assert p.grad is not None, f"rank {rank}: no gradient for {pname} ({spec})"
-                expect = sharded.shard(ref[pname].grad, spec)
-                torch.testing.assert_close(
-                    p.grad,
-                    expect,
-                    rtol=1e-5,
-                    atol=1e-5,
-                    msg=lambda m, n=pname, s=spec: f"{n} {s}: {m}",
-                )
-                max_diff = max(max_diff, float((p.grad - expect).abs().max()))
-                sharded_params += spec != "R"
-            opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
-            opt.step()
-            with torch.no_grad():
-                for pname, p, spec in sharded.named_local_parameters():
-                    full = ref[pname] - 0.1 * ref[pname].grad
-                    torch.testing.assert_close(p, sharded.shard(full, spec), rtol=1e-5, atol=1e-5)
-            whole = sum(p.numel() * p.element_size() for p in ref.values())
-            report[name] = {
-                "loss": float(loss.detach()),
-                "ref_loss": float(ref_loss.detach()),
-                "max_grad_diff": max_diff,
-                "sharded_params": sharded_params,
-                "params": len(ref),
-                "param_bytes_local": sharded.local_parameter_bytes(),
-                "param_bytes_whole": whole,
-                "comm_calls": dict(sharded.comm.calls),
-                "level": sharded.plan.level,
-            }
+            report[name], sharded = _sharded_step_matches(name, mesh, batch)
         if world == 4:  # a 2-D mesh: the "tp" group of rank r holds the ranks sharing r's row
             mesh2 = torch_plugin.DeviceMesh.from_torchrun((2, 2), ("dp", "tp"))
             for axis, expect in (
@@ -397,12 +402,9 @@ def sharding_step_matches(
                 dist.all_reduce(t, group=mesh2.group(axis))
                 assert t.item() == sum(expect), (axis, t.item(), expect)
             report["mesh2"] = list(mesh2.coordinate)
-            try:
-                torch_plugin.parallelize(
-                    MatmulAttention(), mesh2, (torch.zeros(2, 8, dtype=torch.long),)
-                )
-            except NotImplementedError as e:
-                report["mesh2_error"] = str(e)
+            for name in ("mlp", "gpt2"):
+                report[f"{name}@dp2xtp2"], dp_tp = _sharded_step_matches(name, mesh2, batch)
+                report[f"{name}@dp2xtp2"]["dp_calls"] = dict(dp_tp.dp_comm.calls)
         # Bad input is a clear error, not a wrong answer.
         bad = torch.zeros(batch + 1, 64)
         try:

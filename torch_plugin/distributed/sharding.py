@@ -337,17 +337,29 @@ class ShardedModule(nn.Module):
         init_seed: int | None = None,
     ) -> None:
         super().__init__()
-        if len(mesh.shape) != 1:
+        if len(mesh.shape) == 2 and mesh.axis_names != ("dp", "tp"):
             raise NotImplementedError(
-                f"{mesh}: the sharding planner handles 1-D meshes so far; 2-D (dp x tp) is "
-                "the next slice of issue 5 - pass a 1-D mesh"
+                f"{mesh}: a 2-D mesh must have axes ('dp', 'tp'): data parallel over 'dp', the "
+                "planned tensor parallelism over 'tp'"
             )
         example_inputs = tuple(example_inputs)
         self.mesh = mesh
-        self.world = mesh.size()
-        self.rank = mesh.local_rank()
+        tp_axis = "tp" if len(mesh.shape) == 2 else mesh.axis_names[0]
+        self.world = mesh.size(tp_axis)
+        self.rank = mesh.local_rank(tp_axis)
+        # Data parallelism over 'dp' composes outside the plan: each dp replica runs the
+        # tensor-parallel program on its slice of the batch (dim 0 of every tensor input).
+        self.dp = mesh.size("dp") if len(mesh.shape) == 2 else 1
+        self.dp_rank = mesh.local_rank("dp") if self.dp > 1 else 0
+        self._dp_handle = 0
+        if self.dp > 1:
+            dp_comm = Collectives(mesh.group("dp"), self.dp, self.dp_rank, "torch_plugin sharding")
+            self._dp_handle = _register_group(dp_comm)
+            self.dp_comm = dp_comm
+        full_inputs = example_inputs
+        example_inputs = tuple(pytree.tree_map(self._dp_slice, example_inputs))
         training = model.training if training is None else training
-        comm = Collectives(mesh.group(), self.world, self.rank, "torch_plugin sharding")
+        comm = Collectives(mesh.group(tp_axis), self.world, self.rank, "torch_plugin sharding")
         self.comm = comm
         self._handle = _register_group(comm)
 
@@ -409,7 +421,7 @@ class ShardedModule(nn.Module):
             self.register_buffer(f"_buffer{i}", blocks[n])
         self._input_shapes = [
             tuple(x.shape) if isinstance(x, torch.Tensor) else None
-            for x in pytree.tree_leaves(example_inputs)
+            for x in pytree.tree_leaves(full_inputs)
         ]
         self.plan = ShardingPlan(
             world=self.world,
@@ -464,8 +476,39 @@ class ShardedModule(nn.Module):
                     "of this shape"
                 )
         buffers = [getattr(self, f"_buffer{i}") for i in range(len(self.buffer_names))]
-        outs = self.graph_module(*self.local_params, *buffers, *flat)
-        return pytree.tree_unflatten(list(outs), self._out_spec)
+        params: list[torch.Tensor] = list(self.local_params)
+        if self.dp == 1:
+            outs = self.graph_module(*params, *buffers, *flat)
+            return pytree.tree_unflatten(list(outs), self._out_spec)
+        # dp replicas: every gradient block is summed over 'dp' (one bucket); the batch slice
+        # runs through the tp program; outputs are gathered back along the batch. Every rank
+        # seeds the same loss gradient, so the gathered output scales it by 1/dp (the program
+        # itself scales by 1/tp), keeping the gradient convention of sharding_materialize.h.
+        trainable = [i for i, p in enumerate(params) if p.requires_grad]
+        if trainable and torch.is_grad_enabled():
+            synced = grad_sync([params[i] for i in trainable], self._dp_handle)
+            for i, t in zip(trainable, synced, strict=True):
+                params[i] = t
+        local = [self._dp_slice(x) for x in flat]
+        outs = self.graph_module(*params, *buffers, *local)
+        whole = [
+            replicated_output(reshard(o, "S(0)", "R", self._dp_handle), self._dp_handle)
+            if isinstance(o, torch.Tensor) and o.dim() > 0 and o.is_floating_point()
+            else o
+            for o in outs
+        ]
+        return pytree.tree_unflatten(whole, self._out_spec)
+
+    def _dp_slice(self, x: Any) -> Any:
+        """This dp replica's rows (dim 0) of a batch tensor."""
+        if self.dp == 1 or not isinstance(x, torch.Tensor) or x.dim() == 0:
+            return x
+        if x.shape[0] % self.dp:
+            raise ValueError(
+                f"a batch of {x.shape[0]} rows does not split over the mesh's {self.dp} dp "
+                "replicas; use a batch divisible by the dp size"
+            )
+        return x.chunk(self.dp, 0)[self.dp_rank]
 
 
 def shard_model(
