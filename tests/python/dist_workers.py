@@ -392,6 +392,9 @@ def sharding_step_matches(
         mesh = torch_plugin.DeviceMesh.from_torchrun()
         for name in model_names:
             report[name], sharded = _sharded_step_matches(name, mesh, batch)
+            if rank == 0 and name == "gpt2":
+                sharded.plan.save_png(str(Path(out_dir, "gpt2_plan.png")))
+                report["gpt2_table"] = sharded.plan.table()
         if world == 4:  # a 2-D mesh: the "tp" group of rank r holds the ranks sharing r's row
             mesh2 = torch_plugin.DeviceMesh.from_torchrun((2, 2), ("dp", "tp"))
             for axis, expect in (

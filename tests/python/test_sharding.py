@@ -59,6 +59,10 @@ def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path)
             assert sum(m["comm_calls"].values()) > 0
         assert res["gpt"]["level"] == "fast"
         assert "captured for" in res["bad_input"]
+        if r == 0:  # the plan explains itself: a table naming every parameter, and a chart
+            table = res["gpt2_table"]
+            assert "model.transformer.h.3.mlp.c_fc.weight" in table and "modelled per step" in table
+            assert (tmp_path / "gpt2_plan.png").stat().st_size > 10_000
         if world == 4:  # 2 x 2 (dp, tp): data parallel replicas of the tensor-parallel program
             assert res["mesh2"] == [r // 2, r % 2]
             for name in ("mlp", "gpt2"):

@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -373,6 +374,14 @@ class ShardedModule(nn.Module):
         )
         graph, ctx = fx_bridge.to_ir(gm, kinds)
         budget = 0.0 if memory_budget_gb is None else memory_budget_gb * 1e9
+        log.info(
+            "torch_plugin sharding: planning %d ATen nodes on %d ranks (%s level, %.0f s limit)",
+            len(graph.records()[1]),
+            self.world,
+            level,
+            time_limit_s,
+        )
+        t0 = time.perf_counter()
         result = _C.shard_graph(
             graph,
             self.world,
@@ -383,6 +392,13 @@ class ShardedModule(nn.Module):
             time_limit_s,
             dict(constraints or {}),
             level,
+        )
+        log.info(
+            "torch_plugin sharding: %s plan in %.2f s (%d decision units, %d ILP variables)",
+            result["status"],
+            time.perf_counter() - t0,
+            result["classes"],
+            result["variables"],
         )
         ctx.targets.update(_TARGETS)
         self.graph_module = fx_bridge.from_ir(result["graph"], ctx)
