@@ -17,13 +17,21 @@ namespace {
 ir::ShardSpec SpecFromString(const std::string& s) {
   if (s == "R") return ir::ShardSpec::R();
   if (s == "P") return ir::ShardSpec::P();
-  if (s.size() > 3 && s.rfind("S(", 0) == 0 && s.back() == ')') {
+  const auto close = s.find(')');
+  if (s.size() > 3 && s.rfind("S(", 0) == 0 && close != std::string::npos) {
     try {
-      return ir::ShardSpec::S(std::stoi(s.substr(2, s.size() - 3)));
+      const int dim = std::stoi(s.substr(2, close - 2));
+      if (close + 1 == s.size()) return ir::ShardSpec::S(dim);
+      if (s[close + 1] == 'x' && close + 2 < s.size()) {
+        size_t used = 0;
+        const int sections = std::stoi(s.substr(close + 2), &used);
+        if (close + 2 + used == s.size() && sections > 1) return ir::ShardSpec::S(dim, sections);
+      }
     } catch (const std::exception&) {
     }
   }
-  throw std::invalid_argument("bad shard spec '" + s + "'; use 'R', 'P' or 'S(<dim>)'");
+  throw std::invalid_argument("bad shard spec '" + s +
+                              "'; use 'R', 'P', 'S(<dim>)' or 'S(<dim>)x<sections>'");
 }
 
 passes::ShardingOptions Options(int world, const std::string& device, bool training,

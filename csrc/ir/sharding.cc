@@ -92,6 +92,11 @@ void AddMatmulStrategies(const Graph& g, const Node& n, int world,
     S bias_spec = bias == nullptr ? S::R() : S::S(bias_1d ? 0 : 1);
     with_bias(bias_spec, S::R(), S::S(1), S::S(1), "col");
   }
+  for (int n : kStridedSections) {  // columns of a packed weight, each part split
+    if (!Divisible(*b, 1, world * n)) continue;
+    S bias_spec = bias == nullptr ? S::R() : S::S(bias_1d ? 0 : 1, n);
+    with_bias(bias_spec, S::R(), S::S(1, n), S::S(1, n), n == 2 ? "col_packed2" : "col_packed3");
+  }
   if (Divisible(*a, 1, world)) {  // contraction (Megatron row-parallel): partial sums
     with_bias(S::P(), S::S(1), S::S(0), S::P(), "inner");
   }
@@ -153,7 +158,9 @@ void AddSameDimStrategies(const Graph& g, const Node& n, int world, int limit, c
     s.compute_fraction = 1.0 / world;
     for (ValueId v : ins) {
       const TensorType* t = TensorOf(g, v);
-      if (t != nullptr && t->rank() == first->rank()) {
+      if (t != nullptr && t->rank() == first->rank() && Size(*t, d) == 1 && Size(*first, d) != 1) {
+        s.inputs.push_back(S::R());  // broadcast along d (an attention mask over heads)
+      } else if (t != nullptr && t->rank() == first->rank()) {
         ok = ok && Divisible(*t, d, world);
         s.inputs.push_back(S::S(d));
       } else {
@@ -171,6 +178,41 @@ void AddSameDimStrategies(const Graph& g, const Node& n, int world, int limit, c
     }
     if (ok) out->push_back(s);
   }
+}
+
+int64_t IntArg(const Node& n, size_t pos, int64_t fallback) {
+  if (pos < n.args.size() && n.args[pos].kind == Arg::Kind::kInt) return n.args[pos].i;
+  return fallback;
+}
+
+// split(x, size or sizes, dim): any other dim passes through to every part; a dim strided into
+// as many equal parts as the split makes yields plain Shard(dim) parts (the packed-QKV case).
+void AddSplitStrategies(const Graph& g, const Node& n, int world, std::vector<ShardStrategy>* out) {
+  auto ins = TensorInputs(g, n);
+  if (ins.size() != 1) return;
+  const TensorType* t = TensorOf(g, ins[0]);
+  if (t == nullptr) return;
+  int64_t dim = IntArg(n, 2, 0);
+  if (dim < 0) dim += t->rank();
+  const size_t parts = n.outputs.size();
+  for (int d = 0; d < t->rank(); ++d) {
+    if (d == dim || !Divisible(*t, d, world)) continue;
+    out->push_back({"dim" + std::to_string(d), {S::S(d)},
+                    std::vector<ShardSpec>(parts, S::S(d)), 1.0});
+  }
+  bool equal = parts > 1;
+  for (ValueId v : n.outputs) {
+    const TensorType* o = TensorOf(g, v);
+    equal = equal && o != nullptr && Size(*o, static_cast<int>(dim)) > 0 &&
+            Size(*o, static_cast<int>(dim)) * static_cast<int64_t>(parts) ==
+                Size(*t, static_cast<int>(dim));
+  }
+  if (equal && Divisible(*t, static_cast<int>(dim), world * static_cast<int>(parts))) {
+    const int d = static_cast<int>(dim);
+    out->push_back({"packed", {S::S(d, static_cast<int>(parts))},
+                    std::vector<ShardSpec>(parts, S::S(d)), 1.0});
+  }
+  out->push_back({"partial", {S::P()}, std::vector<ShardSpec>(parts, S::P()), 1.0});
 }
 
 // bmm(a [b, m, k], c [b, k, n]): by batch, by a's rows, by c's columns, or by the contraction.
@@ -217,10 +259,6 @@ void AddPassthroughStrategies(const Graph& g, const Node& n, int world,
   out->push_back({"partial", {S::P()}, {S::P()}, 1.0});
 }
 
-int64_t IntArg(const Node& n, size_t pos, int64_t fallback) {
-  if (pos < n.args.size() && n.args[pos].kind == Arg::Kind::kInt) return n.args[pos].i;
-  return fallback;
-}
 
 }  // namespace
 
@@ -231,7 +269,8 @@ std::string ShardSpec::ToString() const {
     case Kind::kPartial:
       return "P";
     case Kind::kShard:
-      return "S(" + std::to_string(dim) + ")";
+      return "S(" + std::to_string(dim) + ")" +
+             (sections > 1 ? "x" + std::to_string(sections) : "");
   }
   return "?";
 }
@@ -250,11 +289,15 @@ std::vector<ValueId> TensorInputs(const Graph& graph, const Node& node) {
   return out;
 }
 
-std::vector<ShardSpec> InputSpecs(const TensorType& type, int world) {
+std::vector<ShardSpec> InputSpecs(const TensorType& type, int world, bool strided) {
   std::vector<ShardSpec> specs = {S::R()};
   if (world <= 1) return specs;
   for (int d = 0; d < type.rank(); ++d)
     if (Divisible(type, d, world)) specs.push_back(S::S(d));
+  // Strided specs for parameters' packed dims (the consumers decide whether any rule takes them).
+  for (int d = 0; strided && d < type.rank(); ++d)
+    for (int n : kStridedSections)
+      if (Divisible(type, d, world * n)) specs.push_back(S::S(d, n));
   return specs;
 }
 
@@ -268,6 +311,8 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
   auto ins = TensorInputs(g, n);
   if (IsOp(n, "aten::mm.default") || IsOp(n, "aten::addmm.default")) {
     AddMatmulStrategies(g, n, world, &out);
+  } else if (IsOp(n, "aten::split.Tensor") || IsOp(n, "aten::split_with_sizes.default")) {
+    AddSplitStrategies(g, n, world, &out);
   } else if (IsOp(n, "aten::bmm.default")) {
     AddBmmStrategies(g, n, world, &out);
   } else if (IsOp(n, "aten::embedding.default")) {
@@ -311,6 +356,12 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
         if (!Divisible(*t, d, world)) continue;
         const int od = MapDimThroughReshape(*t, *o, d, world);
         if (od >= 0) out.push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(od)}, 1.0});
+        // A packed dim survives a view only unchanged (its size and what precedes it).
+        for (int n : kStridedSections) {
+          if (od < 0 || !Divisible(*t, d, world * n) || Size(*o, od) != Size(*t, d)) continue;
+          out.push_back({"dim" + std::to_string(d) + "x" + std::to_string(n), {S::S(d, n)},
+                         {S::S(od, n)}, 1.0});
+        }
       }
       out.push_back({"partial", {S::P()}, {S::P()}, 1.0});
     }

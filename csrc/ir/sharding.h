@@ -15,18 +15,28 @@
 
 namespace tp::ir {
 
+// Strided sharding (Rhino): dim d holds `sections` equal parts packed together (a fused QKV
+// projection's [q | k | v]); each rank holds its block of every part, in part order, so a later
+// split into the parts leaves each part plainly Shard(d).
 struct ShardSpec {
   enum class Kind { kReplicate, kShard, kPartial };
   Kind kind = Kind::kReplicate;
-  int dim = -1;  // kShard only
+  int dim = -1;      // kShard only
+  int sections = 1;  // kShard only; > 1: strided
 
   static ShardSpec R() { return {}; }
-  static ShardSpec S(int d) { return {Kind::kShard, d}; }
-  static ShardSpec P() { return {Kind::kPartial, -1}; }
-  bool operator==(const ShardSpec& o) const { return kind == o.kind && dim == o.dim; }
+  static ShardSpec S(int d, int sections = 1) { return {Kind::kShard, d, sections}; }
+  static ShardSpec P() { return {Kind::kPartial, -1, 1}; }
+  bool strided() const { return kind == Kind::kShard && sections > 1; }
+  bool operator==(const ShardSpec& o) const {
+    return kind == o.kind && dim == o.dim && sections == o.sections;
+  }
   bool operator!=(const ShardSpec& o) const { return !(*this == o); }
-  std::string ToString() const;  // "R", "S(1)", "P"
+  std::string ToString() const;  // "R", "S(1)", "S(1)x3", "P"
 };
+
+// Section counts offered for strided sharding (packed q/k/v, packed gate/up).
+constexpr int kStridedSections[] = {2, 3};
 
 struct ShardStrategy {
   std::string name;                // "replicate", "col", "row", "batch", "heads", ...
@@ -42,7 +52,8 @@ std::vector<ValueId> TensorInputs(const Graph& graph, const Node& node);
 // Shard(d) is offered only where the dim's size (hint) is divisible by `world`.
 std::vector<ShardStrategy> ShardingStrategies(const Graph& graph, const Node& node, int world);
 
-// Specs a graph input may take: Replicate, and Shard(d) for every divisible dim.
-std::vector<ShardSpec> InputSpecs(const TensorType& type, int world);
+// Specs a graph input may take: Replicate, Shard(d) for every divisible dim, and (`strided`,
+// for parameters) Shard(d) x sections for the kStridedSections that divide.
+std::vector<ShardSpec> InputSpecs(const TensorType& type, int world, bool strided = false);
 
 }  // namespace tp::ir

@@ -155,6 +155,10 @@ std::vector<int> RepeatClasses(const ir::Graph& g, const std::vector<Entity>& en
 
 }  // namespace
 
+// The ILP's objective is in microseconds: CBC prunes nodes that cannot improve the incumbent by
+// its cutoff increment (1e-5 absolute), which in seconds would blur every difference under 10 us.
+constexpr double kMicro = 1e6;
+
 ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   if (o.world < 1) throw ShardingError("sharding needs a mesh of at least one rank", 0);
   const cost::DeviceProfile& device = cost::FindDeviceProfile(o.device);
@@ -173,7 +177,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     e.is_input = true;
     e.is_parameter = in.kind == ir::InputKind::kParameter;
     e.bytes = Bytes(g, in.value);
-    for (const auto& spec : ir::InputSpecs(t.tensor, o.world)) {
+    for (const auto& spec : ir::InputSpecs(t.tensor, o.world, e.is_parameter)) {
       e.strategies.push_back({spec.ToString(), {}, {spec}, 0.0});
       e.compute_s.push_back(0);
     }
@@ -189,8 +193,17 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     e.strategies = ir::ShardingStrategies(g, n, o.world);
     const ir::OpCost c = registry.Estimate(g, n);
     for (const auto& s : e.strategies) {
+      // Tie-break between plans of equal modelled time: the one whose ops read (and so save for
+      // backward) fewer bytes per rank, e.g. a row-parallel projection of the heads' block over
+      // gathering them for a column-parallel one. 1e-15 s per byte: 4 ns for a 4 MB tensor,
+      // above the solver's resolution (the objective is in us) and below real cost differences.
+      double kept = 0;
+      const auto ins = ir::TensorInputs(g, n);
+      for (size_t k = 0; k < ins.size() && k < s.inputs.size(); ++k)
+        kept += Bytes(g, ins[k]) / (s.inputs[k].kind == Kind::kShard ? o.world : 1);
       e.compute_s.push_back(compute_factor * cost::ComputeTime(device, c.flops * s.compute_fraction,
-                                                               c.bytes * s.compute_fraction, 1));
+                                                               c.bytes * s.compute_fraction, 1) +
+                            1e-15 * kept);
     }
     for (size_t k = 0; k < n.outputs.size(); ++k)
       producer[n.outputs[k]] = {static_cast<int>(ents.size()), static_cast<int>(k)};
@@ -254,7 +267,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     }
     std::vector<std::pair<int, double>> one;
     for (size_t s = 0; s < e.strategies.size(); ++s) {
-      const int x = m.AddBinary(obj[cls[i]][s], e.name + "/" + e.strategies[s].name);
+      const int x = m.AddBinary(kMicro * obj[cls[i]][s], e.name + "/" + e.strategies[s].name);
       e.vars.push_back(x);
       one.push_back({x, 1.0});
     }
@@ -356,7 +369,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
         const ShardSpec& from = pe.strategies[sp].outputs[static_cast<size_t>(grp.k)];
         auto [kind, secs] = Reshard(from, ShardSpec::R(), bytes, o.world, device);
         if (secs <= 0) continue;
-        const int y = m.AddVariable(0.0, 1.0, count * comm_factor * secs, false);
+        const int y = m.AddVariable(0.0, 1.0, kMicro * count * comm_factor * secs, false);
         m.AddConstraint({{y, 1.0}, {pe.vars[sp], -1.0}}, solver::Sense::kEqual, 0.0);
         edges.push_back({&grp, static_cast<int>(sp), -1, kind, from, ShardSpec::R(), secs});
       }
@@ -371,7 +384,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
         const ShardSpec& from = pe.strategies[sp].outputs[static_cast<size_t>(grp.k)];
         const ShardSpec& to = ce.strategies[sc].inputs[static_cast<size_t>(grp.i)];
         auto [kind, secs] = Reshard(from, to, bytes, o.world, device);
-        e[sp][sc] = m.AddVariable(0.0, 1.0, count * comm_factor * secs, false);
+        e[sp][sc] = m.AddVariable(0.0, 1.0, kMicro * count * comm_factor * secs, false);
         if (secs > 0)
           edges.push_back({&grp, static_cast<int>(sp), static_cast<int>(sc), kind, from, to, secs});
       }
@@ -397,7 +410,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   plan.level = tie ? "fast" : "exact";
   if (!sol.has_solution())
     throw ShardingError("the sharding ILP found no plan (" + plan.status + ")", min_bytes);
-  plan.objective = sol.objective;
+  plan.objective = sol.objective / kMicro;
 
   std::vector<int> chosen(ents.size(), 0);
   for (size_t i = 0; i < ents.size(); ++i) {

@@ -200,6 +200,7 @@ class Materializer {
     ns.attrs = n.attrs;
     if (IsReshape(n.op) && !st.outputs.empty() && st.outputs[0].kind == Kind::kShard)
       RewriteViewSize(n, st.outputs[0].dim, &ns);
+    if (st.name == "packed") RewriteSplitSizes(n, &ns);
     const ir::NodeId id = b_.AddNode(std::move(ns));
     const ir::Node& added = b_.peek().node(id);
     for (size_t k = 0; k < n.outputs.size(); ++k) {
@@ -231,6 +232,24 @@ class Materializer {
     }
     size.i /= o_.world;
     if (stats_) ++stats_->views_rewritten;
+  }
+
+  // split of a strided dim into its parts: each rank splits its block into parts of 1/world.
+  void RewriteSplitSizes(const ir::Node& n, ir::NodeSpec* ns) {
+    auto divide = [&](Arg* a) {
+      if (a->kind != Arg::Kind::kInt || a->i % o_.world != 0)
+        throw ShardingError("node '" + n.name + "': split sizes must be integers divisible by " +
+                                std::to_string(o_.world) + " to split a packed dim",
+                            0);
+      a->i /= o_.world;
+    };
+    if (ns->args.size() < 2) throw ShardingError("node '" + n.name + "': split without sizes", 0);
+    Arg& sizes = ns->args[1];
+    if (sizes.kind == Arg::Kind::kList || sizes.kind == Arg::Kind::kTuple) {
+      for (auto& item : sizes.items) divide(&item);
+    } else {
+      divide(&sizes);
+    }
   }
 
   Arg RebuildOutput(const Arg& a) {

@@ -27,7 +27,11 @@ def test_gpt2_mlp_is_megatron() -> None:
     for layer in layers:  # HF Conv1D weights are [in, out]: column-parallel splits dim 1
         assert spec[f"{layer}.mlp.c_fc.weight"] == "S(1)"
         assert spec[f"{layer}.mlp.c_proj.weight"] == "S(0)"
-    assert sum(c["kind"] == "all_reduce" for c in plan["collectives"]) >= len(layers)
+        # the packed q|k|v projection: each of the three parts split by heads (strided)
+        assert spec[f"{layer}.attn.c_attn.weight"] == "S(1)x3"
+        assert spec[f"{layer}.attn.c_proj.weight"] == "S(0)"
+    # Megatron's traffic: one all-reduce per attention and one per MLP, nothing else.
+    assert [c["kind"] for c in plan["collectives"]] == ["all_reduce"] * (2 * len(layers))
 
 
 def test_bad_sharding_input_is_a_clear_error() -> None:

@@ -60,11 +60,16 @@ def _group(handle: int) -> Collectives:
         ) from None
 
 
-def _parse(spec: str) -> tuple[str, int]:
+def _parse(spec: str) -> tuple[str, int, int]:
+    """(kind, dim, sections) of 'R', 'P', 'S(d)' or the strided 'S(d)xN'."""
     if spec in ("R", "P"):
-        return spec, -1
-    if spec.startswith("S(") and spec.endswith(")"):
-        return "S", int(spec[2:-1])
+        return spec, -1, 1
+    if spec.startswith("S("):
+        close = spec.index(")")
+        sections = int(spec[close + 2 :]) if spec[close + 1 :].startswith("x") else 1
+        if close + 1 < len(spec) and not spec[close + 1 :].startswith("x"):
+            raise ValueError(f"bad shard spec {spec!r}")
+        return "S", int(spec[2:close]), sections
     raise ValueError(f"bad shard spec {spec!r}")
 
 
@@ -73,33 +78,47 @@ def _dual(spec: str) -> str:
     return {"R": "P", "P": "R"}.get(spec, spec)
 
 
+def _block(x: torch.Tensor, dim: int, sections: int, world: int, rank: int) -> torch.Tensor:
+    """This rank's block of a whole tensor split along `dim` (each of `sections` parts split)."""
+    if sections == 1:
+        return x.chunk(world, dim)[rank].contiguous()
+    parts = x.unflatten(dim, (sections, -1))
+    return parts.chunk(world, dim + 1)[rank].flatten(dim, dim + 1).contiguous()
+
+
+def _whole(blocks: list[torch.Tensor], dim: int, sections: int) -> torch.Tensor:
+    """Inverse of _block over every rank's block."""
+    if sections == 1:
+        return torch.cat(blocks, dim=dim)
+    parts = [b.unflatten(dim, (sections, -1)) for b in blocks]
+    return torch.cat(parts, dim=dim + 1).flatten(dim, dim + 1)
+
+
 def _reshard_local(x: torch.Tensor, src: str, dst: str, comm: Collectives) -> torch.Tensor:
     """The value held as `src` on this rank, as `dst` (not differentiable; see _Reshard)."""
-    (sk, sd), (dk, dd) = _parse(src), _parse(dst)
+    (sk, sd, sn), (dk, dd, dn) = _parse(src), _parse(dst)
     w, r = comm.world, comm.rank
     if src == dst:
         return x
-    if sk == "R" and dk == "S":
-        return x.chunk(w, dd)[r].contiguous()
-    if sk == "R" and dk == "P":  # one rank holds the value, the others zero summands
-        return x.clone() if r == 0 else torch.zeros_like(x)
-    if sk == "S" and dk == "R":
-        parts = comm.all_gather(x, "reshard")
-        return torch.cat(list(parts.unbind(0)), dim=sd)
-    if sk == "S" and dk == "P":  # zero-padded to the whole shape
+    if sk == "S" and dk == "P":  # zero-padded to the whole shape (local: no traffic)
         shape = list(x.shape)
         shape[sd] *= w
         out = x.new_zeros(shape)
-        out.narrow(sd, r * x.shape[sd], x.shape[sd]).copy_(x)
-        return out
-    if sk == "S" and dk == "S":
-        parts = comm.all_gather(x, "reshard")
-        whole = torch.cat(list(parts.unbind(0)), dim=sd)
-        return whole.chunk(w, dd)[r].contiguous()
+        own = _block(torch.arange(shape[sd], device=x.device), 0, sn, w, r)
+        return out.index_copy_(sd, own, x)
+    if sk == "S":  # to R, or to another split: gather the whole first
+        whole = _whole(list(comm.all_gather(x, "reshard").unbind(0)), sd, sn)
+        return whole if dk == "R" else _block(whole, dd, dn, w, r)
+    if sk == "R" and dk == "S":
+        return _block(x, dd, dn, w, r)
+    if sk == "R" and dk == "P":  # one rank holds the value, the others zero summands
+        return x.clone() if r == 0 else torch.zeros_like(x)
     if sk == "P" and dk == "R":
         return comm.all_reduce(x, "reshard")
     if sk == "P" and dk == "S":
-        return comm.reduce_scatter(x, dd, "reshard")
+        if dn == 1:
+            return comm.reduce_scatter(x, dd, "reshard")
+        return _block(comm.all_reduce(x, "reshard"), dd, dn, w, r)
     raise ValueError(f"no reshard from {src} to {dst}")
 
 
@@ -465,10 +484,10 @@ class ShardedModule(nn.Module):
 
     def shard(self, full: torch.Tensor, spec: str) -> torch.Tensor:
         """This rank's block of a whole tensor held as `spec` (R and P: the whole tensor)."""
-        kind, dim = _parse(spec)
+        kind, dim, sections = _parse(spec)
         if kind != "S":
             return full
-        return full.chunk(self.world, dim)[self.rank]
+        return _block(full, dim, sections, self.world, self.rank)
 
     def named_local_parameters(self) -> list[tuple[str, nn.Parameter, str]]:
         """(name in the original model, this rank's block, spec) per parameter."""

@@ -90,5 +90,56 @@ TEST(ShardingRules, NoSplitOutputWithoutASplitInput) {
   EXPECT_EQ(t.at("dim0"), "S(0) -> S(0)");
 }
 
+TEST(ShardingRules, AttentionSplitsHeadsUnderABroadcastMask) {
+  // q, k, v [2, 4, 16, 8] and a mask [2, 1, 16, 16] broadcast over heads.
+  auto s = Strategies(
+      OneNode("aten::_scaled_dot_product_flash_attention_for_cpu.default",
+              {Tensor({2, 4, 16, 8}), Tensor({2, 4, 16, 8}), Tensor({2, 4, 16, 8})},
+              {Arg::Double(0.0), Arg::Bool(false)}, Tensor({2, 4, 16, 8})),
+      2);
+  EXPECT_EQ(s.at("attn_dim1"), "S(1) S(1) S(1) -> S(1)");
+  GraphBuilder b;
+  std::vector<Arg> args;
+  for (int i = 0; i < 3; ++i)
+    args.push_back(V(b.AddInput("qkv" + std::to_string(i), Tensor({2, 4, 16, 8}), InputKind::kUser)));
+  args.push_back(Arg::Double(0.0));
+  args.push_back(Arg::Bool(false));
+  NodeSpec sdpa = Op("sdpa", "aten::_scaled_dot_product_flash_attention_for_cpu.default", args,
+                     Tensor({2, 4, 16, 8}));
+  sdpa.kwargs.push_back(
+      {"attn_mask", V(b.AddInput("mask", Tensor({2, 1, 16, 16}), InputKind::kUser))});
+  b.AddNode(sdpa);
+  b.SetOutput(Arg::List({V(b.peek().node(0).outputs[0])}, /*tuple=*/true));
+  auto m = Strategies(b.Build(), 2);
+  EXPECT_EQ(m.at("attn_dim1"), "S(1) S(1) S(1) R -> S(1)");
+  EXPECT_EQ(m.at("attn_dim0"), "S(0) S(0) S(0) S(0) -> S(0)");
+}
+
+TEST(ShardingRules, PackedDimSplitsIntoPlainShards) {
+  // qkv [8, 16, 192] split into three [8, 16, 64]: strided S(2)x3 in, plain S(2) out.
+  GraphBuilder b;
+  auto x = b.AddInput("qkv", Tensor({8, 16, 192}), InputKind::kUser);
+  NodeSpec split = Op("split", "aten::split.Tensor", {V(x), Arg::Int(64), Arg::Int(2)},
+                      Tensor({8, 16, 64}));
+  split.output_types = {Tensor({8, 16, 64}), Tensor({8, 16, 64}), Tensor({8, 16, 64})};
+  split.output_names = {"q", "k", "v"};
+  split.tuple_output = true;
+  b.AddNode(split);
+  b.SetOutput(Arg::List({V(b.peek().node(0).outputs[0])}, /*tuple=*/true));
+  auto s = Strategies(b.Build(), 2);
+  EXPECT_EQ(s.at("packed"), "S(2)x3 -> S(2) S(2) S(2)");
+  EXPECT_EQ(s.at("dim0"), "S(0) -> S(0) S(0) S(0)");
+  EXPECT_EQ(s.count("dim2"), 0u);  // a plain split of the packed dim would mix q, k and v
+
+  // The packed weight's column-parallel matmul keeps the parts: S(1)x3 out.
+  auto mm = Strategies(OneNode("aten::addmm.default",
+                               {Tensor({192}), Tensor({128, 64}), Tensor({64, 192})}, {},
+                               Tensor({128, 192})),
+                       2);
+  EXPECT_EQ(mm.at("col_packed3"), "S(0)x3 R S(1)x3 -> S(1)x3");
+  EXPECT_EQ(ShardSpec::S(1, 3).ToString(), "S(1)x3");
+  EXPECT_NE(ShardSpec::S(1, 3), ShardSpec::S(1));
+}
+
 }  // namespace
 }  // namespace tp::ir

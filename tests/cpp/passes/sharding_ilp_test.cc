@@ -52,6 +52,12 @@ TEST(ShardingIlp, GptBlockTrainingPicksMegatron) {
   EXPECT_EQ(reduces, 2);
   const double activation = 8.0 * 128 * 1024 * 4;
   EXPECT_DOUBLE_EQ(bytes, 2 * 2 * activation);
+  {  // Pinning Megatron's row-parallel projection costs nothing: it is the optimum itself.
+    ShardingOptions o2 = o;
+    o2.pinned["attn.o.weight"] = ShardSpec::S(1);
+    o2.pinned["attn.o_addmm"] = ShardSpec::P();
+    EXPECT_NEAR(PlanSharding(GptBlock(), o2).objective, p.objective, 1e-12);
+  }
   std::cout << "GPT block plan: " << p.variables << " variables, " << p.constraints
             << " constraints; collectives:";
   for (const auto& c : p.collectives) std::cout << " " << c.kind << "(" << c.value << ")";
