@@ -215,6 +215,76 @@ void AddSplitStrategies(const Graph& g, const Node& n, int world, std::vector<Sh
   out->push_back({"partial", {S::P()}, std::vector<ShardSpec>(parts, S::P()), 1.0});
 }
 
+// sum / mean / amax over `dims` (keepdim or not): a split dim that is kept stays split (moved
+// left past the dims reduced before it); a split dim that is summed gives partial sums (sum
+// only: a local mean or max of a block is not a summand of the whole's). Partial inputs stay
+// partial through the linear ones (sum, mean).
+void AddReductionStrategies(const Graph& g, const Node& n, int world,
+                            std::vector<ShardStrategy>* out) {
+  auto ins = TensorInputs(g, n);
+  if (ins.size() != 1 || n.outputs.size() != 1) return;
+  const TensorType* t = TensorOf(g, ins[0]);
+  if (t == nullptr) return;
+  const std::string base = n.op.substr(0, n.op.find('.'));
+  const bool full = n.op == "aten::sum.default" || n.op == "aten::mean.default";
+  std::vector<bool> reduced(static_cast<size_t>(t->rank()), full);
+  bool keepdim = false;
+  if (!full) {
+    if (n.args.size() < 2) return;
+    const Arg& dims = n.args[1];
+    std::vector<int64_t> ds;
+    if (dims.kind == Arg::Kind::kInt) ds.push_back(dims.i);
+    for (const auto& item : dims.items) {
+      if (item.kind != Arg::Kind::kInt) return;
+      ds.push_back(item.i);
+    }
+    if (dims.kind == Arg::Kind::kNone || (dims.kind == Arg::Kind::kList && ds.empty()))
+      reduced.assign(reduced.size(), true);
+    for (int64_t d : ds) {
+      if (d < 0) d += t->rank();
+      if (d < 0 || d >= t->rank()) return;
+      reduced[static_cast<size_t>(d)] = true;
+    }
+    keepdim = n.args.size() > 2 && n.args[2].kind == Arg::Kind::kBool && n.args[2].b;
+  }
+  const bool linear = base == "aten::sum" || base == "aten::mean";
+  int removed = 0;
+  for (int d = 0; d < t->rank(); ++d) {
+    if (reduced[static_cast<size_t>(d)]) {
+      if (base == "aten::sum" && Divisible(*t, d, world))
+        out->push_back({"reduce_dim" + std::to_string(d), {S::S(d)}, {S::P()}, 1.0 / world});
+      ++removed;
+      continue;
+    }
+    if (Divisible(*t, d, world)) {
+      const int od = keepdim ? d : d - removed;
+      out->push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(od)}, 1.0 / world});
+    }
+  }
+  if (linear) out->push_back({"partial", {S::P()}, {S::P()}, 1.0});
+}
+
+// cat(tensors, dim): every part split alike along another dim; partial parts stay partial.
+void AddCatStrategies(const Graph& g, const Node& n, int world, std::vector<ShardStrategy>* out) {
+  auto ins = TensorInputs(g, n);
+  const TensorType* o = n.outputs.size() == 1 ? TensorOf(g, n.outputs[0]) : nullptr;
+  if (ins.empty() || o == nullptr) return;
+  int64_t dim = IntArg(n, 1, 0);
+  if (dim < 0) dim += o->rank();
+  for (int d = 0; d < o->rank(); ++d) {
+    if (d == dim) continue;
+    bool ok = Divisible(*o, d, world);
+    for (ValueId v : ins) {
+      const TensorType* t = TensorOf(g, v);
+      ok = ok && t != nullptr && t->rank() == o->rank() && Divisible(*t, d, world);
+    }
+    if (ok)
+      out->push_back({"dim" + std::to_string(d), std::vector<ShardSpec>(ins.size(), S::S(d)),
+                      {S::S(d)}, 1.0 / world});
+  }
+  out->push_back({"partial", std::vector<ShardSpec>(ins.size(), S::P()), {S::P()}, 1.0});
+}
+
 // bmm(a [b, m, k], c [b, k, n]): by batch, by a's rows, by c's columns, or by the contraction.
 void AddBmmStrategies(const Graph& g, const Node& n, int world, std::vector<ShardStrategy>* out) {
   auto ins = TensorInputs(g, n);
@@ -313,6 +383,12 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
     AddMatmulStrategies(g, n, world, &out);
   } else if (IsOp(n, "aten::split.Tensor") || IsOp(n, "aten::split_with_sizes.default")) {
     AddSplitStrategies(g, n, world, &out);
+  } else if (info->cls == OpClass::kReduction &&
+             (n.op.rfind("aten::sum.", 0) == 0 || n.op.rfind("aten::mean.", 0) == 0 ||
+              n.op == "aten::amax.default")) {
+    AddReductionStrategies(g, n, world, &out);
+  } else if (IsOp(n, "aten::cat.default")) {
+    AddCatStrategies(g, n, world, &out);
   } else if (IsOp(n, "aten::bmm.default")) {
     AddBmmStrategies(g, n, world, &out);
   } else if (IsOp(n, "aten::embedding.default")) {
@@ -367,7 +443,8 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
     }
   } else if (info->cls == OpClass::kElementwise) {
     AddElementwiseStrategies(g, n, world, &out);
-  } else if (info->cls == OpClass::kSoftmax && n.op.rfind("aten::_softmax.", 0) == 0) {
+  } else if (info->cls == OpClass::kSoftmax && (n.op.rfind("aten::_softmax.", 0) == 0 ||
+                                                 n.op.rfind("aten::_log_softmax.", 0) == 0)) {
     const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
     if (t != nullptr) {
       int64_t dim = IntArg(n, 1, -1);

@@ -90,6 +90,40 @@ TEST(ShardingRules, NoSplitOutputWithoutASplitInput) {
   EXPECT_EQ(t.at("dim0"), "S(0) -> S(0)");
 }
 
+TEST(ShardingRules, ReductionsKeepSplitsOrMakePartialSums) {
+  auto sum = Strategies(OneNode("aten::sum.dim_IntList", {Tensor({4, 6, 8})},
+                                {Arg::List({Arg::Int(1)}), Arg::Bool(false)}, Tensor({4, 8})),
+                        2);
+  EXPECT_EQ(sum.at("dim0"), "S(0) -> S(0)");
+  EXPECT_EQ(sum.at("dim2"), "S(2) -> S(1)");  // dim 1 is gone
+  EXPECT_EQ(sum.at("reduce_dim1"), "S(1) -> P");
+  EXPECT_EQ(sum.at("partial"), "P -> P");
+  auto mean = Strategies(OneNode("aten::mean.dim", {Tensor({4, 6, 8})},
+                                 {Arg::List({Arg::Int(-1)}), Arg::Bool(true)}, Tensor({4, 6, 1})),
+                         2);
+  EXPECT_EQ(mean.at("dim1"), "S(1) -> S(1)");  // keepdim
+  EXPECT_EQ(mean.count("reduce_dim2"), 0u);    // a block's mean is not a summand
+  EXPECT_EQ(mean.at("partial"), "P -> P");
+  auto amax = Strategies(OneNode("aten::amax.default", {Tensor({4, 6})},
+                                 {Arg::List({Arg::Int(1)}), Arg::Bool(true)}, Tensor({4, 1})),
+                         2);
+  EXPECT_EQ(amax.at("dim0"), "S(0) -> S(0)");
+  EXPECT_EQ(amax.count("partial"), 0u);
+}
+
+TEST(ShardingRules, CatSplitsAlongAnotherDim) {
+  GraphBuilder b;
+  auto x = b.AddInput("x", Tensor({4, 6}), InputKind::kUser);
+  auto y = b.AddInput("y", Tensor({4, 2}), InputKind::kUser);
+  b.AddNode(Op("cat", "aten::cat.default", {Arg::List({V(x), V(y)}), Arg::Int(1)},
+               Tensor({4, 8})));
+  b.SetOutput(Arg::List({V(b.peek().node(0).outputs[0])}, /*tuple=*/true));
+  auto s = Strategies(b.Build(), 2);
+  EXPECT_EQ(s.at("dim0"), "S(0) S(0) -> S(0)");
+  EXPECT_EQ(s.count("dim1"), 0u);
+  EXPECT_EQ(s.at("partial"), "P P -> P");
+}
+
 TEST(ShardingRules, AttentionSplitsHeadsUnderABroadcastMask) {
   // q, k, v [2, 4, 16, 8] and a mask [2, 1, 16, 16] broadcast over heads.
   auto s = Strategies(
