@@ -38,6 +38,20 @@ def _init(rank: int, world: int, port: int) -> None:
     )
 
 
+def _reference_step(
+    model: torch.nn.Module, inputs: tuple[Any, ...]
+) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Single-process reference: a copy of `model` after forward + MSE backward against a seeded
+    random target; returns (copy, output, target, loss)."""
+    reference = copy.deepcopy(model)
+    out = reference(*inputs)
+    torch.manual_seed(123)
+    target = torch.randn_like(out)
+    ref_loss = F.mse_loss(out, target)
+    ref_loss.backward()
+    return reference, out, target, ref_loss
+
+
 def pipeline_step_matches(
     rank: int,
     world: int,
@@ -56,12 +70,7 @@ def pipeline_step_matches(
     _init(rank, world, port)
     try:
         model, inputs = models.build(model_name, small=True, batch=batch)
-        reference = copy.deepcopy(model)
-        out = reference(*inputs)
-        torch.manual_seed(123)
-        target = torch.randn_like(out)
-        ref_loss = F.mse_loss(out, target)
-        ref_loss.backward()
+        reference, _, target, ref_loss = _reference_step(model, inputs)
         ref_grads = {n: p.grad for n, p in reference.named_parameters()}
 
         if micro_batch_sizes is None:  # the one-call API with a fixed micro-batch count
@@ -329,12 +338,7 @@ def _sharded_step_matches(name: str, mesh: Any, batch: int) -> tuple[dict[str, A
 
     model, inputs = _sharding_model(name, batch)
     model.train()
-    reference = copy.deepcopy(model)
-    out = reference(*inputs)
-    torch.manual_seed(123)
-    target = torch.randn_like(out)
-    ref_loss = F.mse_loss(out, target)
-    ref_loss.backward()
+    reference, out, target, ref_loss = _reference_step(model, inputs)
     ref = dict(reference.named_parameters())
 
     sharded = torch_plugin.parallelize(
