@@ -57,7 +57,7 @@ def test_bad_options_are_clear_errors() -> None:
 
 def test_parallelize_bad_input() -> None:
     model, inputs = models.build("mlp", small=True, batch=4)
-    with pytest.raises(ValueError, match="valid: pipeline, gpp, spp"):
+    with pytest.raises(ValueError, match="valid: shard, pipeline, gpp, spp"):
         torch_plugin.parallelize(model, None, inputs, strategy="zero", loss_fn=torch.nn.MSELoss())
     with pytest.raises(ValueError, match="does not divide"):
         torch_plugin.parallelize(
