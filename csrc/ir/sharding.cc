@@ -285,6 +285,29 @@ void AddCatStrategies(const Graph& g, const Node& n, int world, std::vector<Shar
   out->push_back({"partial", std::vector<ShardSpec>(ins.size(), S::P()), {S::P()}, 1.0});
 }
 
+// convolution(x, w, bias?, stride, padding, dilation, transposed, output_padding, groups), plain
+// (not transposed, one group): by batch, by output channels (w's rows), or by input channels
+// (partial sums; the bias joins once, as a zero-padded partial).
+void AddConvStrategies(const Graph& g, const Node& n, int world, std::vector<ShardStrategy>* out) {
+  auto ins = TensorInputs(g, n);
+  if (ins.size() < 2 || ins.size() > 3 || n.args.size() != 9) return;
+  if (n.args[6].kind != Arg::Kind::kBool || n.args[6].b) return;     // transposed
+  if (n.args[8].kind != Arg::Kind::kInt || n.args[8].i != 1) return;  // groups
+  const TensorType* x = TensorOf(g, ins[0]);
+  const TensorType* w = TensorOf(g, ins[1]);
+  if (x == nullptr || w == nullptr || x->rank() < 3 || w->rank() != x->rank()) return;
+  const bool bias = ins.size() == 3;
+  const double f = 1.0 / world;
+  auto add = [&](const char* name, S xs, S ws, S bs, S o) {
+    ShardStrategy st{name, {xs, ws}, {o}, f};
+    if (bias) st.inputs.push_back(bs);
+    out->push_back(st);
+  };
+  if (Divisible(*x, 0, world)) add("batch", S::S(0), S::R(), S::R(), S::S(0));
+  if (Divisible(*w, 0, world)) add("out_channels", S::R(), S::S(0), S::S(0), S::S(1));
+  if (Divisible(*w, 1, world)) add("in_channels", S::S(1), S::S(1), S::P(), S::P());
+}
+
 // bmm(a [b, m, k], c [b, k, n]): by batch, by a's rows, by c's columns, or by the contraction.
 void AddBmmStrategies(const Graph& g, const Node& n, int world, std::vector<ShardStrategy>* out) {
   auto ins = TensorInputs(g, n);
@@ -389,6 +412,19 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
     AddReductionStrategies(g, n, world, &out);
   } else if (IsOp(n, "aten::cat.default")) {
     AddCatStrategies(g, n, world, &out);
+  } else if (IsOp(n, "aten::convolution.default")) {
+    AddConvStrategies(g, n, world, &out);
+  } else if (IsOp(n, "aten::permute.default")) {
+    const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
+    if (t != nullptr && n.args.size() > 1 && n.args[1].items.size() == size_t(t->rank())) {
+      for (int i = 0; i < t->rank(); ++i) {
+        int64_t d = n.args[1].items[static_cast<size_t>(i)].i;  // output dim i = input dim d
+        if (d < 0) d += t->rank();
+        if (d >= 0 && d < t->rank() && Divisible(*t, static_cast<int>(d), world))
+          out.push_back({"dim" + std::to_string(d), {S::S(static_cast<int>(d))}, {S::S(i)}, 1.0});
+      }
+      out.push_back({"partial", {S::P()}, {S::P()}, 1.0});
+    }
   } else if (IsOp(n, "aten::bmm.default")) {
     AddBmmStrategies(g, n, world, &out);
   } else if (IsOp(n, "aten::embedding.default")) {

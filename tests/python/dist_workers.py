@@ -285,6 +285,7 @@ SHARDING_MODELS: dict[str, dict[str, Any]] = {
 # Pins that steer the plan through rules the free plans of these tiny models do not pick (all
 # replicated: launch costs dominate), so those rules are checked numerically.
 SHARDING_PINS: dict[str, dict[str, str]] = {
+    "conv": {"conv1.weight": "S(0)", "conv2.weight": "S(1)", "permute": "S(3)"},
     "matmul_attn": {
         "qkv.0.weight": "S(0)",
         "qkv.1.weight": "S(0)",
@@ -297,7 +298,7 @@ SHARDING_PINS: dict[str, dict[str, str]] = {
         "bmm_1": "P",
         "unsqueeze": "S(2)",
         "clone_4": "S(2)",
-    }
+    },
 }
 
 
@@ -321,9 +322,27 @@ class MatmulAttention(torch.nn.Module):
         return (y.unsqueeze(1).clone() + x.unsqueeze(1)).squeeze(1)
 
 
+class ConvNet(torch.nn.Module):
+    """Two convolutions (pinned: output-channel then input-channel split, Megatron's pattern in
+    channels) and a channels-last permute into a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv2(torch.relu(self.conv1(x)))
+        return self.head(y.permute(0, 2, 3, 1))
+
+
 def _sharding_model(name: str, batch: int) -> tuple[torch.nn.Module, tuple[Any, ...]]:
     from torch_plugin import models
 
+    if name == "conv":
+        torch.manual_seed(0)
+        return ConvNet(), (torch.randn(batch, 4, 8, 8),)
     if name == "matmul_attn":
         torch.manual_seed(0)
         model = MatmulAttention()

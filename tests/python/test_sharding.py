@@ -47,11 +47,12 @@ def test_bad_sharding_input_is_a_clear_error() -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path) -> None:
-    """Issue 5 acceptance: MLP, 4-layer GPT-2 and BERT configs (+ our GPT, Llama and a matmul
-    attention) on gloo; outputs, gradients and the parameters after one SGD step equal
-    single-process training within 1e-5 (the worker asserts each), and every rank holds only
-    its blocks of the sharded parameters."""
-    names = ["mlp", "gpt2", "bert", "gpt", "llama", "matmul_attn"]
+    """Issue 5 acceptance: MLP, 4-layer GPT-2 and BERT configs (+ our GPT, Llama, a matmul
+    attention and a two-convolution net, the last two pinned through rules free plans skip) on
+    gloo; outputs, gradients and the parameters after one SGD step equal single-process
+    training within 1e-5 (the worker asserts each), and every rank holds only its blocks of the
+    sharded parameters."""
+    names = ["mlp", "gpt2", "bert", "gpt", "llama", "matmul_attn", "conv"]
     dist_workers.spawn(dist_workers.sharding_step_matches, world, names, 8, str(tmp_path))
     for r in range(world):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())

@@ -124,6 +124,39 @@ TEST(ShardingRules, CatSplitsAlongAnotherDim) {
   EXPECT_EQ(s.at("partial"), "P P -> P");
 }
 
+TEST(ShardingRules, ConvolutionSplitsBatchOrChannels) {
+  auto L = [](std::vector<int64_t> v) {
+    std::vector<Arg> items;
+    for (int64_t x : v) items.push_back(Arg::Int(x));
+    return Arg::List(items);
+  };
+  std::vector<Arg> extra = {L({1, 1}), L({1, 1}), L({1, 1}), Arg::Bool(false), L({0, 0}),
+                            Arg::Int(1)};
+  auto s = Strategies(OneNode("aten::convolution.default",
+                              {Tensor({2, 4, 8, 8}), Tensor({8, 4, 3, 3}), Tensor({8})}, extra,
+                              Tensor({2, 8, 8, 8})),
+                      2);
+  EXPECT_EQ(s.at("batch"), "S(0) R R -> S(0)");
+  EXPECT_EQ(s.at("out_channels"), "R S(0) S(0) -> S(1)");
+  EXPECT_EQ(s.at("in_channels"), "S(1) S(1) P -> P");
+  extra[5] = Arg::Int(2);  // grouped: no rule (each group's channels would need splitting alike)
+  auto grouped = Strategies(OneNode("aten::convolution.default",
+                                    {Tensor({2, 4, 8, 8}), Tensor({8, 2, 3, 3}), Tensor({8})},
+                                    extra, Tensor({2, 8, 8, 8})),
+                            2);
+  EXPECT_EQ(grouped.size(), 1u);
+}
+
+TEST(ShardingRules, PermuteMovesTheShardedDim) {
+  auto s = Strategies(OneNode("aten::permute.default", {Tensor({2, 4, 6})},
+                              {Arg::List({Arg::Int(2), Arg::Int(0), Arg::Int(1)})},
+                              Tensor({6, 2, 4})),
+                      2);
+  EXPECT_EQ(s.at("dim2"), "S(2) -> S(0)");
+  EXPECT_EQ(s.at("dim0"), "S(0) -> S(1)");
+  EXPECT_EQ(s.at("dim1"), "S(1) -> S(2)");
+}
+
 TEST(ShardingRules, AttentionSplitsHeadsUnderABroadcastMask) {
   // q, k, v [2, 4, 16, 8] and a mask [2, 1, 16, 16] broadcast over heads.
   auto s = Strategies(
