@@ -339,16 +339,20 @@ void AddEmbeddingStrategies(const Graph& g, const Node& n, int world,
     out->push_back({"features", {S::S(1), S::R()}, {S::S(static_cast<int>(idx->rank()))}, f});
 }
 
-// Ops that return their input's values in the same layout (copies, detach): any spec passes.
-void AddPassthroughStrategies(const Graph& g, const Node& n, int world,
-                              std::vector<ShardStrategy>* out) {
+// Ops that move (or keep) the one input's dims without touching values: a split of input dim d
+// is a split of output dim map(d) (map < 0: none), and partial sums stay partial.
+void AddDimMapStrategies(const Graph& g, const Node& n, int world,
+                         const std::function<int(int)>& map, double compute_fraction,
+                         std::vector<ShardStrategy>* out) {
   auto ins = TensorInputs(g, n);
   if (ins.size() != 1 || n.outputs.size() != 1) return;
   const TensorType* t = TensorOf(g, ins[0]);
   if (t == nullptr) return;
-  for (int d = 0; d < t->rank(); ++d)
-    if (Divisible(*t, d, world))
-      out->push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(d)}, 1.0 / world});
+  for (int d = 0; d < t->rank(); ++d) {
+    const int od = map(d);
+    if (od >= 0 && Divisible(*t, d, world))
+      out->push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(od)}, compute_fraction});
+  }
   out->push_back({"partial", {S::P()}, {S::P()}, 1.0});
 }
 
@@ -417,13 +421,14 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
   } else if (IsOp(n, "aten::permute.default")) {
     const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
     if (t != nullptr && n.args.size() > 1 && n.args[1].items.size() == size_t(t->rank())) {
+      std::vector<int> to(static_cast<size_t>(t->rank()), -1);  // input dim -> output dim
       for (int i = 0; i < t->rank(); ++i) {
         int64_t d = n.args[1].items[static_cast<size_t>(i)].i;  // output dim i = input dim d
         if (d < 0) d += t->rank();
-        if (d >= 0 && d < t->rank() && Divisible(*t, static_cast<int>(d), world))
-          out.push_back({"dim" + std::to_string(d), {S::S(static_cast<int>(d))}, {S::S(i)}, 1.0});
+        if (d >= 0 && d < t->rank()) to[static_cast<size_t>(d)] = i;
       }
-      out.push_back({"partial", {S::P()}, {S::P()}, 1.0});
+      AddDimMapStrategies(g, n, world, [&](int d) { return to[static_cast<size_t>(d)]; }, 1.0,
+                          &out);
     }
   } else if (IsOp(n, "aten::bmm.default")) {
     AddBmmStrategies(g, n, world, &out);
@@ -431,16 +436,13 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
     AddEmbeddingStrategies(g, n, world, &out);
   } else if (IsOp(n, "aten::clone.default") || IsOp(n, "aten::detach.default") ||
              IsOp(n, "aten::alias.default")) {
-    AddPassthroughStrategies(g, n, world, &out);
+    AddDimMapStrategies(g, n, world, [](int d) { return d; }, 1.0 / world, &out);
   } else if (IsOp(n, "aten::unsqueeze.default")) {
     const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
     if (t != nullptr) {
       int64_t at = IntArg(n, 1, 0);
       if (at < 0) at += t->rank() + 1;
-      for (int d = 0; d < t->rank(); ++d)
-        if (Divisible(*t, d, world))
-          out.push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(d >= at ? d + 1 : d)}, 1.0});
-      out.push_back({"partial", {S::P()}, {S::P()}, 1.0});
+      AddDimMapStrategies(g, n, world, [at](int d) { return d >= at ? d + 1 : d; }, 1.0, &out);
     }
   } else if (IsOp(n, "aten::t.default") || IsOp(n, "aten::transpose.int")) {
     const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
@@ -451,12 +453,8 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
         if (a < 0) a += t->rank();
         if (b < 0) b += t->rank();
       }
-      for (int d = 0; d < t->rank(); ++d) {
-        if (!Divisible(*t, d, world)) continue;
-        const int od = d == a ? b : d == b ? a : d;
-        out.push_back({"dim" + std::to_string(d), {S::S(d)}, {S::S(od)}, 1.0});
-      }
-      out.push_back({"partial", {S::P()}, {S::P()}, 1.0});
+      AddDimMapStrategies(
+          g, n, world, [a, b](int d) { return d == a ? b : d == b ? a : d; }, 1.0, &out);
     }
   } else if (info->cls == OpClass::kView &&
              (n.op.rfind("aten::view.", 0) == 0 || n.op.rfind("aten::_unsafe_view.", 0) == 0 ||

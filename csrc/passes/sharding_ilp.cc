@@ -104,7 +104,6 @@ std::vector<int> RepeatClasses(const ir::Graph& g, const std::vector<Entity>& en
   }
   std::vector<std::vector<std::pair<int, int>>> in(n), out(n);  // (entity, position)
   std::vector<std::string> label(n);
-  std::map<std::string, int> input_entity;
   for (size_t i = 0; i < n; ++i) {
     const Entity& e = ents[i];
     std::string key = std::to_string(e.strategies.size()) + (outputs.count(int(i)) ? "o" : "");

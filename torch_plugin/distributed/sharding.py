@@ -253,10 +253,19 @@ class ShardingPlan:
         plt.close(fig)
 
 
-def _capture(
-    model: nn.Module, example_inputs: tuple[Any, ...]
-) -> tuple[torch.fx.GraphModule, list[str], list[str], int, pytree.TreeSpec, pytree.TreeSpec]:
-    """ATen forward graph of model(*inputs) over (params, buffers, flat inputs), on fake tensors."""
+@dataclasses.dataclass
+class _Captured:
+    graph: _C.Graph  # over (parameters, buffers, flat inputs)
+    ctx: fx_bridge.BridgeContext
+    pnames: list[str]
+    bnames: list[str]
+    in_spec: pytree.TreeSpec
+    out_spec: pytree.TreeSpec
+
+
+def _capture(model: nn.Module, example_inputs: tuple[Any, ...]) -> _Captured:
+    """ATen forward graph of model(*inputs) over (params, buffers, flat inputs), on fake tensors,
+    as the planner's IR."""
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     pnames, bnames = list(params), list(buffers)
@@ -289,19 +298,19 @@ def _capture(
             converted.append(a)
         args = converted
     gm = make_fx(forward, tracing_mode="fake")(*args)
-    return gm, pnames, bnames, len(flat), in_spec, out_spec[-1]
+    kinds = (
+        [("parameter", n) for n in pnames]
+        + [("buffer", n) for n in bnames]
+        + [("user", "")] * len(flat)
+    )
+    graph, ctx = fx_bridge.to_ir(gm, kinds)
+    return _Captured(graph, ctx, pnames, bnames, in_spec, out_spec[-1])
 
 
 def capture_graph(model: nn.Module, example_inputs: Sequence[Any]) -> _C.Graph:
     """The ATen forward graph the sharding planner sees (no process group needed; a model on
     the `meta` device works, so plans of models too big for this machine can be modelled)."""
-    gm, pnames, bnames, n_inputs, _, _ = _capture(model, tuple(example_inputs))
-    kinds = (
-        [("parameter", n) for n in pnames]
-        + [("buffer", n) for n in bnames]
-        + [("user", "")] * n_inputs
-    )
-    return fx_bridge.to_ir(gm, kinds)[0]
+    return _capture(model, tuple(example_inputs)).graph
 
 
 def _init_blocks_like_constructor(
@@ -383,15 +392,10 @@ class ShardedModule(nn.Module):
         self.comm = comm
         self._handle = _register_group(comm)
 
-        gm, pnames, bnames, n_inputs, self._in_spec, self._out_spec = _capture(
-            model, example_inputs
-        )
-        kinds = (
-            [("parameter", n) for n in pnames]
-            + [("buffer", n) for n in bnames]
-            + [("user", "")] * n_inputs
-        )
-        graph, ctx = fx_bridge.to_ir(gm, kinds)
+        captured = _capture(model, example_inputs)
+        graph, ctx = captured.graph, captured.ctx
+        pnames, bnames = captured.pnames, captured.bnames
+        self._in_spec, self._out_spec = captured.in_spec, captured.out_spec
         budget = 0.0 if memory_budget_gb is None else memory_budget_gb * 1e9
         log.info(
             "torch_plugin sharding: planning %d ATen nodes on %d ranks (%s level, %.0f s limit)",
