@@ -59,6 +59,22 @@ def want_cuda() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
+def cpu_capability_flags() -> list[str]:
+    """AVX2+FMA+F16C for our CPU kernels when the building machine has them (bootstrap builds on the
+    machine that runs the tests), so at::vec uses 256-bit lanes and Sleef's vector exp, as
+    ATen's own AVX2 kernels do. TP_CPU_CAPABILITY=default turns it off."""
+    if os.environ.get("TP_CPU_CAPABILITY", "auto") == "default":
+        return []
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return []
+    if {"avx2", "fma", "f16c"} <= flags:
+        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+    return []
+
+
 def extension():
     debug = os.environ.get("DEBUG") == "1"
     with_cuda = want_cuda()
@@ -67,6 +83,7 @@ def extension():
     cxx = ["-O0" if debug else "-O3", "-fvisibility=hidden"] + cflags  # torch picks the -std
     if debug:
         cxx.append("-g")
+    cxx += cpu_capability_flags()
     kwargs = dict(
         name="torch_plugin._C",
         sources=sources(with_cuda),

@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "cpu/bias_gelu.h"
+#include "cpu/fused_inference.h"
 #include "cpu/split_kv_attention.h"
 
 TORCH_LIBRARY(torch_plugin, m) {
@@ -15,6 +16,12 @@ TORCH_LIBRARY(torch_plugin, m) {
       "split_kv_attention(Tensor q, Tensor k, Tensor v, Tensor lengths, int num_splits, "
       "float scale=0.0) -> (Tensor, Tensor)");
   m.def("merge_attention_partials(Tensor out, Tensor lse) -> (Tensor, Tensor)");
+  // Inference kernels of the placement pass's "fused" backend.
+  m.def("linear_act(Tensor x, Tensor weight_t, Tensor bias, str act) -> Tensor");
+  m.def(
+      "add_layer_norm(Tensor x, Tensor? residual, Tensor weight, Tensor bias, float eps) -> "
+      "(Tensor, Tensor)");
+  m.def("scaled_masked_softmax(Tensor scores, float scale, Tensor? mask) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
@@ -22,4 +29,7 @@ TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
   m.impl("bias_gelu_backward", &tp::kernels::BiasGeluBackwardCpu);
   m.impl("split_kv_attention", &tp::kernels::SplitKvAttentionCpu);
   m.impl("merge_attention_partials", &tp::kernels::MergeAttentionPartialsCpu);
+  m.impl("linear_act", &tp::kernels::LinearActCpu);
+  m.impl("add_layer_norm", &tp::kernels::AddLayerNormCpu);
+  m.impl("scaled_masked_softmax", &tp::kernels::ScaledMaskedSoftmaxCpu);
 }

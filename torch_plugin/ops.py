@@ -89,3 +89,29 @@ def split_kv_decode_attention(
     )
     merged, _ = torch.ops.torch_plugin.merge_attention_partials(out, lse)
     return merged.to(q.dtype)
+
+
+# Inference kernels of the placement pass's "fused" backend (kernels/cpu/fused_inference.cc).
+@torch.library.register_fake("torch_plugin::linear_act")
+def _linear_act_fake(
+    x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor, act: str
+) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight_t.shape[1]))
+
+
+@torch.library.register_fake("torch_plugin::add_layer_norm")
+def _add_layer_norm_fake(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@torch.library.register_fake("torch_plugin::scaled_masked_softmax")
+def _scaled_masked_softmax_fake(
+    scores: torch.Tensor, scale: float, mask: torch.Tensor | None
+) -> torch.Tensor:
+    return torch.empty_like(scores)

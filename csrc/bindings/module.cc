@@ -260,6 +260,7 @@ namespace tp::bindings {
 void BindPipeline(py::module_& m);        // pipeline.cc
 void BindCacheParallel(py::module_& m);  // cache_parallel.cc
 void BindSharding(py::module_& m);       // sharding.cc
+void BindPlacement(py::module_& m);      // placement.cc
 }  // namespace tp::bindings
 
 PYBIND11_MODULE(_C, m) {
@@ -289,6 +290,7 @@ class PassError(RuntimeError):
   BindPipeline(m);
   BindCacheParallel(m);
   BindSharding(m);
+  BindPlacement(m);
 
   py::class_<ir::Graph>(m, "Graph")
       .def_static("from_records", &GraphFromRecords, py::arg("inputs"), py::arg("nodes"),

@@ -59,6 +59,8 @@ Pattern IsOp(std::vector<std::string> ops, std::vector<Pattern> inputs) {
   return Make(std::move(p));
 }
 
+Pattern AnyOp() { return IsOp({}); }
+
 Pattern IsOpClass(std::vector<ir::OpClass> classes, std::vector<Pattern> inputs) {
   PatternNode p;
   p.kind = PatternNode::Kind::kOpClass;
@@ -161,6 +163,7 @@ bool Matcher::OpMatches(const PatternNode& p, const ir::Node& node) const {
     return info != nullptr &&
            std::find(p.classes.begin(), p.classes.end(), info->cls) != p.classes.end();
   }
+  if (p.ops.empty()) return true;  // any op
   const std::string base = ir::OpRegistry::SplitOverload(node.op).first;
   for (const auto& name : p.ops) {
     if (name == node.op || name == base) return true;

@@ -42,6 +42,8 @@ struct PatternNode {
 Pattern Wildcard();
 // A node whose op is one of `ops`, optionally with its tensor arguments matching `inputs`.
 Pattern IsOp(std::vector<std::string> ops, std::vector<Pattern> inputs = {});
+// Any op node (IsOp with no names).
+Pattern AnyOp();
 // A node of one of the registry's op classes (elementwise, view, ...).
 Pattern IsOpClass(std::vector<ir::OpClass> classes, std::vector<Pattern> inputs = {});
 // Either pattern; the first that matches wins.

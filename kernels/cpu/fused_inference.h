@@ -1,0 +1,29 @@
+// Fused CPU kernels the placement pass can choose for inference groups (the "fused" backend):
+// each removes intermediate tensors and memory passes that the op-by-op ATen graph pays.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace tp::kernels {
+
+// act(x @ weight_t + bias) for a 2-D x: row blocks are multiplied (BLAS) and their activation
+// applied while the block is still in cache; no second [M, N] buffer. act: gelu, gelu_tanh,
+// relu, tanh, silu.
+at::Tensor LinearActCpu(const at::Tensor& x, const at::Tensor& weight_t, const at::Tensor& bias,
+                        c10::string_view act);
+
+// (x + residual, layer_norm(x + residual)) over the last dim in one pass per row; without a
+// residual the first output is x itself.
+std::tuple<at::Tensor, at::Tensor> AddLayerNormCpu(const at::Tensor& x,
+                                                   const std::optional<at::Tensor>& residual,
+                                                   const at::Tensor& weight, const at::Tensor& bias,
+                                                   double eps);
+
+// softmax(scores * scale + mask) over the last dim, mask broadcast to scores (may be absent).
+at::Tensor ScaledMaskedSoftmaxCpu(const at::Tensor& scores, double scale,
+                                  const std::optional<at::Tensor>& mask);
+
+}  // namespace tp::kernels
