@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch  # noqa: F401  (loads libtorch before our extension, which links against it)
 
-from . import _C, distributed, models, ops  # noqa: F401  (ops registers fake kernels, autograd)
+from . import _C, distributed, models, ops, placement  # noqa: F401  (ops registers fake kernels, autograd)
 from ._C import GraphError, PassError, PlanError
 from .backend import register, torch_plugin_backend
 from .distributed import (
@@ -23,6 +23,7 @@ from .distributed import (
     plan_pipeline,
 )
 from .options import Options
+from .placement import PlacedModule, place
 
 __all__ = [
     "CacheParallel",
@@ -35,10 +36,13 @@ __all__ = [
     "PassError",
     "PipelineParallel",
     "PipelinePlan",
+    "PlacedModule",
     "PlanError",
     "distributed",
     "models",
     "parallelize",
+    "place",
+    "placement",
     "plan_pipeline",
     "torch_plugin_backend",
 ]

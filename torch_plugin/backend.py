@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from . import _C, fx_bridge
-from .options import Options
+from .options import PYTHON_PASSES, Options
 
 log = logging.getLogger("torch_plugin")
 BACKEND_NAME = "torch_plugin"
@@ -85,7 +85,7 @@ def _cache_parallel_options(graph: Any, manager: Any, kind: str) -> dict[str, st
             manager.world,
             manager.scheme,
         )
-    elif kind == "forward":
+    elif kind in ("forward", "inference"):
         log.warning(
             "torch_plugin cache_parallel: no decode attention over a KV cache in this graph; it "
             "runs unsplit%s",
@@ -112,12 +112,54 @@ def _manager_for_compile(options: Any, opts: Options) -> Any:
     return entry[1]
 
 
+# Results of the placement pass, one per placed graph, for whoever listens (torch_plugin.place).
+_PLACEMENT_SINKS: list[list[Any]] = []
+
+
+def _place(
+    gm: fx.GraphModule,
+    opts: Options,
+    kind: str,
+    example_inputs: Sequence[Any] | None,
+    record: dict[str, Any],
+) -> fx.GraphModule:
+    """Backend placement; inference graphs only (a training graph's backward needs the saved
+    activations the groups would hide), others pass through with one log line."""
+    if kind != "inference":
+        log.info(
+            "torch_plugin placement: %s graph left as is (placement applies to inference "
+            "graphs; compile under torch.no_grad())",
+            kind,
+        )
+        return gm
+    from .placement.planner import PlacementOptions, place_graph
+
+    placement_opts = opts.placement or PlacementOptions()
+    real = None
+    if example_inputs is not None and all(
+        not isinstance(x, torch.Tensor) or not isinstance(x, torch._subclasses.FakeTensor)
+        for x in example_inputs
+    ):
+        real = list(example_inputs)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # AOTAutograd calls its compilers under its fake mode; measuring needs real tensors.
+    with unset_fake_temporarily():
+        placed, result = place_graph(gm, real, placement_opts)
+    record["placement"] = result.backend_counts()
+    log.info("torch_plugin placement:\n%s", result.table())
+    for sink in _PLACEMENT_SINKS:
+        sink.append(result)
+    return placed
+
+
 def rewrite_aten_graph(
     gm: fx.GraphModule,
     opts: Options,
     kind: str = "forward",
     input_kinds: Sequence[tuple[str, str]] | None = None,
     cache_manager: Any = None,
+    example_inputs: Sequence[Any] | None = None,
 ) -> fx.GraphModule:
     """Round-trips one ATen graph through the C++ pipeline; falls back to `gm` on failure."""
     t0 = time.perf_counter()
@@ -131,12 +173,13 @@ def rewrite_aten_graph(
         pass_opts: dict[str, str] = {}
         if cache_manager is not None:
             pass_opts = _cache_parallel_options(graph, cache_manager, kind)
-        new_graph, report = _C.run_pipeline(
-            graph, list(opts.passes), opts.verify_each, log_fn, pass_opts
-        )
+        cpp_passes = [p for p in opts.passes if p not in PYTHON_PASSES]
+        new_graph, report = _C.run_pipeline(graph, cpp_passes, opts.verify_each, log_fn, pass_opts)
         t2 = time.perf_counter()
         _dump(opts, f"{tag}.after", str(new_graph))
         new_gm = fx_bridge.from_ir(new_graph, ctx)
+        if "placement" in opts.passes:
+            new_gm = _place(new_gm, opts, kind, example_inputs, record)
         t3 = time.perf_counter()
         estimates = new_graph.estimate() if _STATS_SINKS else []
         record.update(
@@ -194,6 +237,12 @@ def torch_plugin_backend(
         kinds = input_kinds if n_inputs == len(input_kinds) else None
         return boxed_nop(rewrite_aten_graph(fx_g, opts, "forward", kinds, manager), inputs)
 
+    def inference_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
+        kinds = input_kinds if n_inputs == len(input_kinds) else None
+        real = list(example_inputs) if n_inputs == len(example_inputs) else None
+        return boxed_nop(rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real), inputs)
+
     def backward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         return boxed_nop(rewrite_aten_graph(fx_g, opts, "backward", None, manager), inputs)
 
@@ -201,6 +250,7 @@ def torch_plugin_backend(
     return aot_autograd(
         fw_compiler=forward_compiler,
         bw_compiler=backward_compiler,
+        inference_compiler=inference_compiler,
         partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,
     )(gm, example_inputs)

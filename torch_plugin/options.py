@@ -10,10 +10,16 @@ from . import _C
 
 _ON_ERROR = ("fallback", "raise")
 
+# Passes driven from Python because they measure backends; they run after the C++ pipeline.
+PYTHON_PASSES = {
+    "placement": "backend placement of inference graphs (Collage): patterns, measured costs, "
+    "DP and evolutionary search in C++; runs on aten/inductor/openvino/onnxruntime/fused",
+}
+
 
 def registered_passes() -> dict[str, str]:
-    """Pass name -> one-line summary, as the C++ pipeline knows them."""
-    return dict(_C.registered_passes())
+    """Pass name -> one-line summary: the C++ pipeline's passes and the measured ones."""
+    return {**dict(_C.registered_passes()), **PYTHON_PASSES}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +35,7 @@ class Options:
       over; None is the default group.
     cache_parallel: a KVCacheManager to use (set by torch_plugin.cache_parallel); None makes
       one per compiled model when the cache_parallel pass runs.
+    placement: options of the placement pass (see placement.PlacementOptions), a dict.
     """
 
     passes: tuple[str, ...] = ()
@@ -38,6 +45,7 @@ class Options:
     log_passes: bool = False
     mesh: Any = None
     cache_parallel: Any = None
+    placement: Any = None
 
     @classmethod
     def from_user(cls, options: Mapping[str, Any] | Options | None) -> Options:
@@ -72,6 +80,10 @@ class Options:
                 f"valid passes: {', '.join(known)}"
             )
         kwargs["passes"] = tuple(passes)
+        if "placement" in kwargs:
+            from .placement.planner import PlacementOptions
+
+            kwargs["placement"] = PlacementOptions.from_user(kwargs["placement"])
         if kwargs.get("on_error", "fallback") not in _ON_ERROR:
             raise ValueError(
                 f"torch_plugin option 'on_error' must be one of {', '.join(_ON_ERROR)}, "

@@ -136,6 +136,16 @@ void BindPlacement(py::module_& m) {
       "output value names, and the canonical signature.");
 
   m.def(
+      "graph_signature",
+      [](const ir::Graph& g) {
+        std::vector<ir::NodeId> all;
+        for (const auto& n : g.nodes()) all.push_back(n.id);
+        return pattern::DescribeGroup(g, all, g.ComputeUsers()).signature;
+      },
+      "Canonical text of the whole graph (ops, constants, wiring, input types): the key under "
+      "which placement decisions are cached.");
+
+  m.def(
       "place_op_level",
       [](const ir::Graph& g,
          const std::vector<std::tuple<int, std::vector<int>, double, std::string>>& options,

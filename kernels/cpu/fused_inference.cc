@@ -126,7 +126,9 @@ std::tuple<at::Tensor, at::Tensor> AddLayerNormCpu(const at::Tensor& x,
       for (; c < cols; ++c) orow[c] = (row[c] - mean) * rstd * wp[c] + bp[c];
     }
   });
-  return {has_res ? sum : x, out};
+  // Without a residual the sum is x itself; an empty tensor stands in (outputs must not alias
+  // inputs).
+  return {has_res ? sum : at::empty({0}, x.options()), out};
 }
 
 at::Tensor ScaledMaskedSoftmaxCpu(const at::Tensor& scores, double scale,

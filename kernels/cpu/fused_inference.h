@@ -16,7 +16,7 @@ at::Tensor LinearActCpu(const at::Tensor& x, const at::Tensor& weight_t, const a
                         c10::string_view act);
 
 // (x + residual, layer_norm(x + residual)) over the last dim in one pass per row; without a
-// residual the first output is x itself.
+// residual the first output is empty (it would be x itself).
 std::tuple<at::Tensor, at::Tensor> AddLayerNormCpu(const at::Tensor& x,
                                                    const std::optional<at::Tensor>& residual,
                                                    const at::Tensor& weight, const at::Tensor& bias,

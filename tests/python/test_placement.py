@@ -1,0 +1,233 @@
+"""Backend placement (Collage): the placed model equals eager on zoo models, groups really run
+on their backends, the profile cache survives damage, and bad options get clear errors."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import sqlite3
+
+import pytest
+import torch
+from roundtrip import small_model
+
+import torch_plugin
+from torch_plugin import _C
+from torch_plugin.placement import ProfileCache, get_backends
+from torch_plugin.placement.cache import Entry
+
+ZOO = ["mlp", "bert", "gpt2", "gpt", "llama", "resnet50", "resnext50", "dcgan", "nasnet", "mmt"]
+
+
+def _eager(model: torch.nn.Module, inputs: tuple) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(*inputs)
+    return torch_plugin.models.loss_of(out) if not isinstance(out, torch.Tensor) else out
+
+
+def _flat(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [t for o in out for t in _flat(o)] if isinstance(out, (tuple, list)) else []
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_placed_model_equals_eager(name: str, tmp_path) -> None:
+    model, inputs = small_model(name)
+    model.eval()
+    with torch.no_grad():
+        want = _flat(model(*inputs))
+    placed = torch_plugin.place(
+        model, inputs, backends=["aten", "fused"], cache_path=str(tmp_path / "p.db"), samples=3
+    )
+    got = _flat(placed(*inputs))
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want, strict=False):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * max(1.0, float(b.abs().max())))
+    result = placed.placement
+    counts = result.backend_counts()
+    assert sum(counts.values()) > 0
+    # Every placed group's nodes are distinct and the DP covered the whole graph.
+    nodes = [n for g in result.groups for n in g.nodes]
+    assert len(nodes) == len(set(nodes))
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_fused_kernels_compile_and_match_eager_on_their_groups(name: str, tmp_path) -> None:
+    """BERT's residual add + layer norm and linear + gelu (and GPT-2's layer norms) are fused
+    candidates that compile to our kernels and match eager on the real inputs."""
+    model, inputs = small_model(name)
+    model.eval()
+    placed = torch_plugin.place(
+        model, inputs, backends=["aten", "fused"], cache_path=str(tmp_path / "p.db"), samples=3
+    )
+    rules = placed.placement.candidates_by_rule
+    fused = {k: v for k, v in rules.items() if k.startswith("fused:")}
+    expected = {"bert": {"fused:add_layer_norm", "fused:linear_act"}, "gpt2": {"fused:layer_norm"}}
+    assert expected[name] <= set(fused), rules
+    for rule in expected[name]:
+        assert fused[rule][1] >= 1, (rule, placed.placement.failures)
+    # Groups a kernel cannot take (a broadcasting residual add) are refused by its adapter,
+    # never accepted with wrong numbers.
+    assert not [f for f in placed.placement.failures if "numerics" in f]
+
+
+@pytest.mark.skipif(
+    any(get_backends([b])[-1].name != b for b in ("openvino", "onnxruntime")),
+    reason="openvino/onnxruntime not installed",
+)
+def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path) -> None:
+    model, inputs = small_model("mlp")
+    model.eval()
+    with torch.no_grad():
+        want = model(*inputs)
+    db = str(tmp_path / "p.db")
+    placed = torch_plugin.place(
+        model,
+        inputs,
+        backends=["aten", "fused", "openvino", "onnxruntime"],
+        cache_path=db,
+        samples=3,
+        max_evaluations=6,
+        evolve_backend="openvino",
+    )
+    torch.testing.assert_close(placed(*inputs), want, rtol=1e-3, atol=1e-3)
+    r = placed.placement
+    assert r.evolution is not None and r.evolution["evaluations"] >= 1
+    assert r.evolution["best_fitness"] <= r.evolution["seed_fitness"]
+    assert r.measured > 0
+    # Warm: every measurement and the evolution's decision come from the cache.
+    torch._dynamo.reset()
+    again = torch_plugin.place(
+        model,
+        inputs,
+        backends=["aten", "fused", "openvino", "onnxruntime"],
+        cache_path=db,
+        samples=3,
+        max_evaluations=6,
+        evolve_backend="openvino",
+    )
+    assert again.placement.measured == 0 and again.placement.cache_hits > 0
+    assert again.placement.evolution.get("cached")
+    torch.testing.assert_close(again(*inputs), want, rtol=1e-3, atol=1e-3)
+
+
+def test_torch_compile_options_and_training_graphs_pass_through(tmp_path, caplog) -> None:
+    model, inputs = small_model("mlp")
+    opts = {
+        "passes": ["placement"],
+        "placement": {"backends": ["aten", "fused"], "cache_path": str(tmp_path / "p.db")},
+    }
+    compiled = torch.compile(model, backend="torch_plugin", options=opts)
+    with caplog.at_level(logging.INFO, logger="torch_plugin"):
+        out = compiled(*inputs)  # grad enabled: a training graph, left as is
+        out.sum().backward()
+    assert "placement applies to inference graphs" in caplog.text
+    torch.testing.assert_close(out, model(*inputs))
+
+
+def test_bad_options_are_named() -> None:
+    model, inputs = small_model("mlp")
+    with pytest.raises(ValueError, match="unknown backend.*valid: aten"):
+        torch_plugin.place(model, inputs, backends=["aten", "tensorrt"])
+    with pytest.raises(ValueError, match="unknown option.*'budget'"):
+        torch_plugin.place(model, inputs, budget=3)
+    with pytest.raises(ValueError, match="'samples' must be an int >= 1"):
+        torch_plugin.place(model, inputs, samples=0)
+    with pytest.raises(ValueError, match="no pattern rules for backend 'tvm'"):
+        graph, _ = torch_plugin.fx_bridge.to_ir(torch.fx.symbolic_trace(torch.nn.ReLU()))
+        _C.placement_candidates(graph, ["tvm"])
+
+
+def test_pattern_language_from_python() -> None:
+    p = _C.pattern
+    gm = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda x, w, b: torch.nn.functional.gelu(torch.addmm(b, x, w.t()))
+    )(torch.randn(4, 8), torch.randn(16, 8), torch.randn(16))
+    graph, _ = torch_plugin.fx_bridge.to_ir(gm)
+    pat = p.is_op(
+        ["aten::gelu"],
+        [p.is_op(["aten::addmm"], [p.wildcard(), p.wildcard(), p.is_op(["aten::t"])])],
+    )
+    assert _C.pattern.match_all(graph, pat) == [["t", "addmm", "gelu"]]
+    assert _C.pattern.match_all(graph, pat.has_dtype(["bfloat16"])) == []
+    assert "aten::gelu" in repr(pat)
+
+
+# ---------------------------------------------------------------- profile cache resilience
+
+
+def _entry(s: float) -> Entry:
+    return Entry(s, True, "", 0.0)
+
+
+def test_cache_round_trip_and_corruption(tmp_path, caplog) -> None:
+    path = str(tmp_path / "profile.db")
+    c = ProfileCache(path)
+    c.put("k", "aten", "sig", _entry(1.5e-5))
+    assert c.get("k").seconds == 1.5e-5
+    c.close()
+    # Garbage bytes: moved aside with a warning, a fresh cache works.
+    with open(path, "wb") as f:
+        f.write(os.urandom(4096))
+    with caplog.at_level(logging.WARNING, logger="torch_plugin"):
+        c = ProfileCache(path)
+    assert "damaged" in caplog.text
+    assert any(p.startswith("profile.db.corrupt-") for p in os.listdir(tmp_path))
+    assert c.get("k") is None
+    c.put("k", "aten", "sig", _entry(2e-5))
+    assert c.get("k").seconds == 2e-5
+    c.close()
+    # Truncated file.
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    c = ProfileCache(path)
+    c.put("k2", "aten", "sig", _entry(3e-5))
+    assert c.get("k2").seconds == 3e-5
+    c.close()
+
+
+def test_cache_locked_by_another_process_falls_back_to_memory(tmp_path, caplog) -> None:
+    path = str(tmp_path / "profile.db")
+    ProfileCache(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with caplog.at_level(logging.WARNING, logger="torch_plugin"):
+            c = ProfileCache(path, timeout_s=0.2)
+        assert "locked" in caplog.text
+        c.put("k", "aten", "sig", _entry(1e-5))
+        assert c.get("k").seconds == 1e-5
+        c.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def _writer(path: str, worker: int, n: int) -> None:
+    c = ProfileCache(path, timeout_s=20.0)
+    for i in range(n):
+        c.put(f"w{worker}-{i}", "aten", "sig", _entry(float(worker * 1000 + i)))
+    c.close()
+
+
+def test_two_processes_write_at_once(tmp_path) -> None:
+    path = str(tmp_path / "profile.db")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, w, 200)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    c = ProfileCache(path)
+    for w in range(2):
+        for i in (0, 99, 199):
+            assert c.get(f"w{w}-{i}").seconds == float(w * 1000 + i)
+    c.close()

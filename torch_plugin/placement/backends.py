@@ -1,0 +1,348 @@
+"""Placement backends: each compiles one subgraph (an ATen `fx.GraphModule` returning a tuple) to
+a callable and names the C++ pattern rule set that says which groups it can take.
+
+aten (eager, every op), inductor (compile_fx), openvino and onnxruntime (PyPI, CPU), and fused
+(our kernels in kernels/cpu). A backend whose package is missing reports why and is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import logging
+import operator
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+log = logging.getLogger("torch_plugin")
+
+Compiled = Callable[..., Sequence[torch.Tensor]]
+
+
+class BackendError(RuntimeError):
+    """The backend cannot take this group; the group is excluded for it."""
+
+
+class Backend:
+    name = ""
+    rule_set = ""
+    graph_level = False  # a graph compiler whose larger regions the evolutionary search tries
+    rtol = 1e-4
+    atol = 1e-4
+
+    def unavailable(self) -> str | None:
+        """Why the backend cannot run here, or None."""
+        return None
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+        raise NotImplementedError
+
+
+class AtenBackend(Backend):
+    """Eager ATen: the node targets called directly, exactly as the host graph runs them."""
+
+    name = rule_set = "aten"
+    rtol = atol = 0.0
+
+    def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+        return gm
+
+
+class InductorBackend(Backend):
+    name = rule_set = "inductor"
+    graph_level = True
+    rtol = atol = 1e-3
+
+    def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+        from torch._inductor.compile_fx import compile_fx
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return compile_fx(gm, list(inputs))
+
+
+class _NumpyBackend(Backend):
+    """Shared by the backends that take numpy arrays and return numpy arrays."""
+
+    module = ""
+
+    def unavailable(self) -> str | None:
+        try:
+            importlib.import_module(self.module)
+        except Exception as e:  # noqa: BLE001 - any import failure means unavailable
+            return f"python package '{self.module}' is not importable ({type(e).__name__}: {e})"
+        return None
+
+    def version(self) -> str:
+        return str(getattr(importlib.import_module(self.module), "__version__", "?"))
+
+    @staticmethod
+    def _check_inputs(inputs: Sequence[Any]) -> None:
+        for x in inputs:
+            if not isinstance(x, torch.Tensor) or x.dtype in (torch.bfloat16,) or x.is_complex():
+                raise BackendError(f"input of type {type(x).__name__} is not a supported tensor")
+
+
+class OpenVINOBackend(_NumpyBackend):
+    name = rule_set = "openvino"
+    module = "openvino"
+    graph_level = True
+    rtol = atol = 1e-3
+
+    def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+        import openvino as ov
+
+        self._check_inputs(inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = ov.convert_model(gm, example_input=tuple(inputs))
+        # f32 inference: OpenVINO would otherwise pick bf16 on CPUs that have it.
+        compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        request = compiled.create_infer_request()
+        outputs = list(compiled.outputs)
+
+        def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            res = request.infer([a.detach().numpy() for a in args], share_inputs=True)
+            return tuple(torch.from_numpy(res[o].copy()) for o in outputs)
+
+        return run
+
+
+class OnnxRuntimeBackend(_NumpyBackend):
+    name = rule_set = "onnxruntime"
+    module = "onnxruntime"
+    graph_level = True
+    rtol = atol = 1e-3
+
+    def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+        import onnxruntime as ort
+
+        self._check_inputs(inputs)
+        buf = io.BytesIO()
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+            torch.onnx.export(gm, tuple(inputs), buf, dynamo=True, verbose=False)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        session = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        if len(names) != len(inputs):
+            # The exporter drops inputs the graph does not read; keep the ones it kept.
+            placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+            keep = [placeholders.index(n) for n in names]
+        else:
+            keep = list(range(len(inputs)))
+
+        def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            feed = {n: args[i].detach().numpy() for n, i in zip(names, keep, strict=False)}
+            return tuple(torch.from_numpy(r) for r in session.run(None, feed))
+
+        return run
+
+
+# ---------------------------------------------------------------- our fused kernels
+
+
+def _placeholder_index(gm: fx.GraphModule) -> dict[fx.Node, int]:
+    return {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+
+
+def _output_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return list(out.args[0])
+
+
+def _only(gm: fx.GraphModule, targets: Sequence[Any]) -> fx.Node:
+    found = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
+    if len(found) != 1:
+        raise BackendError(f"expected one of {targets}, found {len(found)}")
+    return found[0]
+
+
+def _arg(ph: dict[fx.Node, int], a: Any) -> int:
+    if not isinstance(a, fx.Node) or a not in ph:
+        raise BackendError("operand is not a group input")
+    return ph[a]
+
+
+_ACTS = {
+    torch.ops.aten.gelu.default: "gelu",
+    torch.ops.aten.relu.default: "relu",
+    torch.ops.aten.tanh.default: "tanh",
+    torch.ops.aten.silu.default: "silu",
+}
+_VIEWS = (
+    torch.ops.aten.view.default,
+    torch.ops.aten.reshape.default,
+    torch.ops.aten._unsafe_view.default,
+)
+
+
+def _fused_linear_act(gm: fx.GraphModule) -> Compiled:
+    ph = _placeholder_index(gm)
+    addmm = _only(gm, [torch.ops.aten.addmm.default])
+    if addmm.kwargs.get("beta", 1) != 1 or addmm.kwargs.get("alpha", 1) != 1:
+        raise BackendError("addmm with alpha/beta")
+    ib, ix, iw = (_arg(ph, a) for a in addmm.args[:3])
+    act_node = _only(gm, list(_ACTS))
+    act = _ACTS[act_node.target]
+    if act == "gelu" and act_node.kwargs.get("approximate", "none") == "tanh":
+        act = "gelu_tanh"
+    views = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _VIEWS]
+    shape = list(views[0].args[1]) if views else None
+    if _output_nodes(gm) != [act_node]:
+        raise BackendError("an intermediate result is used outside the group")
+    kernel = torch.ops.torch_plugin.linear_act.default
+
+    def run(*args: torch.Tensor) -> tuple[torch.Tensor]:
+        y = kernel(args[ix], args[iw], args[ib], act)
+        return (y.view(shape) if shape is not None else y,)
+
+    return run
+
+
+def _fused_layer_norm(gm: fx.GraphModule) -> Compiled:
+    ph = _placeholder_index(gm)
+    ln = _only(gm, [torch.ops.aten.native_layer_norm.default])
+    x, normalized, w, b, eps = ln.args
+    if len(normalized) != 1 or w is None or b is None:
+        raise BackendError("layer norm over more than the last dim, or without affine")
+    adds = [n for n in gm.graph.nodes if n.target is torch.ops.aten.add.Tensor]
+    getitems = {n.args[1]: n for n in gm.graph.nodes if n.target is operator.getitem}
+    outs = _output_nodes(gm)
+    allowed = {getitems.get(0), *adds}
+    if any(o not in allowed for o in outs):
+        raise BackendError("mean/rstd of the layer norm are used outside the group")
+    iw, ib = _arg(ph, w), _arg(ph, b)
+    kernel = torch.ops.torch_plugin.add_layer_norm.default
+    if adds:
+        add = adds[0]
+        if add.kwargs.get("alpha", 1) != 1 or add is not x:
+            raise BackendError("add with alpha, or not the layer norm's input")
+        ia, ir = (_arg(ph, a) for a in add.args)
+        va, vr = (a.meta.get("val") for a in add.args)
+        if va is None or vr is None or va.shape != vr.shape:
+            raise BackendError("the residual add broadcasts")
+        order = [0 if o is add else 1 for o in outs]
+
+        def run_add(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            pair = kernel(args[ia], args[ir], args[iw], args[ib], eps)
+            return tuple(pair[i] for i in order)
+
+        return run_add
+    ix = _arg(ph, x)
+
+    def run(*args: torch.Tensor) -> tuple[torch.Tensor]:
+        return (kernel(args[ix], None, args[iw], args[ib], eps)[1],)
+
+    return run
+
+
+def _fused_softmax(gm: fx.GraphModule) -> Compiled:
+    ph = _placeholder_index(gm)
+    sm = _only(gm, [torch.ops.aten._softmax.default])
+    src, dim, half_to_float = sm.args
+    val = src.meta.get("val")
+    if half_to_float or val is None or dim not in (-1, val.dim() - 1):
+        raise BackendError("softmax not over the last dim")
+    if _output_nodes(gm) != [sm]:
+        raise BackendError("an intermediate result is used outside the group")
+    scores, mask, scale = src, None, 1.0
+    scale_input: int | None = None
+    invert = False
+    if isinstance(src, fx.Node) and src.target is torch.ops.aten.add.Tensor and src not in ph:
+        if src.kwargs.get("alpha", 1) != 1:
+            raise BackendError("add with alpha")
+        a, m = src.args
+        if isinstance(m, fx.Node) and m not in ph and a in ph:
+            a, m = m, a
+        scores, mask = a, _arg(ph, m)
+    if (
+        isinstance(scores, fx.Node)
+        and scores not in ph
+        and scores.target
+        in (
+            torch.ops.aten.div.Tensor,
+            torch.ops.aten.mul.Tensor,
+        )
+    ):
+        s, c = scores.args
+        invert = scores.target is torch.ops.aten.div.Tensor
+        if isinstance(c, fx.Node):
+            cv = c.meta.get("val")
+            if cv is None or cv.dim() != 0:
+                raise BackendError("scale is not a scalar")
+            scale_input = _arg(ph, c)
+        else:
+            scale = 1.0 / float(c) if invert else float(c)
+        scores = s
+    iscores = _arg(ph, scores)
+    kernel = torch.ops.torch_plugin.scaled_masked_softmax.default
+
+    def run(*args: torch.Tensor) -> tuple[torch.Tensor]:
+        k = scale
+        if scale_input is not None:
+            c = float(args[scale_input])
+            k = 1.0 / c if invert else c
+        return (kernel(args[iscores], k, args[mask] if mask is not None else None),)
+
+    return run
+
+
+class FusedBackend(Backend):
+    """Our CPU kernels (kernels/cpu/fused_inference.cc), one adapter per C++ rule."""
+
+    name = rule_set = "fused"
+    rtol = atol = 1e-4
+    adapters: dict[str, Callable[[fx.GraphModule], Compiled]] = {
+        "linear_act": _fused_linear_act,
+        "add_layer_norm": _fused_layer_norm,
+        "layer_norm": _fused_layer_norm,
+        "softmax": _fused_softmax,
+    }
+
+    def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+        adapter = self.adapters.get(rule)
+        if adapter is None:
+            raise BackendError(f"no kernel for rule '{rule}'")
+        return adapter(gm)
+
+
+BACKENDS: dict[str, type[Backend]] = {
+    "aten": AtenBackend,
+    "inductor": InductorBackend,
+    "openvino": OpenVINOBackend,
+    "onnxruntime": OnnxRuntimeBackend,
+    "fused": FusedBackend,
+}
+DEFAULT_BACKENDS = ("aten", "fused", "inductor", "openvino", "onnxruntime")
+
+
+def get_backends(names: Sequence[str]) -> list[Backend]:
+    """Instances of the named backends that can run here; 'aten' is always included first."""
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        raise ValueError(
+            f"torch_plugin placement: unknown backend(s) {', '.join(map(repr, unknown))}; "
+            f"valid: {', '.join(BACKENDS)}"
+        )
+    out: list[Backend] = [AtenBackend()]
+    for name in names:
+        if name == "aten":
+            continue
+        backend = BACKENDS[name]()
+        reason = backend.unavailable()
+        if reason is not None:
+            log.warning("torch_plugin placement: skipping backend %s: %s", name, reason)
+            continue
+        out.append(backend)
+    return out

@@ -1,0 +1,810 @@
+"""Backend placement of one ATen inference graph (Collage): candidates from the C++ pattern rules,
+measured on real-shaped inputs with a persistent cache, placed by the C++ dynamic program,
+refined by the C++ evolutionary search over graph-level compilers, then materialised as an
+`fx.GraphModule` whose groups call their backends' compiled callables.
+
+Python measures and compiles (it has the backends); every decision is made in C++.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import operator
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .. import _C, fx_bridge
+from .backends import DEFAULT_BACKENDS, Backend, BackendError, get_backends
+from .cache import Entry, ProfileCache, machine_key
+
+log = logging.getLogger("torch_plugin")
+
+_VALID_KEYS = (
+    "backends",
+    "cache_path",
+    "evolve",
+    "evolve_backend",
+    "time_budget_s",
+    "max_evaluations",
+    "samples",
+    "switch_penalty_s",
+    "max_states",
+    "seed",
+    "progress",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementOptions:
+    """Options of the placement pass (`options={"passes": ["placement"], "placement": {...}}`).
+
+    backends: backends to consider ("aten" is always there); missing packages are skipped.
+    cache_path: SQLite profile cache; None = $TORCH_PLUGIN_PROFILE_DB or
+      ~/.cache/torch_plugin/profile.db; ":memory:" keeps nothing.
+    evolve: run the evolutionary search after the DP (graph-level compilers).
+    evolve_backend: the graph-level compiler it offloads to; None = the first available of
+      inductor, openvino, onnxruntime among `backends`.
+    time_budget_s / max_evaluations: bounds of the evolutionary search.
+    samples: timed samples per measurement (median taken).
+    switch_penalty_s: seconds per group run outside the host graph; None = measured.
+    max_states: DP states before it switches to its bounded form.
+    seed: RNG seed of the search; progress: show a tqdm bar.
+    """
+
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    cache_path: str | None = None
+    evolve: bool = True
+    evolve_backend: str | None = None
+    time_budget_s: float = 60.0
+    max_evaluations: int = 40
+    samples: int = 7
+    switch_penalty_s: float | None = None
+    max_states: int = 20000
+    seed: int = 0
+    progress: bool = False
+
+    @classmethod
+    def from_user(cls, value: Any) -> PlacementOptions:
+        if value is None:
+            return cls()
+        if isinstance(value, PlacementOptions):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(
+                f"torch_plugin option 'placement' must be a dict, got {type(value).__name__}; "
+                f"valid keys: {', '.join(_VALID_KEYS)}"
+            )
+        unknown = sorted(set(value) - set(_VALID_KEYS))
+        if unknown:
+            raise ValueError(
+                f"torch_plugin placement: unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"valid: {', '.join(_VALID_KEYS)}"
+            )
+        kwargs = dict(value)
+        if "backends" in kwargs:
+            b = kwargs["backends"]
+            if isinstance(b, str) or not isinstance(b, (list, tuple)):
+                raise TypeError("torch_plugin placement option 'backends' must be a list of names")
+            from .backends import BACKENDS
+
+            bad = [x for x in b if x not in BACKENDS]
+            if bad:
+                raise ValueError(
+                    f"torch_plugin placement: unknown backend(s) {', '.join(map(repr, bad))}; "
+                    f"valid: {', '.join(BACKENDS)}"
+                )
+            kwargs["backends"] = tuple(b)
+        for key in ("time_budget_s", "switch_penalty_s"):
+            v = kwargs.get(key)
+            if v is not None and (not isinstance(v, (int, float)) or v < 0):
+                raise ValueError(f"torch_plugin placement option {key!r} must be >= 0, got {v!r}")
+        for key in ("samples", "max_evaluations", "max_states"):
+            v = kwargs.get(key)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"torch_plugin placement option {key!r} must be an int >= 1")
+        return cls(**kwargs)
+
+
+@dataclasses.dataclass
+class Group:
+    backend: str
+    rule: str
+    nodes: list[str]
+    inputs: list[str]
+    outputs: list[str]
+    seconds: float  # measured, alone
+    ops: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class PlacementResult:
+    """What the placement pass decided for one graph, and the figures behind it."""
+
+    groups: list[Group]
+    dp_cost_s: float
+    dp_exact: bool
+    dp_states: int
+    measured_dp_s: float | None = None
+    measured_final_s: float | None = None
+    measured_eager_s: float | None = None
+    evolution: dict[str, Any] | None = None
+    candidates: int = 0
+    # (backend, rule) -> [candidates, of which usable (compiled, right numbers)]
+    candidates_by_rule: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    measured: int = 0
+    cache_hits: int = 0
+    failures: list[str] = dataclasses.field(default_factory=list)
+    search_s: float = 0.0
+    switch_penalty_s: float = 0.0
+    phase_s: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def backend_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for g in self.groups:
+            counts[g.backend] = counts.get(g.backend, 0) + len(g.nodes)
+        return counts
+
+    def table(self) -> str:
+        """One line per group run outside ATen, and totals per backend."""
+        lines = [f"{'backend':<12} {'rule':<16} {'nodes':>5} {'us':>9}  ops"]
+        for g in self.groups:
+            if g.backend == "aten":
+                continue
+            ops = ", ".join(o.split("::")[-1].split(".")[0] for o in g.ops[:6])
+            lines.append(
+                f"{g.backend:<12} {g.rule:<16} {len(g.nodes):>5} {g.seconds * 1e6:>9.1f}  {ops}"
+            )
+        counts = self.backend_counts()
+        lines.append("nodes per backend: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        lines.append(
+            f"DP modelled {self.dp_cost_s * 1e3:.3f} ms ({'exact' if self.dp_exact else 'bounded'}"
+            f", {self.dp_states} states); candidates {self.candidates}, measured {self.measured}, "
+            f"cache hits {self.cache_hits}, search {self.search_s:.1f} s"
+        )
+        if self.measured_final_s is not None:
+            lines.append(
+                f"end to end: eager {_ms(self.measured_eager_s)}, DP {_ms(self.measured_dp_s)}, "
+                f"final {_ms(self.measured_final_s)}"
+            )
+        return "\n".join(lines)
+
+    def save_png(self, path: str) -> None:
+        """A strip per backend: which nodes (in graph order) each backend runs."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        backends = sorted({g.backend for g in self.groups})
+        order: dict[str, int] = {}
+        for g in self.groups:
+            for n in g.nodes:
+                order.setdefault(n, len(order))
+        fig, ax = plt.subplots(figsize=(12, 1 + 0.5 * len(backends)))
+        colors = plt.get_cmap("tab10")
+        for gi, g in enumerate(self.groups):
+            row = backends.index(g.backend)
+            xs = sorted(order[n] for n in g.nodes)
+            ax.broken_barh([(x, 1) for x in xs], (row - 0.4, 0.8), color=colors(row % 10))
+            if g.backend != "aten" and len(xs) > 1:
+                ax.plot([xs[0], xs[-1] + 1], [row + 0.45] * 2, color="black", lw=0.6)
+            del gi
+        ax.set_yticks(range(len(backends)), backends)
+        ax.set_xlabel("node (execution order)")
+        ax.set_title(
+            "torch_plugin placement: "
+            + ", ".join(f"{k} {v}" for k, v in self.backend_counts().items())
+        )
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.3f} ms"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the graph once on real inputs and keeps every node's value by name."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        self.values[n.name] = out
+        return out
+
+
+def synthesize_inputs(gm: fx.GraphModule) -> list[Any]:
+    """Real tensors shaped like the placeholders' fake values: floats random, ints zero (valid
+    indices and positions), bools true."""
+    gen = torch.Generator().manual_seed(0)
+    out: list[Any] = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            shape = [int(d) for d in v.shape]
+            if v.dtype.is_floating_point:
+                out.append(torch.randn(shape, generator=gen, dtype=v.dtype) * 0.5)
+            elif v.dtype == torch.bool:
+                out.append(torch.ones(shape, dtype=torch.bool))
+            else:
+                out.append(torch.zeros(shape, dtype=v.dtype))
+        elif isinstance(v, (int, torch.SymInt)):
+            out.append(int(v))
+        else:
+            raise BackendError(f"cannot make an input for placeholder '{n.name}'")
+    return out
+
+
+def time_call(fn: Callable[..., Any], args: Sequence[Any], samples: int) -> float:
+    """Median seconds per call; each sample repeats the call until it lasts >= 0.2 ms."""
+    fn(*args)
+    t0 = time.perf_counter()
+    fn(*args)
+    once = max(time.perf_counter() - t0, 1e-7)
+    reps = max(1, min(200, math.ceil(2e-4 / once)))
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn(*args)
+        times.append((time.perf_counter() - t0) / reps)
+    return statistics.median(times)
+
+
+def build_subgraph(
+    gm: fx.GraphModule, nodes: Sequence[str], inputs: Sequence[str], outputs: Sequence[str]
+) -> fx.GraphModule:
+    """The group as its own GraphModule: placeholders for its inputs, a tuple of its outputs.
+    Tuple-producing nodes bring their getitem users along (the IR folds them into outputs)."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    group = set(nodes)
+    g = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    for name in inputs:
+        p = g.placeholder(name)
+        p.meta = dict(by_name[name].meta)
+        env[name] = p
+    for n in gm.graph.nodes:
+        inside = n.name in group or (
+            n.op == "call_function"
+            and n.target is operator.getitem
+            and isinstance(n.args[0], fx.Node)
+            and n.args[0].name in group
+        )
+        if inside:
+            env[n.name] = g.node_copy(n, lambda a: env[a.name])
+    g.output(tuple(env[o] for o in outputs))
+    return fx.GraphModule(gm, g)
+
+
+def _direct_aten(gm: fx.GraphModule) -> Callable[..., Any]:
+    """Calls the group's node targets directly: what the inline host graph pays, without the
+    GraphModule call overhead that a measurement of `gm` itself would add."""
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    body = [n for n in nodes if n.op == "call_function"]
+    out = nodes[-1].args[0]
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        env: dict[fx.Node, Any] = dict(zip(placeholders, args, strict=False))
+        for n in body:
+            a = fx.node.map_arg(n.args, lambda x: env[x])
+            k = fx.node.map_arg(n.kwargs, lambda x: env[x])
+            env[n] = n.target(*a, **k)
+        return tuple(env[o] for o in out)
+
+    if all(n.op in ("placeholder", "call_function", "output") for n in nodes):
+        return run
+    return gm
+
+
+def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if not a.dtype.is_floating_point:
+            return torch.equal(a, b)
+        finite = b.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+        scale = float(finite.max()) if b.numel() else 0.0
+        return torch.allclose(a, b, rtol=rtol, atol=atol * max(1.0, scale), equal_nan=True)
+    return a == b
+
+
+class _GroupCall(torch.nn.Module):
+    """A group compiled by a backend, called from the host graph."""
+
+    def __init__(self, fn: Callable[..., Any], backend: str, nodes: int) -> None:
+        super().__init__()
+        self.fn = fn
+        self.backend = backend
+        self.num_nodes = nodes
+
+    def forward(self, *args: Any) -> Any:
+        return tuple(self.fn(*args))
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend}, nodes={self.num_nodes}"
+
+
+def materialize(
+    gm: fx.GraphModule, groups: Sequence[Group], compiled: Sequence[Callable[..., Any] | None]
+) -> fx.GraphModule:
+    """The host GraphModule: aten groups inline, others as call_module of their callables, in
+    the groups' order (a valid execution order, from the DP)."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    getitems: dict[str, list[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        if (
+            n.op == "call_function"
+            and n.target is operator.getitem
+            and isinstance(n.args[0], fx.Node)
+        ):
+            getitems.setdefault(n.args[0].name, []).append(n)
+    g = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    root: dict[str, Any] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n.name] = g.node_copy(n, lambda a: env[a.name])
+        elif n.op == "get_attr":  # lifted constants: the new module needs them too
+            obj: Any = gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part)
+            root[str(n.target)] = obj
+    for gi, (group, fn) in enumerate(zip(groups, compiled, strict=True)):
+        if fn is None:
+            for name in sorted(group.nodes, key=list(by_name).index):
+                n = by_name[name]
+                env[name] = g.node_copy(n, lambda a: env[a.name])
+                for gitem in getitems.get(name, []):
+                    env[gitem.name] = g.node_copy(gitem, lambda a: env[a.name])
+            continue
+        sub = f"group{gi}_{group.backend}"
+        root[sub] = _GroupCall(fn, group.backend, len(group.nodes))
+        call = g.call_module(sub, tuple(env[i] for i in group.inputs))
+        for k, o in enumerate(group.outputs):
+            item = g.call_function(operator.getitem, (call, k))
+            item.meta = dict(by_name[o].meta)
+            env[o] = item
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    g.node_copy(out, lambda a: env[a.name])
+    return fx.GraphModule(root, g)
+
+
+# ---------------------------------------------------------------- the pass
+
+
+def place_graph(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any] | None,
+    opts: PlacementOptions,
+) -> tuple[fx.GraphModule, PlacementResult]:
+    """Places one ATen inference graph; returns the materialised module and the decision."""
+    t_start = time.perf_counter()
+    backends = get_backends(opts.backends)
+    by_name: dict[str, Backend] = {b.name: b for b in backends}
+    graph, _ = fx_bridge.to_ir(gm)
+    inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
+    recorder = _Recorder(gm)
+    with torch.no_grad():
+        recorder.run(*inputs)
+    values = recorder.values
+
+    phases: dict[str, float] = {}
+    mark = [time.perf_counter()]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - mark[0]
+        mark[0] = now
+
+    phase("record")
+    gen = _C.placement_candidates(graph, [b.rule_set for b in backends])
+    cands = gen["candidates"]
+    for c in cands:
+        c["backend"] = backends[[b.rule_set for b in backends].index(c["backend"])].name
+
+    versions = {"torch": torch.__version__}
+    for b in backends:
+        versions[b.name] = b.version()
+    cache = ProfileCache(opts.cache_path)
+    machine = machine_key("cpu", versions)
+    measured = 0
+    failures: list[str] = []
+    costs: dict[int, float] = {}
+    ops_of = {
+        n.name: fx_bridge.op_name(n.target) if n.op == "call_function" else n.op
+        for n in gm.graph.nodes
+    }
+    seen_sig: dict[tuple[str, str], Entry] = {}
+    by_rule: dict[str, list[int]] = {}
+
+    bar = None
+    if opts.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cands), desc="placement: measuring", leave=False)
+    try:
+        for c in cands:
+            if bar is not None:
+                bar.update(1)
+            backend = by_name[c["backend"]]
+            sig_key = (backend.name, c["signature"])
+            entry = seen_sig.get(sig_key)
+            key = ProfileCache.key(backend.name, c["signature"], machine)
+            if entry is None:
+                entry = cache.get(key)
+            if entry is None:
+                entry = _measure(gm, c, backend, values, opts.samples)
+                measured += 1
+                cache.put(key, backend.name, c["signature"], entry)
+                if not entry.ok:
+                    failures.append(f"{backend.name} on {c['nodes'][:3]}: {entry.note}")
+                    log.info(
+                        "torch_plugin placement: %s excluded for group %s (%s)",
+                        backend.name,
+                        c["nodes"][:4],
+                        entry.note,
+                    )
+            seen_sig[sig_key] = entry
+            tally = by_rule.setdefault(f"{backend.name}:{c['rule']}", [0, 0])
+            tally[0] += 1
+            tally[1] += int(entry.ok)
+            if entry.ok and entry.seconds is not None:
+                costs[c["id"]] = entry.seconds
+            elif backend.name == "aten":
+                # Eager is the fallback every node must have: keep it, at a nominal cost.
+                costs[c["id"]] = 1e-5
+    finally:
+        if bar is not None:
+            bar.close()
+    hits = cache.hits
+    phase("measure")
+
+    penalty = opts.switch_penalty_s
+    if penalty is None:
+        penalty = _measure_switch_penalty(opts.samples)
+    options = [
+        (c["id"], c["node_ids"], costs[c["id"]], c["backend"]) for c in cands if c["id"] in costs
+    ]
+    dp = _C.place_op_level(graph, options, penalty, opts.max_states, log.debug)
+    by_id = {c["id"]: c for c in cands}
+    groups = [
+        Group(
+            by_id[i]["backend"],
+            by_id[i]["rule"],
+            list(by_id[i]["nodes"]),
+            list(by_id[i]["inputs"]),
+            list(by_id[i]["outputs"]),
+            costs[i],
+            [ops_of.get(n, "?") for n in by_id[i]["nodes"]],
+        )
+        for i in dp["chosen"]
+    ]
+    result = PlacementResult(
+        groups=groups,
+        dp_cost_s=dp["cost"],
+        dp_exact=dp["exact"],
+        dp_states=dp["states"],
+        candidates=len(cands),
+        candidates_by_rule=by_rule,
+        measured=measured,
+        cache_hits=hits,
+        failures=failures,
+        switch_penalty_s=penalty,
+    )
+    phase("dp")
+    compiled = _compile_groups(gm, groups, by_name, values)
+    placed = materialize(gm, groups, compiled)
+    phase("compile")
+
+    evolve_backend = _pick_evolve_backend(opts, backends)
+    try:
+        if opts.evolve and evolve_backend is not None:
+            decision_key = ProfileCache.key(
+                "decision",
+                _C.graph_signature(graph)
+                + repr(
+                    (
+                        sorted(by_name),
+                        evolve_backend.name,
+                        opts.max_evaluations,
+                        opts.seed,
+                        [(g.backend, g.nodes) for g in groups],
+                    )
+                ),
+                machine,
+            )
+            cached = cache.get_decision(decision_key)
+            placed, groups = _evolve(
+                gm, groups, compiled, placed, evolve_backend, values, inputs, opts, result, cached
+            )
+            if cached is None and result.evolution is not None:
+                cache.put_decision(decision_key, result.evolution)
+            result.groups = groups
+        else:
+            result.measured_dp_s = time_call(placed, inputs, opts.samples)
+            result.measured_final_s = result.measured_dp_s
+    finally:
+        cache.close()
+    phase("evolve")
+    result.measured_eager_s = time_call(gm, inputs, opts.samples)
+    _check_outputs(placed, gm, inputs)
+    phase("check")
+    result.phase_s = phases
+    result.search_s = time.perf_counter() - t_start
+    return placed, result
+
+
+def _measure(
+    gm: fx.GraphModule, c: dict[str, Any], backend: Backend, values: dict[str, Any], samples: int
+) -> Entry:
+    args = [values[i] for i in c["inputs"]]
+    refs = [values[o] for o in c["outputs"]]
+    t0 = time.perf_counter()
+    try:
+        sub = build_subgraph(gm, c["nodes"], c["inputs"], c["outputs"])
+        if backend.name == "aten":
+            fn: Callable[..., Any] = _direct_aten(sub)
+        else:
+            if not all(isinstance(a, torch.Tensor) for a in args + refs):
+                raise BackendError("non-tensor inputs or outputs")
+            fn = backend.compile(sub, args, c["rule"])
+        compile_s = time.perf_counter() - t0
+        with torch.no_grad():
+            got = list(fn(*args))
+            if len(got) != len(refs) or not all(
+                _close(a, b, backend.rtol, backend.atol) for a, b in zip(got, refs, strict=False)
+            ):
+                return Entry(None, False, "wrong numerics vs eager", compile_s)
+            seconds = time_call(fn, args, samples)
+        return Entry(seconds, True, "", compile_s)
+    except Exception as e:  # noqa: BLE001 - a backend failing on a group only excludes it
+        return Entry(None, False, f"{type(e).__name__}: {str(e)[:200]}", time.perf_counter() - t0)
+
+
+def _measure_switch_penalty(samples: int) -> float:
+    """Seconds the host graph pays to call a group module and unpack its outputs."""
+    x = torch.zeros(1)
+    mod = _GroupCall(lambda a: (a,), "probe", 1)
+
+    def via_module(a: torch.Tensor) -> Any:
+        return mod(a)[0]
+
+    def inline(a: torch.Tensor) -> Any:
+        return a
+
+    return max(0.0, time_call(via_module, [x], samples) - time_call(inline, [x], samples))
+
+
+def _compile_groups(
+    gm: fx.GraphModule,
+    groups: Sequence[Group],
+    backends: dict[str, Backend],
+    values: dict[str, Any],
+) -> list[Callable[..., Any] | None]:
+    out: list[Callable[..., Any] | None] = []
+    for g in groups:
+        if g.backend == "aten":
+            out.append(None)
+            continue
+        sub = build_subgraph(gm, g.nodes, g.inputs, g.outputs)
+        out.append(backends[g.backend].compile(sub, [values[i] for i in g.inputs], g.rule))
+    return out
+
+
+def _pick_evolve_backend(opts: PlacementOptions, backends: Sequence[Backend]) -> Backend | None:
+    graph_level = [b for b in backends if b.graph_level]
+    if opts.evolve_backend is not None:
+        for b in graph_level:
+            if b.name == opts.evolve_backend:
+                return b
+        log.warning(
+            "torch_plugin placement: evolve_backend %r is not an available graph-level "
+            "backend; skipping the evolutionary search",
+            opts.evolve_backend,
+        )
+        return None
+    return graph_level[0] if graph_level else None
+
+
+def _evolve(
+    gm: fx.GraphModule,
+    groups: list[Group],
+    compiled: list[Callable[..., Any] | None],
+    placed: fx.GraphModule,
+    backend: Backend,
+    values: dict[str, Any],
+    inputs: Sequence[Any],
+    opts: PlacementOptions,
+    result: PlacementResult,
+    cached: dict[str, Any] | None,
+) -> tuple[fx.GraphModule, list[Group]]:
+    """Bits over the DP's groups: set = run by `backend`, with consecutive set groups (a
+    contiguous stretch of a topological order, hence convex) merged into one region."""
+    region_cache: dict[tuple[str, ...], Callable[..., Any] | None] = {}
+    seed = [g.backend == backend.name for g in groups]
+
+    def build(bits: Sequence[bool]) -> tuple[list[Group], list[Callable[..., Any] | None]]:
+        out_groups: list[Group] = []
+        out_fns: list[Callable[..., Any] | None] = []
+        i = 0
+        while i < len(groups):
+            if not bits[i]:
+                g = groups[i]
+                if g.backend == backend.name:  # turned off: back to ATen
+                    out_groups.append(dataclasses.replace(g, backend="aten", rule="op"))
+                    out_fns.append(None)
+                else:
+                    out_groups.append(g)
+                    out_fns.append(compiled[i])
+                i += 1
+                continue
+            j = i
+            while j < len(groups) and bits[j]:
+                j += 1
+            nodes = [n for g in groups[i:j] for n in g.nodes]
+            region = _region(gm, nodes)
+            key = tuple(nodes)
+            if key not in region_cache:
+                sub = build_subgraph(gm, nodes, region[0], region[1])
+                try:
+                    region_cache[key] = backend.compile(
+                        sub, [values[x] for x in region[0]], "region"
+                    )
+                except Exception as e:  # noqa: BLE001 - this region stays on ATen
+                    log.info(
+                        "torch_plugin placement: %s cannot compile a region of %d nodes (%s)",
+                        backend.name,
+                        len(nodes),
+                        e,
+                    )
+                    region_cache[key] = None
+            fn = region_cache[key]
+            if fn is None:
+                for g in groups[i:j]:
+                    out_groups.append(dataclasses.replace(g, backend="aten", rule="op"))
+                    out_fns.append(None)
+            else:
+                out_groups.append(
+                    Group(
+                        backend.name,
+                        "region",
+                        nodes,
+                        region[0],
+                        region[1],
+                        sum(g.seconds for g in groups[i:j]),
+                        [o for g in groups[i:j] for o in g.ops],
+                    )
+                )
+                out_fns.append(fn)
+            i = j
+        return out_groups, out_fns
+
+    def fitness(bits: list[bool]) -> float:
+        try:
+            gs, fns = build(bits)
+            mod = materialize(gm, gs, fns)
+            with torch.no_grad():
+                if not _outputs_match(mod, gm, inputs, 1e-3):
+                    return math.inf
+                return time_call(mod, inputs, opts.samples)
+        except Exception as e:  # noqa: BLE001 - an individual that fails is just unfit
+            log.debug("torch_plugin placement: individual failed (%s)", e)
+            return math.inf
+
+    if cached is not None and len(cached.get("best", [])) == len(groups):
+        # A warm compile: the search already ran for this graph, options and machine.
+        result.evolution = dict(cached, cached=True)
+        result.measured_dp_s = cached["seed_fitness"]
+        result.measured_final_s = cached["best_fitness"]
+        best = [bool(b) for b in cached["best"]]
+        if best == seed:
+            return placed, groups
+        gs, fns = build(best)
+        return materialize(gm, gs, fns), gs
+
+    bar = None
+    progress = None
+    if opts.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=opts.max_evaluations, desc="placement: evolving", leave=False)
+
+        def progress(gen: int, best: float, evals: int) -> None:
+            bar.n = evals
+            bar.set_postfix(best_ms=f"{best * 1e3:.3f}")
+            bar.refresh()
+
+    try:
+        r = _C.evolve_placement(
+            seed,
+            fitness,
+            population=8,
+            generations=10,
+            min_improvement=0.02,
+            rng_seed=opts.seed,
+            max_evaluations=opts.max_evaluations,
+            time_budget_s=opts.time_budget_s,
+            progress=progress,
+            log=log.debug,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    result.evolution = {
+        k: r[k]
+        for k in (
+            "best",
+            "best_fitness",
+            "seed_fitness",
+            "evaluations",
+            "generations",
+            "stopped_by_deadline",
+        )
+    }
+    result.evolution["offloaded"] = int(sum(r["best"]))
+    result.measured_dp_s = r["seed_fitness"]
+    gs, fns = build(r["best"])
+    final = materialize(gm, gs, fns) if r["best"] != seed else placed
+    result.measured_final_s = r["best_fitness"]
+    return final, (gs if r["best"] != seed else groups)
+
+
+def _region(gm: fx.GraphModule, nodes: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Inputs and outputs (by value name) of a set of nodes, as the IR names them."""
+    group = set(nodes)
+    for n in gm.graph.nodes:
+        if (
+            n.op == "call_function"
+            and n.target is operator.getitem
+            and isinstance(n.args[0], fx.Node)
+            and n.args[0].name in group
+        ):
+            group.add(n.name)
+    inputs: list[str] = []
+    outputs: list[str] = []
+    for n in gm.graph.nodes:
+        if n.name not in group:
+            continue
+        for a in n.all_input_nodes:
+            if a.name not in group and a.name not in inputs:
+                inputs.append(a.name)
+        tuple_node = any(u.target is operator.getitem for u in n.users)
+        if not tuple_node and any(u.name not in group for u in n.users):
+            outputs.append(n.name)
+    return inputs, outputs
+
+
+def _outputs_match(
+    mod: fx.GraphModule, ref: fx.GraphModule, inputs: Sequence[Any], tol: float
+) -> bool:
+    got = mod(*inputs)
+    want = ref(*inputs)
+    got_l = list(got) if isinstance(got, (tuple, list)) else [got]
+    want_l = list(want) if isinstance(want, (tuple, list)) else [want]
+    return len(got_l) == len(want_l) and all(
+        _close(a, b, tol, tol) for a, b in zip(got_l, want_l, strict=True)
+    )
+
+
+def _check_outputs(placed: fx.GraphModule, gm: fx.GraphModule, inputs: Sequence[Any]) -> None:
+    with torch.no_grad():
+        if not _outputs_match(placed, gm, inputs, 1e-3):
+            raise BackendError("the placed graph's outputs differ from eager's; not using it")
