@@ -62,9 +62,12 @@ class InductorBackend(Backend):
     rtol = atol = 1e-3
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+        from torch._guards import tracing
         from torch._inductor.compile_fx import compile_fx
 
-        with warnings.catch_warnings():
+        # Outside the enclosing Dynamo frame's tracing context: the subgraph's guards and fake
+        # mode are its own, not the user's frame's.
+        with warnings.catch_warnings(), tracing(None):
             warnings.simplefilter("ignore")
             return compile_fx(gm, list(inputs))
 
@@ -105,7 +108,15 @@ class OpenVINOBackend(_NumpyBackend):
             warnings.simplefilter("ignore")
             model = ov.convert_model(gm, example_input=tuple(inputs))
         # f32 inference: OpenVINO would otherwise pick bf16 on CPUs that have it.
-        compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        compiled = ov.Core().compile_model(
+            model,
+            "CPU",
+            {
+                "INFERENCE_PRECISION_HINT": "f32",
+                "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_NUM_THREADS": torch.get_num_threads(),
+            },
+        )
         request = compiled.create_infer_request()
         outputs = list(compiled.outputs)
 
@@ -133,6 +144,11 @@ class OnnxRuntimeBackend(_NumpyBackend):
             torch.onnx.export(gm, tuple(inputs), buf, dynamo=True, verbose=False)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        # Share the cores with torch's own thread pool: as many threads as torch uses, and no
+        # spinning after a run (a spinning pool starves the ATen ops that run in between).
+        opts.intra_op_num_threads = torch.get_num_threads()
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
         if len(names) != len(inputs):

@@ -38,6 +38,7 @@ _VALID_KEYS = (
     "max_states",
     "seed",
     "progress",
+    "freeze",
 )
 
 
@@ -56,6 +57,9 @@ class PlacementOptions:
     switch_penalty_s: seconds per group run outside the host graph; None = measured.
     max_states: DP states before it switches to its bounded form.
     seed: RNG seed of the search; progress: show a tqdm bar.
+    freeze: hand parameters and buffers to graph compilers as constants (they fold and prepack
+      weights, as whole-model exports do); the placed module then assumes the weights do not
+      change, like torch._inductor's freezing. Only with real example inputs.
     """
 
     backends: tuple[str, ...] = DEFAULT_BACKENDS
@@ -67,6 +71,7 @@ class PlacementOptions:
     samples: int = 7
     switch_penalty_s: float | None = None
     max_states: int = 20000
+    freeze: bool = True
     seed: int = 0
     progress: bool = False
 
@@ -121,6 +126,10 @@ class Group:
     outputs: list[str]
     seconds: float  # measured, alone
     ops: list[str] = dataclasses.field(default_factory=list)
+    call_inputs: list[str] | None = None  # what its callable takes (inputs less frozen ones)
+
+    def arguments(self) -> list[str]:
+        return self.inputs if self.call_inputs is None else self.call_inputs
 
 
 @dataclasses.dataclass
@@ -268,18 +277,34 @@ def time_call(fn: Callable[..., Any], args: Sequence[Any], samples: int) -> floa
 
 
 def build_subgraph(
-    gm: fx.GraphModule, nodes: Sequence[str], inputs: Sequence[str], outputs: Sequence[str]
+    gm: fx.GraphModule,
+    nodes: Sequence[str],
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    constants: dict[str, torch.Tensor] | None = None,
 ) -> fx.GraphModule:
     """The group as its own GraphModule: placeholders for its inputs, a tuple of its outputs.
-    Tuple-producing nodes bring their getitem users along (the IR folds them into outputs)."""
+    Tuple-producing nodes bring their getitem users along (the IR folds them into outputs).
+    Inputs named in `constants` (frozen parameters) become attributes of the module instead,
+    so a graph compiler sees them as weights it may fold and prepack."""
     by_name = {n.name: n for n in gm.graph.nodes}
     group = set(nodes)
     g = fx.Graph()
     env: dict[str, fx.Node] = {}
+    root: dict[str, Any] = {}
+    constants = constants or {}
     for name in inputs:
+        if name in constants:
+            continue
         p = g.placeholder(name)
         p.meta = dict(by_name[name].meta)
         env[name] = p
+    for name in inputs:
+        if name in constants:
+            attr = f"_frozen_{name}"
+            root[attr] = constants[name].detach()
+            env[name] = g.get_attr(attr)
+            env[name].meta = dict(by_name[name].meta)
     for n in gm.graph.nodes:
         inside = n.name in group or (
             n.op == "call_function"
@@ -290,7 +315,13 @@ def build_subgraph(
         if inside:
             env[n.name] = g.node_copy(n, lambda a: env[a.name])
     g.output(tuple(env[o] for o in outputs))
-    return fx.GraphModule(gm, g)
+    for n in g.nodes:
+        if n.op == "get_attr" and str(n.target) not in root:
+            obj: Any = gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part)
+            root[str(n.target)] = obj
+    return fx.GraphModule(root, g)
 
 
 def _direct_aten(gm: fx.GraphModule) -> Callable[..., Any]:
@@ -377,7 +408,7 @@ def materialize(
             continue
         sub = f"group{gi}_{group.backend}"
         root[sub] = _GroupCall(fn, group.backend, len(group.nodes))
-        call = g.call_module(sub, tuple(env[i] for i in group.inputs))
+        call = g.call_module(sub, tuple(env[i] for i in group.arguments()))
         for k, o in enumerate(group.outputs):
             item = g.call_function(operator.getitem, (call, k))
             item.meta = dict(by_name[o].meta)
@@ -394,8 +425,12 @@ def place_graph(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any] | None,
     opts: PlacementOptions,
+    input_kinds: Sequence[tuple[str, str]] | None = None,
 ) -> tuple[fx.GraphModule, PlacementResult]:
-    """Places one ATen inference graph; returns the materialised module and the decision."""
+    """Places one ATen inference graph; returns the materialised module and the decision.
+
+    input_kinds: (kind, source) per placeholder; "parameter"/"buffer" inputs are frozen into
+    graph compilers' subgraphs when opts.freeze and real example inputs are given."""
     t_start = time.perf_counter()
     backends = get_backends(opts.backends)
     by_name: dict[str, Backend] = {b.name: b for b in backends}
@@ -405,6 +440,12 @@ def place_graph(
     with torch.no_grad():
         recorder.run(*inputs)
     values = recorder.values
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    frozen: dict[str, torch.Tensor] = {}
+    if opts.freeze and example_inputs is not None and input_kinds is not None:
+        for name, (kind, _), x in zip(placeholders, input_kinds, inputs, strict=False):
+            if kind in ("parameter", "buffer") and isinstance(x, torch.Tensor):
+                frozen[name] = x
 
     phases: dict[str, float] = {}
     mark = [time.perf_counter()]
@@ -445,15 +486,20 @@ def place_graph(
             if bar is not None:
                 bar.update(1)
             backend = by_name[c["backend"]]
-            sig_key = (backend.name, c["signature"])
+            signature = c["signature"]
+            if backend.graph_level and frozen:
+                signature += "|frozen:" + ",".join(
+                    str(k) for k, i in enumerate(c["inputs"]) if i in frozen
+                )
+            sig_key = (backend.name, signature)
             entry = seen_sig.get(sig_key)
-            key = ProfileCache.key(backend.name, c["signature"], machine)
+            key = ProfileCache.key(backend.name, signature, machine)
             if entry is None:
                 entry = cache.get(key)
             if entry is None:
-                entry = _measure(gm, c, backend, values, opts.samples)
+                entry = _measure(gm, c, backend, values, opts.samples, frozen)
                 measured += 1
-                cache.put(key, backend.name, c["signature"], entry)
+                cache.put(key, backend.name, signature, entry)
                 if not entry.ok:
                     failures.append(f"{backend.name} on {c['nodes'][:3]}: {entry.note}")
                     log.info(
@@ -510,20 +556,20 @@ def place_graph(
         switch_penalty_s=penalty,
     )
     phase("dp")
-    compiled = _compile_groups(gm, groups, by_name, values)
+    compiled = _compile_groups(gm, groups, by_name, values, frozen)
     placed = materialize(gm, groups, compiled)
     phase("compile")
 
-    evolve_backend = _pick_evolve_backend(opts, backends)
+    evolve_backends = _pick_evolve_backends(opts, backends)
     try:
-        if opts.evolve and evolve_backend is not None:
+        if opts.evolve and evolve_backends:
             decision_key = ProfileCache.key(
                 "decision",
                 _C.graph_signature(graph)
                 + repr(
                     (
                         sorted(by_name),
-                        evolve_backend.name,
+                        [b.name for b in evolve_backends],
                         opts.max_evaluations,
                         opts.seed,
                         [(g.backend, g.nodes) for g in groups],
@@ -532,12 +578,16 @@ def place_graph(
                 machine,
             )
             cached = cache.get_decision(decision_key)
-            placed, groups = _evolve(
-                gm, groups, compiled, placed, evolve_backend, values, inputs, opts, result, cached
+            groups, compiled, evolution = _evolve(
+                gm, groups, compiled, evolve_backends, values, inputs, opts, cached, frozen
             )
-            if cached is None and result.evolution is not None:
-                cache.put_decision(decision_key, result.evolution)
+            if not evolution["cached"]:
+                cache.put_decision(decision_key, evolution)
+            placed = materialize(gm, groups, compiled)
             result.groups = groups
+            result.evolution = evolution
+            result.measured_dp_s = evolution["seed_fitness"]
+            result.measured_final_s = evolution["best_fitness"]
         else:
             result.measured_dp_s = time_call(placed, inputs, opts.samples)
             result.measured_final_s = result.measured_dp_s
@@ -552,14 +602,24 @@ def place_graph(
     return placed, result
 
 
+def _frozen_for(backend: Backend, frozen: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return frozen if backend.graph_level else {}
+
+
 def _measure(
-    gm: fx.GraphModule, c: dict[str, Any], backend: Backend, values: dict[str, Any], samples: int
+    gm: fx.GraphModule,
+    c: dict[str, Any],
+    backend: Backend,
+    values: dict[str, Any],
+    samples: int,
+    frozen: dict[str, torch.Tensor],
 ) -> Entry:
-    args = [values[i] for i in c["inputs"]]
+    consts = _frozen_for(backend, frozen)
+    args = [values[i] for i in c["inputs"] if i not in consts]
     refs = [values[o] for o in c["outputs"]]
     t0 = time.perf_counter()
     try:
-        sub = build_subgraph(gm, c["nodes"], c["inputs"], c["outputs"])
+        sub = build_subgraph(gm, c["nodes"], c["inputs"], c["outputs"], consts)
         if backend.name == "aten":
             fn: Callable[..., Any] = _direct_aten(sub)
         else:
@@ -598,46 +658,94 @@ def _compile_groups(
     groups: Sequence[Group],
     backends: dict[str, Backend],
     values: dict[str, Any],
+    frozen: dict[str, torch.Tensor],
 ) -> list[Callable[..., Any] | None]:
+    """Compiles each non-ATen group; sets its call_inputs (its inputs less frozen ones)."""
     out: list[Callable[..., Any] | None] = []
     for g in groups:
         if g.backend == "aten":
             out.append(None)
             continue
-        sub = build_subgraph(gm, g.nodes, g.inputs, g.outputs)
-        out.append(backends[g.backend].compile(sub, [values[i] for i in g.inputs], g.rule))
+        consts = _frozen_for(backends[g.backend], frozen)
+        g.call_inputs = [i for i in g.inputs if i not in consts]
+        sub = build_subgraph(gm, g.nodes, g.inputs, g.outputs, consts)
+        out.append(backends[g.backend].compile(sub, [values[i] for i in g.call_inputs], g.rule))
     return out
 
 
-def _pick_evolve_backend(opts: PlacementOptions, backends: Sequence[Backend]) -> Backend | None:
+def _pick_evolve_backends(opts: PlacementOptions, backends: Sequence[Backend]) -> list[Backend]:
+    """The graph-level compilers the search offloads to, one round each, in order."""
     graph_level = [b for b in backends if b.graph_level]
     if opts.evolve_backend is not None:
-        for b in graph_level:
-            if b.name == opts.evolve_backend:
-                return b
-        log.warning(
-            "torch_plugin placement: evolve_backend %r is not an available graph-level "
-            "backend; skipping the evolutionary search",
-            opts.evolve_backend,
-        )
-        return None
-    return graph_level[0] if graph_level else None
+        chosen = [b for b in graph_level if b.name == opts.evolve_backend]
+        if not chosen:
+            log.warning(
+                "torch_plugin placement: evolve_backend %r is not an available graph-level "
+                "backend; skipping the evolutionary search",
+                opts.evolve_backend,
+            )
+        return chosen
+    return graph_level
 
 
 def _evolve(
     gm: fx.GraphModule,
     groups: list[Group],
     compiled: list[Callable[..., Any] | None],
-    placed: fx.GraphModule,
+    evolve_backends: Sequence[Backend],
+    values: dict[str, Any],
+    inputs: Sequence[Any],
+    opts: PlacementOptions,
+    cached: dict[str, Any] | None,
+    frozen: dict[str, torch.Tensor],
+) -> tuple[list[Group], list[Callable[..., Any] | None], dict[str, Any]]:
+    """One evolutionary round per graph-level compiler, each seeded with the previous result
+    (the first with the DP's): so the final program can mix regions of several compilers."""
+    deadline = time.perf_counter() + opts.time_budget_s
+    rounds: list[dict[str, Any]] = []
+    cached_rounds = (cached or {}).get("rounds", [])
+    for k, backend in enumerate(evolve_backends):
+        hit = None
+        if k < len(cached_rounds) and cached_rounds[k].get("backend") == backend.name:
+            hit = cached_rounds[k]
+        groups, compiled, info = _evolve_round(
+            gm,
+            groups,
+            compiled,
+            backend,
+            values,
+            inputs,
+            opts,
+            hit,
+            max(0.0, deadline - time.perf_counter()),
+            _frozen_for(backend, frozen),
+        )
+        rounds.append(info)
+    summary = {
+        "rounds": rounds,
+        "seed_fitness": rounds[0]["seed_fitness"],
+        "best_fitness": min(r["best_fitness"] for r in rounds),
+        "evaluations": sum(r["evaluations"] for r in rounds),
+        "cached": all(r.get("cached", False) for r in rounds),
+    }
+    return groups, compiled, summary
+
+
+def _evolve_round(
+    gm: fx.GraphModule,
+    groups: list[Group],
+    compiled: list[Callable[..., Any] | None],
     backend: Backend,
     values: dict[str, Any],
     inputs: Sequence[Any],
     opts: PlacementOptions,
-    result: PlacementResult,
     cached: dict[str, Any] | None,
-) -> tuple[fx.GraphModule, list[Group]]:
-    """Bits over the DP's groups: set = run by `backend`, with consecutive set groups (a
-    contiguous stretch of a topological order, hence convex) merged into one region."""
+    budget_s: float,
+    consts: dict[str, torch.Tensor],
+) -> tuple[list[Group], list[Callable[..., Any] | None], dict[str, Any]]:
+    """Bits over the current groups: set = run by `backend`, with consecutive set groups (a
+    contiguous stretch of a topological order, hence convex) merged into one region; a clear
+    bit keeps the group as it is (a group of `backend` goes back to ATen)."""
     region_cache: dict[tuple[str, ...], Callable[..., Any] | None] = {}
     seed = [g.backend == backend.name for g in groups]
 
@@ -662,13 +770,14 @@ def _evolve(
             nodes = [n for g in groups[i:j] for n in g.nodes]
             region = _region(gm, nodes)
             key = tuple(nodes)
+            call_inputs = [x for x in region[0] if x not in consts]
             if key not in region_cache:
-                sub = build_subgraph(gm, nodes, region[0], region[1])
+                sub = build_subgraph(gm, nodes, region[0], region[1], consts)
                 try:
                     region_cache[key] = backend.compile(
-                        sub, [values[x] for x in region[0]], "region"
+                        sub, [values[x] for x in call_inputs], "region"
                     )
-                except Exception as e:  # noqa: BLE001 - this region stays on ATen
+                except Exception as e:  # noqa: BLE001 - this region keeps its groups
                     log.info(
                         "torch_plugin placement: %s cannot compile a region of %d nodes (%s)",
                         backend.name,
@@ -678,9 +787,8 @@ def _evolve(
                     region_cache[key] = None
             fn = region_cache[key]
             if fn is None:
-                for g in groups[i:j]:
-                    out_groups.append(dataclasses.replace(g, backend="aten", rule="op"))
-                    out_fns.append(None)
+                out_groups.extend(groups[i:j])
+                out_fns.extend(compiled[i:j])
             else:
                 out_groups.append(
                     Group(
@@ -691,6 +799,7 @@ def _evolve(
                         region[1],
                         sum(g.seconds for g in groups[i:j]),
                         [o for g in groups[i:j] for o in g.ops],
+                        call_inputs,
                     )
                 )
                 out_fns.append(fn)
@@ -710,22 +819,19 @@ def _evolve(
             return math.inf
 
     if cached is not None and len(cached.get("best", [])) == len(groups):
-        # A warm compile: the search already ran for this graph, options and machine.
-        result.evolution = dict(cached, cached=True)
-        result.measured_dp_s = cached["seed_fitness"]
-        result.measured_final_s = cached["best_fitness"]
+        # A warm compile: this round already ran for this graph, options and machine.
         best = [bool(b) for b in cached["best"]]
-        if best == seed:
-            return placed, groups
-        gs, fns = build(best)
-        return materialize(gm, gs, fns), gs
+        gs, fns = build(best) if best != seed else (groups, compiled)
+        return gs, fns, dict(cached, cached=True)
 
     bar = None
     progress = None
     if opts.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=opts.max_evaluations, desc="placement: evolving", leave=False)
+        bar = tqdm(
+            total=opts.max_evaluations, desc=f"placement: evolving ({backend.name})", leave=False
+        )
 
         def progress(gen: int, best: float, evals: int) -> None:
             bar.n = evals
@@ -741,14 +847,14 @@ def _evolve(
             min_improvement=0.02,
             rng_seed=opts.seed,
             max_evaluations=opts.max_evaluations,
-            time_budget_s=opts.time_budget_s,
+            time_budget_s=budget_s if budget_s > 0 else 1e-9,
             progress=progress,
             log=log.debug,
         )
     finally:
         if bar is not None:
             bar.close()
-    result.evolution = {
+    info = {
         k: r[k]
         for k in (
             "best",
@@ -759,12 +865,12 @@ def _evolve(
             "stopped_by_deadline",
         )
     }
-    result.evolution["offloaded"] = int(sum(r["best"]))
-    result.measured_dp_s = r["seed_fitness"]
+    info["backend"] = backend.name
+    info["offloaded"] = int(sum(r["best"]))
+    if r["best"] == seed:
+        return groups, compiled, info
     gs, fns = build(r["best"])
-    final = materialize(gm, gs, fns) if r["best"] != seed else placed
-    result.measured_final_s = r["best_fitness"]
-    return final, (gs if r["best"] != seed else groups)
+    return gs, fns, info
 
 
 def _region(gm: fx.GraphModule, nodes: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -1,0 +1,290 @@
+"""Backend placement (issue 4) against every single backend on the whole model, in one run.
+
+For each model and batch size: inference latency of eager, Inductor, OpenVINO and ONNX Runtime
+each on the whole model, and of ours (DP only, and DP + evolutionary search), with the search
+time cold (empty profile cache) and warm (same cache). Ratios are against the best single
+backend measured in the same run.
+
+    python benchmarks/placement.py [--quick] [--models bert,gpt2] [--batches 1,8] [--full-size]
+
+Default shapes are the zoo's small configurations (2-core CPU budget); --full-size uses the
+zoo's full ones (BERT-base at seq 128, GPT-2-small, ResNet-50, ...). Prints a table; writes
+benchmarks/results/placement.{json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import io
+import json
+import math
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import torch_plugin
+from torch_plugin.models import build
+from torch_plugin.placement.planner import time_call
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ["bert", "gpt2", "resnet50", "resnext50", "dcgan", "nasnet", "mmt"]
+SAMPLES = 7
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flat(o)]
+    return []
+
+
+def _close(got: Any, want: Any, tol: float = 1e-3) -> bool:
+    a, b = _flat(got), _flat(want)
+
+    def near(x: torch.Tensor, y: torch.Tensor) -> bool:
+        atol = tol * max(1.0, float(y.abs().max()))
+        return x.shape == y.shape and torch.allclose(x.float(), y.float(), rtol=tol, atol=atol)
+
+    return len(a) == len(b) and all(near(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _latency(fn: Any, inputs: tuple) -> float:
+    with torch.no_grad():
+        return time_call(fn, inputs, SAMPLES)
+
+
+def _inductor(model: torch.nn.Module, inputs: tuple) -> Any:
+    return torch.compile(model)
+
+
+def _openvino(model: torch.nn.Module, inputs: tuple) -> Any:
+    import openvino as ov
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ov_model = ov.convert_model(model, example_input=inputs)
+    compiled = ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+
+    def run(*args: torch.Tensor) -> Any:
+        res = request.infer([a.numpy() for a in args], share_inputs=True)
+        return tuple(torch.from_numpy(res[o]) for o in compiled.outputs)
+
+    return run
+
+
+def _onnxruntime(model: torch.nn.Module, inputs: tuple) -> Any:
+    import onnxruntime as ort
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, buf, dynamo=True, verbose=False)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(*args: torch.Tensor) -> Any:
+        feed = {n: a.numpy() for n, a in zip(names, args, strict=False)}
+        return tuple(torch.from_numpy(r) for r in session.run(None, feed))
+
+    return run
+
+
+BASELINES = {"inductor": _inductor, "openvino": _openvino, "onnxruntime": _onnxruntime}
+
+
+def run_one(
+    name: str, batch: int, full: bool, backends: list[str], evals: int, budget_s: float
+) -> dict[str, Any]:
+    model, inputs = build(name, small=not full, batch=batch)
+    model.eval()
+    with torch.no_grad():
+        want = model(*inputs)
+    row: dict[str, Any] = {"model": name, "batch": batch}
+    row["eager_ms"] = _latency(model, inputs) * 1e3
+    for base, make in BASELINES.items():
+        torch._dynamo.reset()
+        try:
+            t0 = time.perf_counter()
+            fn = make(copy.deepcopy(model), inputs)
+            with torch.no_grad():
+                got = fn(*inputs)
+            row[f"{base}_compile_s"] = time.perf_counter() - t0
+            if not _close(got, want):
+                row[f"{base}_ms"] = None
+                row[f"{base}_error"] = "wrong numerics"
+                continue
+            row[f"{base}_ms"] = _latency(fn, inputs) * 1e3
+        except Exception as e:  # noqa: BLE001 - a backend that cannot take the model is a result
+            row[f"{base}_ms"] = None
+            row[f"{base}_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "profile.db")
+        # Cold: an empty profile cache, everything measured and searched. Warm: the same
+        # cache. DP: the dynamic program's placement alone (warm, no evolutionary search).
+        for key, evolve in (("cold", True), ("warm", True), ("dp", False)):
+            torch._dynamo.reset()
+            t0 = time.perf_counter()
+            placed = torch_plugin.place(
+                model,
+                inputs,
+                backends=backends,
+                cache_path=db,
+                samples=SAMPLES,
+                evolve=evolve,
+                max_evaluations=evals,
+                time_budget_s=budget_s,
+            )
+            row[f"{key}_search_s"] = time.perf_counter() - t0
+            if not _close(placed(*inputs), want):
+                raise AssertionError(f"{name}: placed model ({key}) differs from eager")
+            result = placed.placement
+            if key == "cold":
+                row["evo_ms"] = _latency(placed, inputs) * 1e3
+                row["evo_backends"] = result.backend_counts()
+                row["candidates"] = result.candidates
+                row["measured_groups"] = result.measured
+                row["phase_s"] = result.phase_s
+                if result.evolution is not None:
+                    row["evolution"] = {
+                        "evaluations": result.evolution["evaluations"],
+                        "seed_ms": result.evolution["seed_fitness"] * 1e3,
+                        "best_ms": result.evolution["best_fitness"] * 1e3,
+                        "rounds": [
+                            (r["backend"], r["offloaded"], r["evaluations"])
+                            for r in result.evolution["rounds"]
+                        ],
+                    }
+            elif key == "dp":
+                row["dp_ms"] = _latency(placed, inputs) * 1e3
+                row["dp_backends"] = result.backend_counts()
+    singles = {b: row.get(f"{b}_ms") for b in ["eager", *BASELINES]}
+    singles = {b: v for b, v in singles.items() if v is not None}
+    best = min(singles, key=singles.get)
+    row["best_single"] = best
+    row["best_single_ms"] = singles[best]
+    for key in ("dp", "evo"):
+        row[f"{key}_speedup_vs_best"] = singles[best] / row[f"{key}_ms"]
+    row["warm_over_cold"] = row["cold_search_s"] / row["warm_search_s"]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="batch 1 only, three models")
+    ap.add_argument("--models", default=None)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--full-size", action="store_true")
+    ap.add_argument("--backends", default="aten,fused,openvino,onnxruntime,inductor")
+    ap.add_argument("--evals", type=int, default=12, help="evaluations per evolution round")
+    ap.add_argument("--budget-s", type=float, default=120.0, help="evolution time budget")
+    args = ap.parse_args()
+    models = args.models.split(",") if args.models else MODELS
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.quick:
+        models = args.models.split(",") if args.models else ["bert", "resnet50", "mmt"]
+        batches = [1]
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    backends = args.backends.split(",")
+    rows = []
+    for name in models:
+        for batch in batches:
+            print(f"== {name} batch {batch}", flush=True)
+            try:
+                rows.append(
+                    run_one(name, batch, args.full_size, backends, args.evals, args.budget_s)
+                )
+            except Exception as e:  # noqa: BLE001 - report and go on with the next model
+                rows.append({"model": name, "batch": batch, "error": f"{type(e).__name__}: {e}"})
+            print(json.dumps(rows[-1], default=str)[:600], flush=True)
+    _report(rows, args, backends)
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _report(rows: list[dict[str, Any]], args: argparse.Namespace, backends: list[str]) -> None:
+    header = (
+        f"{'model':<10} {'b':>2} {'eager':>8} {'inductor':>8} {'openvino':>8} {'ort':>8} "
+        f"{'DP':>8} {'DP+evo':>8} {'best':>10} {'x best':>6} {'cold s':>7} {'warm s':>7}"
+    )
+    print(header)
+    ok = [r for r in rows if "error" not in r]
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:<10} {r['batch']:>2} error: {r['error'][:90]}")
+            continue
+        print(
+            f"{r['model']:<10} {r['batch']:>2} {_fmt(r['eager_ms']):>8} "
+            f"{_fmt(r.get('inductor_ms')):>8} {_fmt(r.get('openvino_ms')):>8} "
+            f"{_fmt(r.get('onnxruntime_ms')):>8} {_fmt(r['dp_ms']):>8} {_fmt(r['evo_ms']):>8} "
+            f"{r['best_single']:>10} {r['evo_speedup_vs_best']:>6.2f} "
+            f"{r['cold_search_s']:>7.1f} {r['warm_search_s']:>7.1f}"
+        )
+    geo = math.exp(sum(math.log(r["evo_speedup_vs_best"]) for r in ok) / len(ok)) if ok else 0.0
+    warm = math.exp(sum(math.log(r["warm_over_cold"]) for r in ok) / len(ok)) if ok else 0.0
+    print(
+        f"geomean speedup over the best single backend: {geo:.3f}x; "
+        f"cold/warm search time geomean {warm:.1f}x (latencies in ms)"
+    )
+    RESULTS.mkdir(exist_ok=True)
+    payload = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "args": vars(args),
+        "backends": backends,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+        "geomean_speedup_vs_best_single": geo,
+        "geomean_cold_over_warm": warm,
+    }
+    (RESULTS / "placement.json").write_text(json.dumps(payload, indent=1, default=str))
+    _plot(ok)
+
+
+def _plot(rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return
+    labels = [f"{r['model']}\nb{r['batch']}" for r in rows]
+    series = ["inductor", "openvino", "onnxruntime", "dp", "evo"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 4))
+    width = 0.8 / len(series)
+    for k, s in enumerate(series):
+        vals = [(r["eager_ms"] / r[f"{s}_ms"]) if r.get(f"{s}_ms") else 0.0 for r in rows]
+        ax.bar(
+            [i + k * width for i in range(len(rows))],
+            vals,
+            width,
+            label={"dp": "ours (DP)", "evo": "ours (DP+evo)"}.get(s, s),
+        )
+    ax.axhline(1.0, color="black", lw=0.7)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], labels)
+    ax.set_ylabel("speedup over eager")
+    ax.set_title("Backend placement: whole-model backends vs ours (CPU inference)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "placement.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
