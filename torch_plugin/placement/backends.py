@@ -137,8 +137,12 @@ class OnnxRuntimeBackend(_NumpyBackend):
         import onnxruntime as ort
 
         self._check_inputs(inputs)
+        from torch._guards import tracing
+
         buf = io.BytesIO()
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        # torch.export runs Dynamo; outside the enclosing frame's tracing context, or its
+        # guards leak into (and break) the user's compiled frame.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), tracing(None):
             warnings.simplefilter("ignore")
             logging.getLogger("torch.onnx").setLevel(logging.ERROR)
             torch.onnx.export(gm, tuple(inputs), buf, dynamo=True, verbose=False)

@@ -152,6 +152,7 @@ class PlacementResult:
     failures: list[str] = dataclasses.field(default_factory=list)
     search_s: float = 0.0
     switch_penalty_s: float = 0.0
+    boundary_s: dict[str, float] = dataclasses.field(default_factory=dict)
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def backend_counts(self) -> dict[str, int]:
@@ -524,10 +525,23 @@ def place_graph(
     phase("measure")
 
     penalty = opts.switch_penalty_s
+    boundary: dict[str, float] = {}
     if penalty is None:
         penalty = _measure_switch_penalty(opts.samples)
+        # What a backend's calls cost between ATen ops beyond their isolated time (waking its
+        # thread pool, moving tensors in and out): measured once per machine, cached.
+        for b in backends:
+            if b.graph_level:
+                key = ProfileCache.key(b.name, "boundary-probe-v1", machine)
+                entry = cache.get(key)
+                if entry is None:
+                    entry = _measure_boundary(b, opts.samples)
+                    cache.put(key, b.name, "boundary-probe-v1", entry)
+                boundary[b.name] = entry.seconds or 0.0
     options = [
-        (c["id"], c["node_ids"], costs[c["id"]], c["backend"]) for c in cands if c["id"] in costs
+        (c["id"], c["node_ids"], costs[c["id"]] + boundary.get(c["backend"], 0.0), c["backend"])
+        for c in cands
+        if c["id"] in costs
     ]
     dp = _C.place_op_level(graph, options, penalty, opts.max_states, log.debug)
     by_id = {c["id"]: c for c in cands}
@@ -554,6 +568,7 @@ def place_graph(
         cache_hits=hits,
         failures=failures,
         switch_penalty_s=penalty,
+        boundary_s=boundary,
     )
     phase("dp")
     compiled = _compile_groups(gm, groups, by_name, values, frozen)
@@ -594,7 +609,8 @@ def place_graph(
     finally:
         cache.close()
     phase("evolve")
-    result.measured_eager_s = time_call(gm, inputs, opts.samples)
+    with torch.no_grad():
+        result.measured_eager_s = time_call(gm, inputs, opts.samples)
     _check_outputs(placed, gm, inputs)
     phase("check")
     result.phase_s = phases
@@ -639,6 +655,27 @@ def _measure(
         return Entry(None, False, f"{type(e).__name__}: {str(e)[:200]}", time.perf_counter() - t0)
 
 
+def _measure_boundary(backend: Backend, samples: int) -> Entry:
+    """Extra seconds a call to `backend` costs when it alternates with ATen ops, over the sum
+    of both alone: a 128x128 matmul probe, big enough for the backend to use its threads."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(128, 128, generator=gen)
+    w = torch.randn(128, 128, generator=gen)
+    probe = torch.fx.experimental.proxy_tensor.make_fx(lambda a, b: (torch.mm(a, b),))(x, w)
+    try:
+        fn = backend.compile(probe, [x, w], "fusion")
+        alone = time_call(fn, [x, w], samples)
+        aten = time_call(torch.add, [x, 1.0], samples)
+
+        def alternating(a: torch.Tensor, b: torch.Tensor) -> Any:
+            return fn(torch.add(a, 1.0), b)
+
+        both = time_call(alternating, [x, w], samples)
+        return Entry(max(0.0, both - alone - aten), True, "", 0.0)
+    except Exception as e:  # noqa: BLE001 - no probe, no extra penalty
+        return Entry(0.0, True, f"probe failed: {type(e).__name__}: {e}", 0.0)
+
+
 def _measure_switch_penalty(samples: int) -> float:
     """Seconds the host graph pays to call a group module and unpack its outputs."""
     x = torch.zeros(1)
@@ -669,7 +706,18 @@ def _compile_groups(
         consts = _frozen_for(backends[g.backend], frozen)
         g.call_inputs = [i for i in g.inputs if i not in consts]
         sub = build_subgraph(gm, g.nodes, g.inputs, g.outputs, consts)
-        out.append(backends[g.backend].compile(sub, [values[i] for i in g.call_inputs], g.rule))
+        try:
+            fn = backends[g.backend].compile(sub, [values[i] for i in g.call_inputs], g.rule)
+        except Exception as e:  # noqa: BLE001 - measured fine once; if not now, ATen runs it
+            log.warning(
+                "torch_plugin placement: %s failed to compile group %s (%s); it runs on aten",
+                g.backend,
+                g.nodes[:4],
+                e,
+            )
+            g.backend, g.rule, g.call_inputs = "aten", "op", None
+            fn = None
+        out.append(fn)
     return out
 
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "pattern/backend_rules.h"
 #include "pattern/candidates.h"
 #include "test_graphs.h"
 
@@ -171,6 +172,46 @@ TEST(Candidates, RepeatedGroupsShareASignature) {
   EXPECT_EQ(DescribeGroup(g, {0, 1}, users).signature, DescribeGroup(g, {2, 3}, users).signature);
   EXPECT_NE(DescribeGroup(g, {0, 1}, users).signature, DescribeGroup(g, {4, 5}, users).signature);
   EXPECT_NE(DescribeGroup(g, {0, 1}, users).signature, DescribeGroup(g, {0}, users).signature);
+}
+
+}  // namespace
+}  // namespace tp::pattern
+
+namespace tp::pattern {
+namespace {
+
+TEST(BackendRules, FusedRulesFindLinearActAndLayerNormGroups) {
+  ir::GraphBuilder b;
+  auto x = b.AddInput("x", testing::Tensor({8, 16}), ir::InputKind::kUser);
+  auto w = b.AddInput("w", testing::Tensor({32, 16}), ir::InputKind::kParameter, "w");
+  auto bias = b.AddInput("b", testing::Tensor({32}), ir::InputKind::kParameter, "b");
+  auto t = b.AddNode(testing::Op("t", "aten::t.default", {testing::V(w)}, testing::Tensor({16, 32})));
+  auto addmm = b.AddNode(testing::Op("addmm", "aten::addmm.default",
+                                     {testing::V(bias), testing::V(x), testing::V(b.peek().node(t).outputs[0])},
+                                     testing::Tensor({8, 32})));
+  auto gelu = b.AddNode(testing::Op("gelu", "aten::gelu.default",
+                                    {testing::V(b.peek().node(addmm).outputs[0])}, testing::Tensor({8, 32})));
+  b.SetOutput(ir::Arg::List({testing::V(b.peek().node(gelu).outputs[0])}, true));
+  auto g = b.Build();
+  auto set = GenerateCandidates(g, {{"fused", DefaultRules("fused")}, {"aten", DefaultRules("aten")}});
+  int linear_act = 0, aten = 0;
+  for (const auto& c : set.candidates) {
+    if (c.rule == "linear_act") {
+      ++linear_act;
+      EXPECT_EQ(c.nodes, (std::vector<ir::NodeId>{addmm, gelu}));
+    }
+    aten += c.backend == "aten";
+  }
+  EXPECT_EQ(linear_act, 1);
+  EXPECT_EQ(aten, 3);  // every node alone
+  // Graph compilers fuse the addmm with its gelu epilogue (and the transpose feeding it).
+  auto inductor = GenerateCandidates(g, {{"inductor", DefaultRules("inductor")}});
+  bool fused_epilogue = false;
+  for (const auto& c : inductor.candidates) {
+    fused_epilogue |= c.nodes == std::vector<ir::NodeId>{addmm, gelu};
+  }
+  EXPECT_TRUE(fused_epilogue);
+  EXPECT_THROW(DefaultRules("tvm"), std::invalid_argument);
 }
 
 }  // namespace
