@@ -723,7 +723,12 @@ def _compile_groups(
 
 def _pick_evolve_backends(opts: PlacementOptions, backends: Sequence[Backend]) -> list[Backend]:
     """The graph-level compilers the search offloads to, one round each, in order."""
-    graph_level = [b for b in backends if b.graph_level]
+    # Cheapest compilers first: each round gets an equal share of the remaining budget, and
+    # a fast compiler's round leaves time for the slow one's whole-graph individual.
+    order = {"onnxruntime": 0, "openvino": 1, "inductor": 2}
+    graph_level = sorted(
+        (b for b in backends if b.graph_level), key=lambda b: order.get(b.name, len(order))
+    )
     if opts.evolve_backend is not None:
         chosen = [b for b in graph_level if b.name == opts.evolve_backend]
         if not chosen:
@@ -765,7 +770,7 @@ def _evolve(
             inputs,
             opts,
             hit,
-            max(0.0, deadline - time.perf_counter()),
+            max(0.0, deadline - time.perf_counter()) / (len(evolve_backends) - k),
             _frozen_for(backend, frozen),
         )
         rounds.append(info)
