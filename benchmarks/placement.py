@@ -210,7 +210,8 @@ def main() -> None:
                 )
             except Exception as e:  # noqa: BLE001 - report and go on with the next model
                 rows.append({"model": name, "batch": batch, "error": f"{type(e).__name__}: {e}"})
-            print(json.dumps(rows[-1], default=str)[:600], flush=True)
+            print(json.dumps(rows[-1], default=str), flush=True)
+            _report(rows, args, backends, final=False)  # partial results survive a kill
     _report(rows, args, backends)
 
 
@@ -218,13 +219,18 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def _report(rows: list[dict[str, Any]], args: argparse.Namespace, backends: list[str]) -> None:
+def _report(
+    rows: list[dict[str, Any]], args: argparse.Namespace, backends: list[str], final: bool = True
+) -> None:
     header = (
         f"{'model':<10} {'b':>2} {'eager':>8} {'inductor':>8} {'openvino':>8} {'ort':>8} "
         f"{'DP':>8} {'DP+evo':>8} {'best':>10} {'x best':>6} {'cold s':>7} {'warm s':>7}"
     )
-    print(header)
     ok = [r for r in rows if "error" not in r]
+    if not final:
+        _save(rows, ok, args, backends)
+        return
+    print(header)
     for r in rows:
         if "error" in r:
             print(f"{r['model']:<10} {r['batch']:>2} error: {r['error'][:90]}")
@@ -236,12 +242,29 @@ def _report(rows: list[dict[str, Any]], args: argparse.Namespace, backends: list
             f"{r['best_single']:>10} {r['evo_speedup_vs_best']:>6.2f} "
             f"{r['cold_search_s']:>7.1f} {r['warm_search_s']:>7.1f}"
         )
-    geo = math.exp(sum(math.log(r["evo_speedup_vs_best"]) for r in ok) / len(ok)) if ok else 0.0
-    warm = math.exp(sum(math.log(r["warm_over_cold"]) for r in ok) / len(ok)) if ok else 0.0
+    geo, warm = _geomeans(ok)
     print(
         f"geomean speedup over the best single backend: {geo:.3f}x; "
         f"cold/warm search time geomean {warm:.1f}x (latencies in ms)"
     )
+    _save(rows, ok, args, backends)
+
+
+def _geomeans(ok: list[dict[str, Any]]) -> tuple[float, float]:
+    if not ok:
+        return 0.0, 0.0
+    geo = math.exp(sum(math.log(r["evo_speedup_vs_best"]) for r in ok) / len(ok))
+    warm = math.exp(sum(math.log(r["warm_over_cold"]) for r in ok) / len(ok))
+    return geo, warm
+
+
+def _save(
+    rows: list[dict[str, Any]],
+    ok: list[dict[str, Any]],
+    args: argparse.Namespace,
+    backends: list[str],
+) -> None:
+    geo, warm = _geomeans(ok)
     RESULTS.mkdir(exist_ok=True)
     payload = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),

@@ -148,11 +148,14 @@ class OnnxRuntimeBackend(_NumpyBackend):
             torch.onnx.export(gm, tuple(inputs), buf, dynamo=True, verbose=False)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
-        # Share the cores with torch's own thread pool: as many threads as torch uses, and no
-        # spinning after a run (a spinning pool starves the ATen ops that run in between).
+        # Share the cores with torch's own thread pool: as many threads as torch uses. Op-level
+        # groups do not spin after a run (a spinning pool starves the ATen ops in between);
+        # the search's regions do (waking the pool per op cost ~40% on a whole ResNet region),
+        # and their end-to-end fitness shows whether the ATen ops around them suffer.
         opts.intra_op_num_threads = torch.get_num_threads()
         opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        spin = "1" if rule == "region" else "0"
+        opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
         session = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
         if len(names) != len(inputs):

@@ -185,15 +185,19 @@ TEST(BackendRules, FusedRulesFindLinearActAndLayerNormGroups) {
   auto x = b.AddInput("x", testing::Tensor({8, 16}), ir::InputKind::kUser);
   auto w = b.AddInput("w", testing::Tensor({32, 16}), ir::InputKind::kParameter, "w");
   auto bias = b.AddInput("b", testing::Tensor({32}), ir::InputKind::kParameter, "b");
-  auto t = b.AddNode(testing::Op("t", "aten::t.default", {testing::V(w)}, testing::Tensor({16, 32})));
-  auto addmm = b.AddNode(testing::Op("addmm", "aten::addmm.default",
-                                     {testing::V(bias), testing::V(x), testing::V(b.peek().node(t).outputs[0])},
-                                     testing::Tensor({8, 32})));
+  auto t =
+      b.AddNode(testing::Op("t", "aten::t.default", {testing::V(w)}, testing::Tensor({16, 32})));
+  auto addmm = b.AddNode(
+      testing::Op("addmm", "aten::addmm.default",
+                  {testing::V(bias), testing::V(x), testing::V(b.peek().node(t).outputs[0])},
+                  testing::Tensor({8, 32})));
   auto gelu = b.AddNode(testing::Op("gelu", "aten::gelu.default",
-                                    {testing::V(b.peek().node(addmm).outputs[0])}, testing::Tensor({8, 32})));
+                                    {testing::V(b.peek().node(addmm).outputs[0])},
+                                    testing::Tensor({8, 32})));
   b.SetOutput(ir::Arg::List({testing::V(b.peek().node(gelu).outputs[0])}, true));
   auto g = b.Build();
-  auto set = GenerateCandidates(g, {{"fused", DefaultRules("fused")}, {"aten", DefaultRules("aten")}});
+  auto set =
+      GenerateCandidates(g, {{"fused", DefaultRules("fused")}, {"aten", DefaultRules("aten")}});
   int linear_act = 0, aten = 0;
   for (const auto& c : set.candidates) {
     if (c.rule == "linear_act") {
