@@ -26,6 +26,8 @@ from .cache import Entry, ProfileCache, machine_key
 
 log = logging.getLogger("torch_plugin")
 
+PROFILE_VERSION = "2"
+
 _VALID_KEYS = (
     "backends",
     "cache_path",
@@ -462,7 +464,8 @@ def place_graph(
     for c in cands:
         c["backend"] = backends[[b.rule_set for b in backends].index(c["backend"])].name
 
-    versions = {"torch": torch.__version__}
+    # Bump when how groups are compiled or timed changes: cached figures must be comparable.
+    versions = {"torch": torch.__version__, "torch_plugin.placement": PROFILE_VERSION}
     for b in backends:
         versions[b.name] = b.version()
     cache = ProfileCache(opts.cache_path)
