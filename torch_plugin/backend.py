@@ -223,7 +223,7 @@ def torch_plugin_backend(
     if mode is not None:
         raise ValueError(
             "torch_plugin: `mode` is not supported; pass options={...} "
-            "(valid keys: passes, on_error, verify_each, dump_ir, log_passes, mesh)"
+            "(valid keys: passes, on_error, verify_each, dump_ir, log_passes, mesh, placement)"
         )
     if kwargs:
         raise ValueError(f"torch_plugin: unexpected arguments {sorted(kwargs)}")

@@ -155,6 +155,7 @@ class PlacementResult:
     search_s: float = 0.0
     switch_penalty_s: float = 0.0
     boundary_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    kept_eager: bool = False  # the placement measured slower than the unplaced graph
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def backend_counts(self) -> dict[str, int]:
@@ -180,6 +181,8 @@ class PlacementResult:
             f", {self.dp_states} states); candidates {self.candidates}, measured {self.measured}, "
             f"cache hits {self.cache_hits}, search {self.search_s:.1f} s"
         )
+        if self.kept_eager:
+            lines.append("the placement measured slower than eager end to end: eager kept")
         if self.measured_final_s is not None:
             lines.append(
                 f"end to end: eager {_ms(self.measured_eager_s)}, DP {_ms(self.measured_dp_s)}, "
@@ -612,9 +615,25 @@ def place_graph(
     finally:
         cache.close()
     phase("evolve")
-    with torch.no_grad():
-        result.measured_eager_s = time_call(gm, inputs, opts.samples)
     _check_outputs(placed, gm, inputs)
+    with torch.no_grad():
+        # Never slower than the graph we were given: both measured now, side by side.
+        result.measured_eager_s = time_call(gm, inputs, opts.samples)
+        final_s = time_call(placed, inputs, opts.samples)
+    if final_s > result.measured_eager_s * 1.02:
+        log.warning(
+            "torch_plugin placement: the placed graph measured %.3f ms, eager %.3f ms; "
+            "keeping eager",
+            final_s * 1e3,
+            result.measured_eager_s * 1e3,
+        )
+        placed = gm
+        result.kept_eager = True
+        result.groups = [
+            Group("aten", "op", [n], [], [], 0.0, [ops_of.get(n, "?")])
+            for n in (node.name for node in gm.graph.nodes)
+            if ops_of.get(n) not in ("placeholder", "output")
+        ]
     phase("check")
     result.phase_s = phases
     result.search_s = time.perf_counter() - t_start
