@@ -74,7 +74,9 @@ def place(
     **placement_options: Any,
 ) -> PlacedModule:
     """Compiles `model` for inference with the placement pass and runs it once on the example
-    inputs (which triggers the search). Options: see PlacementOptions."""
+    inputs (which triggers the search). Options: see PlacementOptions. The weights are frozen
+    into graph compilers' subgraphs unless freeze=False: update them and place again."""
+    placement_options.setdefault("freeze", True)
     opts = {
         "passes": ["placement"],
         "placement": PlacementOptions.from_user(placement_options),

@@ -61,7 +61,9 @@ class PlacementOptions:
     seed: RNG seed of the search; progress: show a tqdm bar.
     freeze: hand parameters and buffers to graph compilers as constants (they fold and prepack
       weights, as whole-model exports do); the placed module then assumes the weights do not
-      change, like torch._inductor's freezing. Only with real example inputs.
+      change, like torch._inductor's freezing: off for torch.compile (weights may be updated
+      in place under the compiled model), on in torch_plugin.place() (an inference module).
+      Only with real example inputs.
     """
 
     backends: tuple[str, ...] = DEFAULT_BACKENDS
@@ -73,7 +75,7 @@ class PlacementOptions:
     samples: int = 7
     switch_penalty_s: float | None = None
     max_states: int = 20000
-    freeze: bool = True
+    freeze: bool = False
     seed: int = 0
     progress: bool = False
 
