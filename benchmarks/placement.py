@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import torch_plugin
-from torch_plugin.models import build
+from torch_plugin.models import build, output_tensors
 from torch_plugin.placement.planner import time_call
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -38,20 +38,8 @@ MODELS = ["bert", "gpt2", "resnet50", "resnext50", "dcgan", "nasnet", "mmt"]
 SAMPLES = 7
 
 
-def _flat(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _flat(o)]
-    return []
-
-
 def _close(got: Any, want: Any, tol: float = 1e-3) -> bool:
-    a, b = _flat(got), _flat(want)
+    a, b = output_tensors(got), output_tensors(want)
 
     def near(x: torch.Tensor, y: torch.Tensor) -> bool:
         atol = tol * max(1.0, float(y.abs().max()))

@@ -14,26 +14,11 @@ from roundtrip import small_model
 
 import torch_plugin
 from torch_plugin import _C
+from torch_plugin.models import output_tensors
 from torch_plugin.placement import ProfileCache, get_backends
 from torch_plugin.placement.cache import Entry
 
 ZOO = ["mlp", "bert", "gpt2", "gpt", "llama", "resnet50", "resnext50", "dcgan", "nasnet", "mmt"]
-
-
-def _eager(model: torch.nn.Module, inputs: tuple) -> torch.Tensor:
-    with torch.no_grad():
-        out = model(*inputs)
-    return torch_plugin.models.loss_of(out) if not isinstance(out, torch.Tensor) else out
-
-
-def _flat(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    if isinstance(out, dict):
-        out = list(out.values())
-    return [t for o in out for t in _flat(o)] if isinstance(out, (tuple, list)) else []
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -41,11 +26,11 @@ def test_placed_model_equals_eager(name: str, tmp_path) -> None:
     model, inputs = small_model(name)
     model.eval()
     with torch.no_grad():
-        want = _flat(model(*inputs))
+        want = output_tensors(model(*inputs))
     placed = torch_plugin.place(
         model, inputs, backends=["aten", "fused"], cache_path=str(tmp_path / "p.db"), samples=3
     )
-    got = _flat(placed(*inputs))
+    got = output_tensors(placed(*inputs))
     assert len(got) == len(want) > 0
     for a, b in zip(got, want, strict=False):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * max(1.0, float(b.abs().max())))

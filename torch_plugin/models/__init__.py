@@ -78,4 +78,17 @@ def loss_of(output: Any) -> torch.Tensor:
     raise TypeError(f"cannot make a loss of {type(output).__name__}")
 
 
-__all__ = ["ZOO", "ZooModel", "build", "loss_of", "names"]
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """Every tensor of a model output (tensor, tuple, list, dict, HF ModelOutput), in order."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if hasattr(output, "to_tuple"):
+        output = output.to_tuple()
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        return [t for o in output for t in output_tensors(o)]
+    return []
+
+
+__all__ = ["ZOO", "ZooModel", "build", "loss_of", "names", "output_tensors"]
