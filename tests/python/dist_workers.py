@@ -496,3 +496,55 @@ def sharding_meta_init(rank: int, world: int, port: int, out_dir: str) -> None:
         )
     finally:
         dist.destroy_process_group()
+
+
+def sharding_plan_mismatch(rank: int, world: int, port: int, out_dir: str) -> None:
+    """The last rank pins a parameter the others leave to the ILP: its plan differs, and every
+    rank must say so before the first collective of the step."""
+    import time
+
+    import torch_plugin
+    from torch_plugin import models
+
+    _init(rank, world, port)
+    model, inputs = models.build("mlp", small=True, batch=8)
+    first = next(n for n, p in model.named_parameters() if p.dim() == 2)
+    constraints = {first: "R"} if rank == world - 1 else None
+    mesh = torch_plugin.DeviceMesh.from_torchrun(timeout_s=TIMEOUT_S)
+    message, t0 = "", time.perf_counter()
+    try:
+        torch_plugin.parallelize(model, mesh, inputs, constraints=constraints)
+    except RuntimeError as e:
+        message = str(e)
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps({"message": message, "seconds": time.perf_counter() - t0})
+    )
+    dist.destroy_process_group()
+
+
+def _launched_mesh(out_dir: str, shape: list[int] | None, timeout_s: float) -> None:
+    """A process started as torchrun starts one (RANK, WORLD_SIZE, MASTER_* in the environment)
+    builds a mesh; it records the error it gets, if any, and how long that took."""
+    import time
+
+    import torch_plugin
+
+    rank = os.environ["RANK"]
+    torch.set_num_threads(1)
+    message, t0 = "", time.perf_counter()
+    try:
+        torch_plugin.DeviceMesh.from_torchrun(shape, timeout_s=timeout_s)
+    except RuntimeError as e:
+        message = str(e)
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps({"message": message, "seconds": time.perf_counter() - t0})
+    )
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1] == "launched_mesh":
+        shape_arg = json.loads(sys.argv[3])
+        _launched_mesh(sys.argv[2], shape_arg, float(sys.argv[4]))

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from .agreement import handshake
+
 
 class DeviceMesh:
     """A grid of ranks; axis k of the grid has a name and a process group per line of ranks."""
@@ -56,6 +58,18 @@ class DeviceMesh:
         self.axis_names = names
         self.timeout_s = float(timeout_s)
         self.backend = backend or dist.get_backend()
+        # Before any group or collective: every rank must be in this world with this mesh.
+        handshake(
+            "mesh",
+            {
+                "world": world,
+                "mesh": dict(zip(names, shape, strict=True)),
+                "backend": self.backend,
+                "torch": torch.__version__,
+                "torch_plugin": _version(),
+            },
+            self.timeout_s,
+        )
         self.rank = dist.get_rank()
         self.coordinate = tuple(int(c) for c in _unravel(self.rank, shape))
         self._groups: dict[str, dist.ProcessGroup] = {}
@@ -95,7 +109,7 @@ class DeviceMesh:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+            _init_from_env(backend, timeout_s)
         if shape is None:
             shape = dist.get_world_size()
         return cls(shape, axis_names, timeout_s=timeout_s)
@@ -143,3 +157,55 @@ def _ravel(coord: Sequence[int], shape: tuple[int, ...]) -> int:
     for c, s in zip(coord, shape, strict=True):
         r = r * s + c
     return r
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch_plugin")
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "source"
+
+
+def _init_from_env(backend: str, timeout_s: float) -> None:
+    """torchrun's env:// rendezvous, then a launch handshake on its store, then the default group.
+
+    The handshake runs before gloo/NCCL connect their meshes: a rank launched with another
+    WORLD_SIZE is named at once instead of surfacing as a connect timeout (gloo's takes several
+    times the process-group timeout) or as a hang in the first collective.
+    """
+    env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # Under torchrun the agent hosts the store; its rendezvous knows the prefixes.
+            store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+        else:
+            # Plain env:// launch: rank 0 hosts the store without waiting for the others there
+            # (torch's wait adds a second to the timeout); the handshake below waits and names.
+            rank, world = int(env["RANK"] or 0), int(env["WORLD_SIZE"] or 1)
+            store = dist.TCPStore(
+                env["MASTER_ADDR"] or "127.0.0.1",
+                int(env["MASTER_PORT"] or 29500),
+                world,
+                is_master=rank == 0,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+    except Exception as e:  # the rendezvous's own errors name keys and counts, not the cause
+        raise RuntimeError(
+            f"torch_plugin: this rank ({env}) could not join the rendezvous within {timeout_s:g} s "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); a rank is "
+            "missing or was launched with another WORLD_SIZE / MASTER_ADDR / MASTER_PORT: launch "
+            "every rank with the same torchrun command"
+        ) from e
+    handshake(
+        "launch",
+        {"world": world, "master": f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"},
+        timeout_s,
+        store=store,
+        rank=rank,
+        world=world,
+    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)

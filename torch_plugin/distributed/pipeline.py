@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .. import _C
+from .agreement import check_same
 from .graph import TracedModel, cost_records
 
 STRATEGIES = ("gpp", "spp")
@@ -239,14 +240,13 @@ class PipelineParallel:
     # ---- setup ----------------------------------------------------------------------------
 
     def _check_same_plan(self) -> None:
-        digests: list[Any] = [None] * self.world
-        dist.all_gather_object(digests, self.plan.digest(), group=self.group)
-        odd = [r for r, d in enumerate(digests) if d != digests[0]]
-        if odd:
-            raise RuntimeError(
-                f"pipeline plans differ between ranks (rank 0 has {digests[0]}, ranks {odd} "
-                "differ); every rank must trace the same model with the same options"
-            )
+        check_same(
+            self.group,
+            "pipeline plans",
+            self.plan.digest(),
+            self.world,
+            "every rank must trace the same model with the same options",
+        )
         used = sum(s["replicas"] for s in self.plan.stages)
         if used != self.world:
             raise RuntimeError(f"plan uses {used} devices but the world has {self.world} ranks")

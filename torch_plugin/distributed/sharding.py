@@ -32,6 +32,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .. import _C, fx_bridge
+from .agreement import check_same, digest
 from .collectives import Collectives
 from .mesh import DeviceMesh
 
@@ -422,6 +423,16 @@ class ShardedModule(nn.Module):
             time.perf_counter() - t0,
             result["classes"],
             result["variables"],
+        )
+        # The solver stops at its time limit, so a loaded rank could stop at another plan;
+        # mismatched plans would meet in mismatched collectives. Compare before any runs.
+        check_same(
+            comm.group,
+            "sharding plans",
+            digest([sorted(result["spec"].items()), result["collectives"]]),
+            self.world,
+            "every rank must capture the same model with the same options; if the ILP hit its "
+            "time limit (see the log), raise time_limit_s or use level='fast'",
         )
         ctx.targets.update(_TARGETS)
         self.graph_module = fx_bridge.from_ir(result["graph"], ctx)
