@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch  # noqa: F401  (loads libtorch before our extension, which links against it)
 
-from . import _C, distributed, models, ops, placement  # noqa: F401  (ops registers fake kernels, autograd)
+from . import _C, distributed, models, ops, placement, schedule  # noqa: F401  (ops registers fake kernels, autograd)
 from ._C import GraphError, PassError, PlanError
 from .backend import register, torch_plugin_backend
 from .distributed import (
@@ -24,6 +24,7 @@ from .distributed import (
 )
 from .options import Options
 from .placement import PlacedModule, place
+from .schedule import Schedule, ScheduleError, build, create_schedule
 
 __all__ = [
     "CacheParallel",
@@ -38,6 +39,10 @@ __all__ = [
     "PipelinePlan",
     "PlacedModule",
     "PlanError",
+    "Schedule",
+    "ScheduleError",
+    "build",
+    "create_schedule",
     "distributed",
     "models",
     "parallelize",

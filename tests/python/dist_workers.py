@@ -522,6 +522,140 @@ def sharding_plan_mismatch(rank: int, world: int, port: int, out_dir: str) -> No
     dist.destroy_process_group()
 
 
+
+def _example(name: str) -> Any:
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def schedule_gpt2_matches(rank: int, world: int, port: int, out_dir: str) -> None:
+    """The example's Megatron schedule on GPT-2 (4 layers): verify passes; one SGD step's
+    outputs, gradients and next loss equal single-process training; one all-reduce per
+    attention and per MLP in forward; each rank holds 1/world of the sharded parameters."""
+    import torch_plugin
+
+    _init(rank, world, port)
+    try:
+        ex = _example("slapo_style_gpt")
+        model = ex.build_model(4)
+        reference = copy.deepcopy(model)
+        full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        tokens = torch.randint(0, model.vocab_size, (4, model.seq_len))
+        mesh = torch_plugin.DeviceMesh.from_torchrun(timeout_s=TIMEOUT_S)
+        sch = torch_plugin.create_schedule(model, mesh)
+        ex.megatron_schedule(sch)
+        report = sch.verify((tokens,))
+        scheduled = torch_plugin.build(sch)
+        comm = sch._state.comm
+        comm.reset_counts()
+        with torch.no_grad():
+            scheduled(tokens)
+        forward_all_reduces = comm.calls.copy()
+        shards = {(s.path, s.name): s for s in sch._state.shards}
+
+        def local(name: str, t: torch.Tensor) -> torch.Tensor:
+            owner, _, pname = name.rpartition(".")
+            info = shards.get((owner, pname))
+            if info is None:
+                return t
+            t = t.unflatten(info.axis, (info.sections, -1))
+            return t.chunk(world, info.axis + 1)[rank].flatten(info.axis, info.axis + 1)
+
+        def diffs(attr: str) -> float:
+            ref = dict(reference.named_parameters())
+            return max(
+                float((getattr(p, attr) - local(n, getattr(ref[n], attr))).abs().max())
+                for n, p in scheduled.named_parameters()
+            )
+
+        losses = ex.train(scheduled, tokens, 1)  # one step: gradients stay, then SGD
+        expect = ex.train(reference, tokens, 1)
+        max_grad_diff = diffs("grad")
+        max_grad = max(float(p.grad.abs().max()) for p in reference.parameters())
+        max_param_diff = diffs("data")
+        losses += ex.train(scheduled, tokens, 1)
+        expect += ex.train(reference, tokens, 1)
+        local_bytes = sum(p.numel() * p.element_size() for p in scheduled.parameters())
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "report": report,
+                    "losses": losses,
+                    "expect": expect,
+                    "max_param_diff": max_param_diff,
+                    "max_grad_diff": max_grad_diff,
+                    "max_grad": max_grad,
+                    "forward_all_reduces": forward_all_reduces,
+                    "sharded": len(shards),
+                    "local_bytes": local_bytes,
+                    "full_bytes": full_bytes,
+                    "steps": len(sch.steps),
+                }
+            )
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def schedule_misuse(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Wrong schedules on GPT-2 give errors that name the module and say what to do."""
+    import torch_plugin
+
+    _init(rank, world, port)
+    errors: dict[str, str] = {}
+
+    def attempt(key: str, fn: Any) -> None:
+        try:
+            fn()
+        except (torch_plugin.ScheduleError, ValueError) as e:
+            errors[key] = str(e)
+
+    try:
+        ex = _example("slapo_style_gpt")
+        mesh = torch_plugin.DeviceMesh.from_torchrun(timeout_s=TIMEOUT_S)
+        tokens = torch.randint(0, 1000, (2, 16))
+        sch = torch_plugin.create_schedule(ex.build_model(2), mesh)
+        blk = sch["model.transformer.h.0"]
+        attempt("wrong_path", lambda: sch["model.transformer.h.0.atn"])
+        attempt("axis", lambda: blk["attn.c_proj"].shard("weight", axis=2))
+        attempt("no_param", lambda: blk["attn.c_proj"].shard("weights", axis=0))
+        attempt("sync_unsharded", lambda: blk["mlp"].sync("fwd_post"))
+        attempt("bad_mode", lambda: blk["attn.c_proj"].sync("after"))
+        attempt("find_untraced", lambda: blk["mlp"].find("c_fc"))
+        attempt("row_bias", lambda: blk["mlp.c_proj"].shard(["weight", "bias"], axis=0))
+        # A row-parallel layer without its sum: the static check names it.
+        blk["mlp.c_proj"].shard("weight", axis=0)
+        attempt("missing_sync", sch.check)
+        blk["mlp.c_proj"].sync("fwd_post")
+        blk["mlp.c_fc"].shard(["weight", "bias"], axis=1)
+        attempt("missing_bwd_sync", sch.check)
+        blk["mlp"].sync("bwd_post")
+        # Heads sharded, but the attention still splits q|k|v at the full width: it fails
+        # inside verify, which names the module.
+        blk["attn.c_attn"].shard(["weight", "bias"], axis=1, sections=3)
+        blk["attn"].sync("bwd_post")
+        blk["attn.c_proj"].shard("weight", axis=0)
+        blk["attn.c_proj"].sync("fwd_post")
+        attempt("verify_fails", lambda: sch.verify((tokens,)))
+        # q|k|v split as one block (no sections): it runs, with other heads: verify names it.
+        sch = torch_plugin.create_schedule(ex.build_model(2), mesh)
+        attn = sch["model.transformer.h.1.attn"]
+        attn["c_attn"].shard(["weight", "bias"], axis=1)
+        attn.sync("bwd_post")
+        attn["c_proj"].shard("weight", axis=0)
+        attn["c_proj"].sync("fwd_post")
+        attn.module.split_size //= world
+        attempt("verify_differs", lambda: sch.verify((tokens,)))
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(errors))
+    finally:
+        dist.destroy_process_group()
+
+
 def _launched_mesh(out_dir: str, shape: list[int] | None, timeout_s: float) -> None:
     """A process started as torchrun starts one (RANK, WORLD_SIZE, MASTER_* in the environment)
     builds a mesh; it records the error it gets, if any, and how long that took."""
