@@ -57,7 +57,12 @@ def train(model: torch.nn.Module, tokens: torch.Tensor, steps: int) -> list[floa
 def build_model(layers: int) -> torch.nn.Module:
     torch.manual_seed(0)
     return hf.build_gpt2(
-        small=True, n_layer=layers, n_embd=128, n_head=8, resid_pdrop=0.0, embd_pdrop=0.0,
+        small=True,
+        n_layer=layers,
+        n_embd=128,
+        n_head=8,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
         attn_pdrop=0.0,
     )
 

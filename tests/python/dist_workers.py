@@ -522,7 +522,6 @@ def sharding_plan_mismatch(rank: int, world: int, port: int, out_dir: str) -> No
     dist.destroy_process_group()
 
 
-
 def _example(name: str) -> Any:
     import importlib.util
 

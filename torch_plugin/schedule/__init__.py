@@ -1,13 +1,13 @@
 """Schedule language (Slapo): optimise an unmodified model by module path, then `build` it.
 
-    sch = torch_plugin.create_schedule(model, mesh)
-    sch["layers.*.mlp.fc1"].shard(["weight", "bias"], axis=0)
-    sch["layers.*.mlp"].sync("bwd_post")
-    sch["layers.*.mlp.fc2"].shard("weight", axis=1)
-    sch["layers.*.mlp.fc2"].sync("fwd_post")
-    sch["layers.*"].checkpoint()
-    model = torch_plugin.build(sch)
-    sch.verify(example_inputs)            # differential test against the unscheduled model
+sch = torch_plugin.create_schedule(model, mesh)
+sch["layers.*.mlp.fc1"].shard(["weight", "bias"], axis=0)
+sch["layers.*.mlp"].sync("bwd_post")
+sch["layers.*.mlp.fc2"].shard("weight", axis=1)
+sch["layers.*.mlp.fc2"].sync("fwd_post")
+sch["layers.*"].checkpoint()
+model = torch_plugin.build(sch)
+sch.verify(example_inputs)            # differential test against the unscheduled model
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def build(
     return st.model
 
 
-def schedule(fn: Callable[[Schedule], Any], mesh: DeviceMesh | None = None) -> Callable[[type], type]:
+def schedule(
+    fn: Callable[[Schedule], Any], mesh: DeviceMesh | None = None
+) -> Callable[[type], type]:
     """`@torch_plugin.schedule(fn)` on an nn.Module class: every instance is scheduled by
     `fn(sch)` at the end of its constructor (module-level primitives: the instance is changed
     in place, so `replace` of the whole model is refused)."""

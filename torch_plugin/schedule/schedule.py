@@ -91,7 +91,9 @@ class _State:
             if axis is None:
                 axis = "tp" if "tp" in mesh.axis_names else mesh.axis_names[-1]
             self.world, self.rank = mesh.size(axis), mesh.local_rank(axis)
-            self.comm = Collectives(mesh.group(axis), self.world, self.rank, "torch_plugin schedule")
+            self.comm = Collectives(
+                mesh.group(axis), self.world, self.rank, "torch_plugin schedule"
+            )
         self.steps: list[Step] = []
         self.shards: list[ShardInfo] = []
         self.syncs: dict[str, list[str]] = {}
@@ -312,7 +314,9 @@ class Schedule:
             _resize_attributes(owner, pname, dim, st.world)
         for owner_path in {p[0] for p in planned}:
             _defer_row_parallel_bias(st, owner_path)
-        self._record("shard", f"{names!r}, axis={axis}" + (f", sections={sections}" * (sections > 1)))
+        self._record(
+            "shard", f"{names!r}, axis={axis}" + (f", sections={sections}" * (sections > 1))
+        )
         return self
 
     def sync(self, mode: str, sync_op_or_fn: str | Callable[..., Any] = "all_reduce") -> Schedule:
@@ -329,8 +333,10 @@ class Schedule:
                 f"{self._where()}.sync: unknown mode {mode!r}; modes: fwd_pre, fwd_post, "
                 "bwd_post (or forward / backward)"
             )
-        if not any(s.path == self.path or s.path.startswith(self.path + ".") or not self.path
-                   for s in self._state.shards):
+        if not any(
+            s.path == self.path or s.path.startswith(self.path + ".") or not self.path
+            for s in self._state.shards
+        ):
             raise ScheduleError(
                 f"{self._where()}.sync({mode!r}): nothing in this module is sharded, so there is "
                 "nothing to synchronise; shard a parameter of it (or of a child) first"
@@ -383,9 +389,7 @@ class Schedule:
         and can fuse it with what follows (parameters keep their names)."""
         module = self.module
         if type(module) is not nn.Linear or module.bias is None:
-            raise ScheduleError(
-                f"{self._where()}.decompose() applies to an nn.Linear with a bias"
-            )
+            raise ScheduleError(f"{self._where()}.decompose() applies to an nn.Linear with a bias")
         self._set_module(DecomposedLinear(module))
         self._record("decompose", "")
         return self
@@ -428,7 +432,11 @@ class Schedule:
         module = self.module
         keep = {
             _rel(p, self.path)
-            for p in [*st.syncs, *st.checkpointed, *(s.path for s in st.steps if s.primitive == "bind")]
+            for p in [
+                *st.syncs,
+                *st.checkpointed,
+                *(s.path for s in st.steps if s.primitive == "bind"),
+            ]
             if p != self.path and (not self.path or p.startswith(self.path + "."))
         }
         leaf_paths = {x for x in leaves if isinstance(x, str)} | keep
@@ -479,7 +487,9 @@ class Schedule:
             rx = re.compile(regex_or_pattern_fn)
             out = []
             for n in nodes:
-                target = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+                target = (
+                    n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+                )
                 if rx.search(n.name) or rx.search(str(target)):
                     ins = tuple(a.name for a in n.all_input_nodes)
                     out.append(Subgraph(self.path, (n.name,), ins))
@@ -531,7 +541,9 @@ class Schedule:
     def pipeline_split(self) -> Schedule:
         """Marks a pipeline stage boundary after this module."""
         if not self.path:
-            raise ScheduleError("pipeline_split() marks a boundary after a sub-module, not the model")
+            raise ScheduleError(
+                "pipeline_split() marks a boundary after a sub-module, not the model"
+            )
         if self.path in self._state.pipeline_splits:
             raise ScheduleError(f"{self._where()} already ends a pipeline stage")
         self._state.pipeline_splits.append(self.path)

@@ -50,7 +50,7 @@ def static_check(st: _State) -> None:
         if s.role == "out" and not (_covers(bwd_sum, s.path) or _covers(fwd_any, s.path)):
             problems.append(
                 f'sch["{s.path}"] is column-parallel (weight split along its outputs) but the '
-                "gradient of its input is never summed over ranks: add .sync(\"bwd_post\") on it "
+                'gradient of its input is never summed over ranks: add .sync("bwd_post") on it '
                 "or on the module whose input enters the parallel region"
             )
     if problems:
@@ -186,7 +186,10 @@ def verify(
     ref_leaves = [t for t in pytree.tree_leaves(ref_out) if isinstance(t, torch.Tensor)]
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     out_err = max(
-        (_err(a.detach(), b.detach(), rtol, atol) for a, b in zip(leaves, ref_leaves, strict=False)),
+        (
+            _err(a.detach(), b.detach(), rtol, atol)
+            for a, b in zip(leaves, ref_leaves, strict=False)
+        ),
         default=-1.0,
     )
     if len(leaves) != len(ref_leaves):
@@ -234,8 +237,13 @@ def verify(
     ref_model.zero_grad(set_to_none=True)
     model.zero_grad(set_to_none=True)
     with _eval(ref_model, model):
-        sum((t * w).sum() for t, w in zip(pytree.tree_leaves(ref_model(*inputs)), weights)).backward()
-        sum((t * w).sum() for t, w in zip(pytree.tree_leaves(model(*inputs)), weights)).backward()
+        sum(
+            (t * w).sum()
+            for t, w in zip(pytree.tree_leaves(ref_model(*inputs)), weights, strict=True)
+        ).backward()
+        sum(
+            (t * w).sum() for t, w in zip(pytree.tree_leaves(model(*inputs)), weights, strict=False)
+        ).backward()
     shards = {(s.path, s.name): s for s in st.shards}
     ref_params = dict(ref_model.named_parameters(remove_duplicate=False))
     worst, worst_name = -1.0, ""
@@ -250,7 +258,11 @@ def verify(
             continue
         owner, _, pname = name.rpartition(".")
         info = shards.get((owner, pname))
-        expect = ref.grad if info is None else _block(ref.grad, info.axis, info.sections, st.world, st.rank)
+        expect = (
+            ref.grad
+            if info is None
+            else _block(ref.grad, info.axis, info.sections, st.world, st.rank)
+        )
         e = _err(p.grad, expect, rtol, atol)
         if p.grad.shape == expect.shape and p.grad.numel():
             grad_diff = max(grad_diff, float((p.grad - expect).abs().max()))
