@@ -115,3 +115,14 @@ def evolve_placement(
     progress: Callable[[int, float, int], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]: ...
+def tune_schedule(
+    sizes: list[int],
+    evaluate: Callable[[list[int]], float | None],
+    method: str = "exhaustive",
+    max_evaluations: int = 0,
+    seed: int = 0,
+    restarts: int = 1,
+    time_budget_s: float = 0.0,
+    progress: Callable[[int, list[int], float | None, float | None], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]: ...

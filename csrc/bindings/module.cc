@@ -16,8 +16,8 @@
 #include "ir/text.h"
 #include "ir/verify.h"
 #include "passes/pipeline.h"
-#include "passes/sharding_ilp.h"
 #include "passes/pipeline_partition.h"
+#include "passes/sharding_ilp.h"
 #include "solver/cbc.h"
 
 namespace py = pybind11;
@@ -36,8 +36,9 @@ Arg ArgFromPy(const py::handle& obj) {
   if (py::isinstance<py::float_>(obj)) return Arg::Double(obj.cast<double>());
   if (py::isinstance<py::str>(obj)) return Arg::String(obj.cast<std::string>());
   if (!py::isinstance<py::tuple>(obj) || py::len(obj) != 2) {
-    throw std::invalid_argument("argument record must be a primitive or a (tag, payload) pair, got " +
-                                std::string(py::str(py::repr(obj))));
+    throw std::invalid_argument(
+        "argument record must be a primitive or a (tag, payload) pair, got " +
+        std::string(py::str(py::repr(obj))));
   }
   auto rec = obj.cast<py::tuple>();
   const std::string tag = rec[0].cast<std::string>();
@@ -80,7 +81,8 @@ ir::ValueType TypeFromPy(const py::handle& obj) {
     t.requires_grad = rec[5].cast<bool>();
     return ir::ValueType::Tensor(std::move(t));
   }
-  if (kind == "symint") return ir::ValueType::Scalar(ir::ValueKind::kSymInt, rec[1].cast<std::string>());
+  if (kind == "symint")
+    return ir::ValueType::Scalar(ir::ValueKind::kSymInt, rec[1].cast<std::string>());
   if (kind == "symfloat") {
     return ir::ValueType::Scalar(ir::ValueKind::kSymFloat, rec[1].cast<std::string>());
   }
@@ -159,23 +161,34 @@ ir::Graph GraphFromRecords(const py::list& inputs, const py::list& nodes, const 
 py::object ArgToPy(const Arg& a) {
   using K = Arg::Kind;
   switch (a.kind) {
-    case K::kNone: return py::none();
-    case K::kBool: return py::bool_(a.b);
-    case K::kInt: return py::int_(a.i);
-    case K::kDouble: return py::float_(a.d);
-    case K::kString: return py::str(a.s);
-    case K::kValue: return py::make_tuple("v", a.i);
+    case K::kNone:
+      return py::none();
+    case K::kBool:
+      return py::bool_(a.b);
+    case K::kInt:
+      return py::int_(a.i);
+    case K::kDouble:
+      return py::float_(a.d);
+    case K::kString:
+      return py::str(a.s);
+    case K::kValue:
+      return py::make_tuple("v", a.i);
     case K::kList:
     case K::kTuple: {
       py::list items;
       for (const auto& item : a.items) items.append(ArgToPy(item));
       return py::make_tuple(a.kind == K::kList ? "list" : "tuple", items);
     }
-    case K::kDtype: return py::make_tuple("dtype", a.s);
-    case K::kDevice: return py::make_tuple("device", a.s);
-    case K::kLayout: return py::make_tuple("layout", a.s);
-    case K::kMemoryFormat: return py::make_tuple("memory_format", a.s);
-    case K::kOpaque: return py::make_tuple("opaque", a.i);
+    case K::kDtype:
+      return py::make_tuple("dtype", a.s);
+    case K::kDevice:
+      return py::make_tuple("device", a.s);
+    case K::kLayout:
+      return py::make_tuple("layout", a.s);
+    case K::kMemoryFormat:
+      return py::make_tuple("memory_format", a.s);
+    case K::kOpaque:
+      return py::make_tuple("opaque", a.i);
   }
   return py::none();
 }
@@ -192,12 +205,15 @@ py::tuple TypeToPy(const ir::ValueType& t) {
       py::list shape, stride;
       for (const auto& d : t.tensor.shape) shape.append(DimToPy(d));
       for (const auto& d : t.tensor.stride) stride.append(DimToPy(d));
-      return py::make_tuple("tensor", shape, stride, ir::DTypeName(t.tensor.dtype),
-                            t.tensor.device, t.tensor.requires_grad);
+      return py::make_tuple("tensor", shape, stride, ir::DTypeName(t.tensor.dtype), t.tensor.device,
+                            t.tensor.requires_grad);
     }
-    case ir::ValueKind::kNone: return py::make_tuple("none");
-    case ir::ValueKind::kOpaque: return py::make_tuple("opaque", t.note);
-    default: return py::make_tuple(ir::ValueKindName(t.kind), t.expr);
+    case ir::ValueKind::kNone:
+      return py::make_tuple("none");
+    case ir::ValueKind::kOpaque:
+      return py::make_tuple("opaque", t.note);
+    default:
+      return py::make_tuple(ir::ValueKindName(t.kind), t.expr);
   }
 }
 
@@ -218,8 +234,8 @@ py::tuple GraphToRecords(const ir::Graph& g) {
     }
     py::list outs;
     for (ir::ValueId out : n.outputs) outs.append(out);
-    nodes.append(py::make_tuple(n.name, n.op, args, kwargs, types, names, n.tuple_output, n.scope,
-                                outs));
+    nodes.append(
+        py::make_tuple(n.name, n.op, args, kwargs, types, names, n.tuple_output, n.scope, outs));
   }
   return py::make_tuple(inputs, nodes, ArgToPy(g.output()));
 }
@@ -257,10 +273,11 @@ void TranslateExceptions(std::exception_ptr p) {
 }  // namespace tp::bindings
 
 namespace tp::bindings {
-void BindPipeline(py::module_& m);        // pipeline.cc
+void BindPipeline(py::module_& m);       // pipeline.cc
 void BindCacheParallel(py::module_& m);  // cache_parallel.cc
 void BindSharding(py::module_& m);       // sharding.cc
 void BindPlacement(py::module_& m);      // placement.cc
+void BindSchedule(py::module_& m);       // schedule.cc
 }  // namespace tp::bindings
 
 PYBIND11_MODULE(_C, m) {
@@ -291,6 +308,7 @@ class PassError(RuntimeError):
   BindCacheParallel(m);
   BindSharding(m);
   BindPlacement(m);
+  BindSchedule(m);
 
   py::class_<ir::Graph>(m, "Graph")
       .def_static("from_records", &GraphFromRecords, py::arg("inputs"), py::arg("nodes"),
@@ -344,8 +362,8 @@ class PassError(RuntimeError):
                          py::arg("verify_ms") = report.verify_milliseconds);
         return py::make_tuple(std::move(out), summary);
       },
-      py::arg("graph"), py::arg("passes"), py::arg("verify_each") = true,
-      py::arg("log") = nullptr, py::arg("options") = std::map<std::string, std::string>{},
+      py::arg("graph"), py::arg("passes"), py::arg("verify_each") = true, py::arg("log") = nullptr,
+      py::arg("options") = std::map<std::string, std::string>{},
       "Runs the named passes (empty list: verify only) with pass options "
       "('<pass>.<option>': str); returns (graph, report).");
 
@@ -358,14 +376,16 @@ class PassError(RuntimeError):
         // A thin door to the CBC wrapper, for tests and for Python-side experiments.
         solver::IlpModel model;
         model.SetMaximize(maximize);
-        for (const auto& [lb, ub, obj, integer] : variables) model.AddVariable(lb, ub, obj, integer);
+        for (const auto& [lb, ub, obj, integer] : variables)
+          model.AddVariable(lb, ub, obj, integer);
         for (const auto& [terms, sense, rhs] : constraints) {
-          solver::Sense s = sense == "<=" ? solver::Sense::kLessEqual
-                            : sense == ">=" ? solver::Sense::kGreaterEqual
-                            : sense == "==" ? solver::Sense::kEqual
-                                            : throw std::invalid_argument(
-                                                  "constraint sense must be '<=', '>=' or '==', got '" +
-                                                  sense + "'");
+          solver::Sense s =
+              sense == "<="   ? solver::Sense::kLessEqual
+              : sense == ">=" ? solver::Sense::kGreaterEqual
+              : sense == "=="
+                  ? solver::Sense::kEqual
+                  : throw std::invalid_argument(
+                        "constraint sense must be '<=', '>=' or '==', got '" + sense + "'");
           model.AddConstraint(terms, s, rhs);
         }
         solver::SolveOptions opts;

@@ -7,6 +7,14 @@ import json
 from pathlib import Path
 
 import dist_workers
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_plugin
+from torch_plugin import models
+from torch_plugin.models import gpt
+from torch_plugin.schedule import ScheduleError
 
 
 def test_megatron_gpt2_schedule_equals_single_process(tmp_path: Path) -> None:
@@ -42,3 +50,245 @@ def test_schedule_misuse_gives_clear_errors(tmp_path: Path) -> None:
     assert "column-parallel" in errors["missing_bwd_sync"]
     assert 'fails in sch["model.transformer.h.0.attn"]' in errors["verify_fails"]
     assert "h.1.attn" in errors["verify_differs"] and "outputs differ" in errors["verify_differs"]
+
+
+# ---- single-process primitives on zoo models ---------------------------------------------
+
+
+def _gpt2() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    model, inputs = models.build(
+        "gpt2", small=True, batch=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
+    return model, inputs
+
+
+def _gpt() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return models.build("gpt", small=True, batch=2)
+
+
+def test_paths_wildcards_and_hierarchy() -> None:
+    model, _ = _gpt2()
+    sch = torch_plugin.create_schedule(model)
+    blocks = sch["model.transformer.h.*"]
+    assert [s.path for s in blocks] == ["model.transformer.h.0", "model.transformer.h.1"]
+    mlps = blocks["mlp"]
+    assert len(mlps) == 2 and isinstance(
+        mlps.schedules[0].module, type(model.model.transformer.h[0].mlp)
+    )
+    h0 = sch["model.transformer"]["h.0"]
+    assert h0.path == "model.transformer.h.0" and h0.parent.path == "model.transformer.h"
+    with pytest.raises(ScheduleError, match=r"no sub-module matches 'model.transformer.x.\*'"):
+        sch["model.transformer.x.*"]
+    with pytest.raises(ScheduleError, match="needs a mesh"):
+        h0["mlp.c_fc"].shard("weight", axis=1)
+    with pytest.raises(ScheduleError, match="needs a mesh"):
+        h0["mlp"].sync("bwd_post")
+
+
+def test_checkpoint_recomputes_blocks_and_keeps_numerics() -> None:
+    model, inputs = _gpt2()
+    sch = torch_plugin.create_schedule(model)
+    sch["model.transformer.h.*"].checkpoint()
+    calls = []
+    # A pre-hook: recomputation stops as soon as backward has what it needs (early stop), so
+    # the MLP's recomputed forward starts but need not finish.
+    model.model.transformer.h[0].mlp.register_forward_pre_hook(lambda *a: calls.append(1))
+    report = sch.verify(inputs)
+    assert report["grads"] > 0
+    # verify runs two forwards (outputs, then gradients); the checkpointed block's MLP runs
+    # once more, recomputed in backward.
+    assert len(calls) == 3, calls
+    with pytest.raises(ScheduleError, match="already checkpointed"):
+        sch["model.transformer.h.0"].checkpoint()
+
+
+class _TanhGeluMLP(torch.nn.Module):
+    """GPT-2's MLP written with nn.functional (the same parameters, by reference)."""
+
+    def __init__(self, mlp: torch.nn.Module) -> None:
+        super().__init__()
+        self.c_fc, self.c_proj = mlp.c_fc, mlp.c_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+def test_replace_module_and_verify_names_a_wrong_replacement() -> None:
+    model, inputs = _gpt2()
+    sch = torch_plugin.create_schedule(model)
+    for mlp in sch["model.transformer.h.*.mlp"]:
+        mlp.replace(_TanhGeluMLP(mlp.module))
+    assert isinstance(model.model.transformer.h[1].mlp, _TanhGeluMLP)
+    assert sch.verify(inputs)["grads"] > 0
+    with pytest.raises(ScheduleError, match="needs an nn.Module"):
+        sch["model.transformer.h.0.mlp"].replace(F.gelu)
+    # A replacement that computes something else: verify names it.
+    sch["model.transformer.h.1.mlp"].replace(torch.nn.Identity())
+    with pytest.raises(
+        ScheduleError, match=r'sch\["model.transformer.h.1.mlp"\].replace\(Identity\)'
+    ):
+        sch.verify(inputs)
+
+
+def test_decompose_trace_find_fuse_keeps_names_and_numerics() -> None:
+    model, inputs = _gpt()
+    names_before = list(dict(model.named_parameters()))
+    sch = torch_plugin.create_schedule(model)
+    with pytest.raises(ScheduleError, match="nn.Linear with a bias"):
+        sch["blocks.0.ln1"].decompose()
+    for i, compiler in enumerate(["inductor", "aot_eager"]):
+        blk = sch[f"blocks.{i}"]
+        blk["fc1"].decompose()
+        blk.trace(flatten=True)
+        found = blk.find(lambda x, bias: F.gelu(x + bias))
+        assert len(found) == 1 and len(found[0].nodes) == 2, found
+        blk.fuse(found, compiler=compiler, name="bias_gelu")
+        assert any(n.startswith("bias_gelu") for n, _ in blk.module.named_children())
+    assert list(dict(model.named_parameters())) == names_before  # the hierarchy is kept
+    report = sch.verify(inputs)
+    assert report["grads"] == len(names_before)
+    with pytest.raises(ScheduleError, match="found in"):
+        sch["blocks.1"].fuse(sch["blocks.0"].find("fc2"), compiler="eager")
+    with pytest.raises(ScheduleError, match="matched nothing"):
+        sch["blocks.1"].fuse(sch["blocks.1"].find("no_such_node"), compiler="eager")
+
+
+def _bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x + bias)
+
+
+def test_replace_and_checkpoint_subgraphs() -> None:
+    model, inputs = _gpt()
+    sch = torch_plugin.create_schedule(model)
+    b0, b1 = sch["blocks.0"], sch["blocks.1"]
+    for blk in (b0, b1):
+        blk["fc1"].decompose()
+        blk.trace(flatten=True)
+    b0.replace(_bias_gelu, b0.find(lambda x, bias: F.gelu(x + bias)))
+    assert any(n.target is _bias_gelu for n in b0.module.graph.nodes)
+    b1.checkpoint(b1.find(lambda x, bias: F.gelu(x + bias)))
+    assert any(n.startswith("checkpointed") for n, _ in b1.module.named_children())
+    assert sch.verify(inputs)["grads"] > 0
+    with pytest.raises(ScheduleError, match="trace"):
+        sch["ln_f"].checkpoint(b1.find("fc2"))
+
+
+def test_untraceable_module_stays_eager_with_a_clear_error() -> None:
+    model, inputs = _gpt2()
+    sch = torch_plugin.create_schedule(model)
+    with pytest.raises(ScheduleError, match="cannot be traced.*stays eager"):
+        sch["model.transformer"].trace(flatten=True)
+    sch["model.transformer.h.0"].checkpoint()  # module-level primitives still apply
+    assert sch.verify(inputs)["grads"] > 0
+
+
+def test_bind_kernels() -> None:
+    torch.manual_seed(0)
+    model, inputs = models.build("bert", small=True, batch=2)
+    model.eval()
+    with torch.no_grad():
+        expect = model(*inputs)
+    sch = torch_plugin.create_schedule(model)
+    lns = sch["model.encoder.layer.*.output.LayerNorm"]
+    lns.bind("layer_norm")
+    calls = []
+
+    def counted(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)
+
+    sch["model.encoder.layer.0.attention.output.LayerNorm"].bind(counted)
+    with torch.no_grad():
+        got = model(*inputs)
+    torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 1
+    assert sch.verify(inputs)["grads"] > 0  # training falls back to ATen's layer norm
+    with pytest.raises(ScheduleError, match="needs a LayerNorm"):
+        sch["model.encoder.layer.0.intermediate.dense"].bind("layer_norm")
+    with pytest.raises(ScheduleError, match="unknown kernel"):
+        lns.bind("flash")
+
+
+def test_pipeline_split_marks_and_build_says_what_is_missing() -> None:
+    model, _ = _gpt()
+    sch = torch_plugin.create_schedule(model)
+    sch["blocks.0"].pipeline_split()
+    with pytest.raises(ScheduleError, match="already ends a pipeline stage"):
+        sch["blocks.0"].pipeline_split()
+    with pytest.raises(ScheduleError, match="parallelize"):
+        torch_plugin.build(sch)
+
+
+def test_schedule_decorator_on_a_module_class() -> None:
+    def checkpoint_blocks(sch: torch_plugin.Schedule) -> None:
+        sch["blocks.*"].checkpoint()
+
+    @torch_plugin.schedule(checkpoint_blocks)
+    class CheckpointedGPT(gpt.GPT):
+        pass
+
+    torch.manual_seed(0)
+    model = CheckpointedGPT(gpt.GPTConfig(64, 2, 4, 1000, 16))
+    assert [s.primitive for s in model._schedule.steps] == ["checkpoint", "checkpoint"]
+    tokens = torch.randint(0, 1000, (2, 16))
+    assert model._schedule.verify((tokens,))["grads"] > 0
+    with pytest.raises(TypeError, match="nn.Module classes"):
+        torch_plugin.schedule(checkpoint_blocks)(int)
+
+
+def test_autotune_checkpoint_ratio_and_batch_on_gpt() -> None:
+    """Symbolic checkpoint ratio x batch size; the score is tokens per saved activation byte
+    (deterministic, measured with saved-tensor hooks); a batch that "does not fit" fails."""
+    from torch_plugin.schedule import Space, tune
+
+    def evaluate(cfg: dict) -> float:
+        if cfg["batch"] == 16 and cfg["ckpt_ratio"] < 0.5:
+            raise MemoryError("out of memory")  # pruned, the search goes on
+        torch.manual_seed(0)
+        model = gpt.GPT(gpt.GPTConfig(64, 4, 4, 1000, 16))
+        sch = torch_plugin.create_schedule(model)
+        for i in range(int(cfg["ckpt_ratio"] * 4)):
+            sch[f"blocks.{i}"].checkpoint()
+        saved = [0]
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved[0] += t.numel() * t.element_size()
+            return t
+
+        tokens = torch.randint(0, 1000, (cfg["batch"], 16))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(tokens).sum().backward()
+        # Throughput proxy: tokens per MB saved, minus a recompute penalty per checkpoint.
+        return cfg["batch"] * 16 / (saved[0] / 1e6) - 2.0 * cfg["ckpt_ratio"] * cfg["batch"]
+
+    space = Space()
+    space.create_symbol("ckpt_ratio", [0.0, 0.25, 0.5, 0.75, 1.0])
+    space.create_symbol("batch", [2, 4, 8, 16])
+    space.constraint(lambda cfg: not (cfg["batch"] == 2 and cfg["ckpt_ratio"] > 0.5))
+    full = tune(space, evaluate, progress=False)
+    assert len(full.trials) == 20 and full.skipped == 2
+    assert sum(s is None for _, s in full.trials) == 4  # 2 ruled out + 2 "out of memory"
+    fast = tune(space, evaluate, method="coordinate_descent", seed=1, progress=False)
+    assert fast.best == full.best and len(fast.trials) < len(full.trials)
+    assert "*" in full.table() and "ckpt_ratio" in full.table()
+    with pytest.raises(ValueError, match="unknown method"):
+        tune(space, evaluate, method="annealing")
+    with pytest.raises(ValueError, match="no symbols"):
+        tune(Space(), evaluate)
+
+
+def test_autotune_with_an_evaluation_script() -> None:
+    import sys
+
+    from torch_plugin.schedule import Space, tune
+
+    space = Space()
+    space.create_symbol("x", [1, 2, 3])
+    script = (
+        "import sys; x = int(sys.argv[1]); sys.exit(1) if x == 2 else print('samples/s', 10 * x)"
+    )
+    result = tune(space, [sys.executable, "-c", script, "{x}"], progress=False)
+    assert result.best == {"x": 3} and result.best_score == 30.0
+    assert [s for _, s in result.trials] == [10.0, None, 30.0]

@@ -29,6 +29,7 @@ from .schedule import (
     Subgraph,
     create_schedule,
 )
+from .tune import Space, TuneResult, tune
 
 
 def build(
@@ -97,12 +98,15 @@ __all__ = [
     "DecomposedLinear",
     "Schedule",
     "ScheduleError",
+    "Space",
+    "TuneResult",
     "ScheduleGroup",
     "Step",
     "Subgraph",
     "build",
     "create_schedule",
     "schedule",
+    "tune",
 ]
 
 
