@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import inspect
 import json
 import os
