@@ -217,7 +217,7 @@ def test_pipeline_split_marks_and_build_says_what_is_missing() -> None:
     sch["blocks.0"].pipeline_split()
     with pytest.raises(ScheduleError, match="already ends a pipeline stage"):
         sch["blocks.0"].pipeline_split()
-    with pytest.raises(ScheduleError, match="parallelize"):
+    with pytest.raises(ScheduleError, match="needs a mesh with a 'pp' axis of 2 ranks"):
         torch_plugin.build(sch)
 
 
@@ -292,3 +292,23 @@ def test_autotune_with_an_evaluation_script() -> None:
     result = tune(space, [sys.executable, "-c", script, "{x}"], progress=False)
     assert result.best == {"x": 3} and result.best_score == 30.0
     assert [s for _, s in result.trials] == [10.0, None, 30.0]
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_schedule_composes_with_graph_pipeline_on_4_ranks(tmp_path: Path, pinned: bool) -> None:
+    """Mesh (pp=2, tp=2): the Megatron schedule over 'tp', two pipeline stages over 'pp' (cut
+    by the partitioner, or where pipeline_split pins it); 3 SGD steps equal one process."""
+    dist_workers.spawn(dist_workers.schedule_pipeline_composition, 4, str(tmp_path), pinned)
+    res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for r in res:
+        assert r["stages"] == 2
+        for a, b in zip(r["losses"], r["expect"], strict=True):
+            assert abs(a - b) < 1e-5, (r["losses"], r["expect"])
+    # Ranks 0, 1 run stage 0 (its two tensor-parallel halves), ranks 2, 3 stage 1.
+    assert [r["stage"] for r in res] == [0, 0, 1, 1]
+    first, second = set(res[0]["params"]), set(res[2]["params"])
+    assert set(res[1]["params"]) == first and not first & second
+    if pinned:  # the cut is where the schedule put it: embeddings and block 0 first
+        owners = {p.rsplit(".", 1)[0].split(".")[0] for p in first}
+        blocks = {p.split(".")[1] for p in first if p.startswith("blocks.")}
+        assert owners == {"tok", "pos", "blocks"} and blocks == {"0"}, first

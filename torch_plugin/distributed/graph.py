@@ -34,12 +34,17 @@ class _FlatInputs(nn.Module):
 
 
 class _Tracer(fx.Tracer):
-    def __init__(self, leaves: set[type]):
+    def __init__(self, leaves: set[type], leaf_paths: frozenset[str] = frozenset()):
         super().__init__()
         self._leaves = leaves
+        self._leaf_paths = leaf_paths
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return type(m) in self._leaves or super().is_leaf_module(m, qualname)
+        return (
+            type(m) in self._leaves
+            or qualname.removeprefix("m.") in self._leaf_paths
+            or super().is_leaf_module(m, qualname)
+        )
 
 
 def _untraceable_classes(model: nn.Module) -> set[type]:
@@ -54,11 +59,14 @@ def _untraceable_classes(model: nn.Module) -> set[type]:
     return out
 
 
-def trace_module_level(model: nn.Module, example_inputs: tuple[Any, ...]) -> fx.GraphModule:
-    """Module-level FX graph whose placeholders are the flattened example inputs."""
+def trace_module_level(
+    model: nn.Module, example_inputs: tuple[Any, ...], leaf_modules: Any = ()
+) -> fx.GraphModule:
+    """Module-level FX graph whose placeholders are the flattened example inputs. Modules at
+    `leaf_modules` (paths) stay calls of themselves, e.g. those that carry hooks."""
     flat, spec = pytree.tree_flatten(tuple(example_inputs))
     wrapper = _FlatInputs(model, spec)
-    tracer = _Tracer(_untraceable_classes(model))
+    tracer = _Tracer(_untraceable_classes(model), frozenset(leaf_modules))
     graph = tracer.trace(wrapper, concrete_args=tuple(fx.PH for _ in flat))
     gm = fx.GraphModule(wrapper, graph)
     return gm
@@ -119,9 +127,11 @@ def _scope(node: fx.Node) -> str:
     return path.removeprefix("m.").removeprefix("m")
 
 
-def cost_records(model: nn.Module, example_inputs: tuple[Any, ...]) -> TracedModel:
+def cost_records(
+    model: nn.Module, example_inputs: tuple[Any, ...], leaf_modules: Any = ()
+) -> TracedModel:
     """Traces and costs the model; records are what `_C.pipeline_plan` reads."""
-    gm = trace_module_level(model, example_inputs)
+    gm = trace_module_level(model, example_inputs, leaf_modules)
     flat, _ = pytree.tree_flatten(tuple(example_inputs))
     batch = _batch_of(flat)
     env: dict[fx.Node, Any] = {}

@@ -208,17 +208,22 @@ class PipelineParallel:
         device_profile: str = "cpu",
         scope_depth: int = 3,
         plan: PipelinePlan | None = None,
+        memory_limit_bytes: float = 0.0,
+        group: Any = None,
+        leaf_modules: Any = (),
     ):
         if not dist.is_initialized():
             raise RuntimeError(
                 "PipelineParallel needs torch.distributed initialised (run under torchrun and "
                 "call torch.distributed.init_process_group first)"
             )
-        self.group = None  # the default (world) group; ranks in the plan are global ranks
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
+        # Ranks in the plan are ranks of `group` (the world by default). A group lets several
+        # pipelines run side by side, e.g. one per tensor-parallel rank.
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
         self.loss_fn = loss_fn
-        traced = cost_records(model, example_inputs)
+        traced = cost_records(model, example_inputs, leaf_modules)
         if plan is None:
             plan, _ = plan_pipeline(
                 traced,
@@ -228,6 +233,7 @@ class PipelineParallel:
                 device=device_profile,
                 micro_batch_sizes=micro_batch_sizes,
                 scope_depth=scope_depth,
+                memory_limit_bytes=memory_limit_bytes,
             )
         self.plan = plan
         self._check_same_plan()
@@ -298,7 +304,14 @@ class PipelineParallel:
         self.replica_group = None
         for st in self.stages:
             if st["replicas"] > 1:
-                g = dist.new_group(st["devices"])
+                members = [self._global(r) for r in st["devices"]]
+                if self.group is None:
+                    g = dist.new_group(members)
+                elif st["id"] == self.my_stage:
+                    # Other pipelines create other groups: only the members take part.
+                    g = dist.new_group(members, use_local_synchronization=True)
+                else:
+                    continue
                 if st["id"] == self.my_stage:
                     self.replica_group = g
         if self.my_stage < 0:
@@ -314,6 +327,10 @@ class PipelineParallel:
                 env[node] = g.node_copy(node, lambda x: env[x])
         g.output(tuple(env[o] for o in self.stage_outputs[s]))
         self.module = fx.GraphModule(self.gm, g)
+
+    def _global(self, rank: int) -> int:
+        """The global rank of a rank of the plan (point-to-point calls take global ranks)."""
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     def _check_crossing(self, v: fx.Node) -> None:
         meta = v.meta.get("tensor_meta")
@@ -368,7 +385,7 @@ class PipelineParallel:
     def _recv(self, buf: torch.Tensor, src: int, tag: int, what: str) -> None:
         """A receive bounded by the process group's timeout that names the peer on failure."""
         try:
-            dist.recv(buf, src, group=self.group, tag=tag)
+            dist.recv(buf, self._global(src), group=self.group, tag=tag)
         except RuntimeError as e:
             raise RuntimeError(
                 f"pipeline rank {self.rank} (stage S{self.my_stage}) waited for {what} from "
@@ -435,7 +452,7 @@ class PipelineParallel:
                     sends.append(
                         dist.isend(
                             out[a - lo : e - lo].detach().contiguous(),
-                            rank,
+                            self._global(rank),
                             group=self.group,
                             tag=self._tag(v, q, a, False),
                         )
@@ -473,7 +490,7 @@ class PipelineParallel:
                 sends.append(
                     dist.isend(
                         grad[a - lo : e - lo].contiguous(),
-                        rank,
+                        self._global(rank),
                         group=self.group,
                         tag=self._tag(v, s, a, True),
                     )

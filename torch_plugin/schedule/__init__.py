@@ -19,7 +19,10 @@ from typing import Any
 
 import torch.nn as nn
 
+from ..distributed.agreement import check_same
+from ..distributed.graph import cost_records
 from ..distributed.mesh import DeviceMesh
+from ..distributed.pipeline import PipelineParallel, plan_pipeline
 from .schedule import (
     DecomposedLinear,
     Schedule,
@@ -38,9 +41,17 @@ def build(
     *,
     example_inputs: Sequence[Any] | None = None,
     verify: bool = False,
-) -> nn.Module:
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+    **pipeline_options: Any,
+) -> nn.Module | PipelineParallel:
     """The runnable scheduled model. Runs the static check; with `verify=True` (and
-    `example_inputs`) also the differential test. `mesh`, if given, must be the schedule's."""
+    `example_inputs`) also the differential test. `mesh`, if given, must be the schedule's.
+
+    On a mesh with a 'pp' axis (e.g. DeviceMesh.from_torchrun((2, 2), ("pp", "tp"))) the
+    scheduled model is also cut into pipeline stages by the graph-pipeline partitioner (the
+    automatic pass decides what the schedule does not pin): one pipeline per tensor-parallel
+    rank, whose stages run the schedule's shards and syncs. That returns a PipelineParallel;
+    it needs `example_inputs` and `loss_fn`, and `pipeline_options` go to it."""
     if not isinstance(sch, Schedule) or sch.path:
         raise ScheduleError("build takes the model's schedule (create_schedule(model)), not a part")
     st = sch._state
@@ -49,18 +60,97 @@ def build(
             "build(sch, mesh): the schedule was created on another mesh; pass the mesh to "
             "create_schedule(model, mesh) and call build(sch)"
         )
-    if st.pipeline_splits:
-        raise ScheduleError(
-            f"pipeline_split at {st.pipeline_splits}: building stages from a schedule is not "
-            "implemented yet; use torch_plugin.parallelize(model, strategy='pipeline') for "
-            "graph pipelines"
-        )
     sch.check()
     if verify:
         if example_inputs is None:
             raise ScheduleError("build(..., verify=True) needs example_inputs")
         sch.verify(example_inputs)
-    return st.model
+    pipelined = st.mesh is not None and "pp" in st.mesh.axis_names and st.mesh.size("pp") > 1
+    if st.pipeline_splits and not pipelined:
+        raise ScheduleError(
+            f"pipeline_split at {st.pipeline_splits} needs a mesh with a 'pp' axis of "
+            f"{len(st.pipeline_splits) + 1} ranks: DeviceMesh.from_torchrun((pp, tp), ('pp', 'tp'))"
+        )
+    if not pipelined:
+        if loss_fn is not None or pipeline_options:
+            raise ScheduleError(
+                "loss_fn and pipeline options apply to a mesh with a 'pp' axis of size > 1"
+            )
+        return st.model
+    if example_inputs is None or loss_fn is None:
+        raise ScheduleError("building a pipeline (mesh axis 'pp') needs example_inputs and loss_fn")
+    # Modules whose hooks or forward the schedule changed stay whole in the pipeline's graph.
+    leaves = set(st.syncs) | st.checkpointed | {s.path for s in st.steps if s.primitive == "bind"}
+    leaves -= {""}
+    if st.pipeline_splits:
+        pipeline_options["plan"] = _pinned_plan(st, tuple(example_inputs), leaves, pipeline_options)
+    pipeline = PipelineParallel(
+        st.model,
+        tuple(example_inputs),
+        loss_fn=loss_fn,
+        group=st.mesh.group("pp"),
+        leaf_modules=leaves,
+        **pipeline_options,
+    )
+    # Every tensor-parallel rank must cut the model the same way (its own pipeline).
+    check_same(
+        st.comm.group,
+        "pipeline plans of the tensor-parallel ranks",
+        pipeline.plan.digest(),
+        st.world,
+        "every rank must run the same schedule on the same model",
+    )
+    return pipeline
+
+
+def _pinned_plan(
+    st: Any, example_inputs: tuple[Any, ...], leaves: set[str], options: dict[str, Any]
+) -> Any:
+    """A chain of stages cut after each `pipeline_split` module: every node up to the last one
+    of that module goes before the cut. The partitioner then sees one block per stage, so its
+    only choice left is the micro-batch size."""
+    if options.pop("strategy", "spp") != "spp":
+        raise ScheduleError("pipeline_split marks make a chain of stages: strategy must be 'spp'")
+    traced = cost_records(st.model, example_inputs, leaves)
+    cuts = []
+    for path in st.pipeline_splits:
+        inside = [
+            i
+            for i, r in enumerate(traced.records)
+            if r["scope"] == path or r["scope"].startswith(path + ".")
+        ]
+        if not inside:
+            raise ScheduleError(
+                f'sch["{path}"].pipeline_split(): no operation of the traced model belongs to '
+                "this module (is it called in forward?)"
+            )
+        cuts.append(max(inside))
+    cuts.sort()
+    stages = len(cuts) + 1
+    if stages != st.mesh.size("pp"):
+        raise ScheduleError(
+            f"{len(cuts)} pipeline_split marks make {stages} stages but the mesh's 'pp' axis has "
+            f"{st.mesh.size('pp')} ranks; mark {st.mesh.size('pp') - 1} boundaries"
+        )
+    stage = 0
+    for i, r in enumerate(traced.records):
+        r["scope"] = f"pipeline_stage_{stage}"
+        stage += i in cuts
+    plan, _ = plan_pipeline(
+        traced,
+        num_devices=stages,
+        strategy="spp",
+        scope_depth=1,
+        schedule=options.pop("schedule", "1f1b"),
+        micro_batch_sizes=options.pop("micro_batch_sizes", None),
+        device=options.pop("device_profile", "cpu"),
+    )
+    if plan.num_stages != stages:
+        raise ScheduleError(
+            f"the partitioner made {plan.num_stages} stages of the {stages} the pipeline_split "
+            "marks ask for; report this with the model"
+        )
+    return plan
 
 
 def schedule(
