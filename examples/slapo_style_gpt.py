@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 2 examples/slapo_style_gpt.py [--steps 3] [--layers 4]
 
 The model is `transformers`' GPT2LMHeadModel (GPT-2 config at test size, random weights),
-unmodified. `megatron_schedule` shards each block's attention (packed q|k|v, column-parallel,
+unmodified. `megatron_schedule` shards the vocabulary of the embedding and of the LM head that
+shares its weight, and each block's attention (packed q|k|v, column-parallel,
 then row-parallel output) and MLP (column-, then row-parallel) over the ranks, with one
 all-reduce per attention and per MLP in forward and one per region in backward, and
 checkpoints every block. The verifier checks the schedule against the unscheduled model
@@ -25,6 +26,11 @@ from torch_plugin.models import hf
 
 def megatron_schedule(sch: torch_plugin.Schedule) -> None:
     world = sch.world_size
+    # Vocabulary-parallel embedding; the LM head shares its weight, so it is sharded too.
+    sch["model.transformer.wte"].shard("weight", axis=0)
+    sch["model.transformer.wte"].sync("fwd_post")  # sum of the ranks' partial lookups
+    sch["model.lm_head"].sync("bwd_post")
+    sch["model.lm_head"].sync("fwd_post", "all_gather")  # whole logits for the loss
     for block in sch["model.transformer.h.*"]:
         attn, mlp = block["attn"], block["mlp"]
         # q|k|v in one Conv1D (weight: in x 3*out): each rank keeps its heads of all three.

@@ -305,14 +305,23 @@ class Schedule:
                 )
             planned.append((owner_path, owner, pname, param, dim, full))
         # Every name was checked before any is changed: a refused call changes nothing.
-        for owner_path, owner, pname, param, dim, full in planned:
+        touched = []
+        for _, owner, pname, param, dim, full in planned:
             block = _block(param.detach(), dim, sections, st.world, st.rank).clone()
             new = nn.Parameter(block, requires_grad=param.requires_grad)
             _replace_everywhere(st.model, param, new)  # tied weights stay tied
-            role = _param_role(owner, pname, dim)
-            st.shards.append(ShardInfo(owner_path, pname, dim, sections, full, role))
-            _resize_attributes(owner, pname, dim, st.world)
-        for owner_path in {p[0] for p in planned}:
+            # Every module holding it (a tied LM head too) now computes on a block.
+            for path, m in st.model.named_modules():
+                for k, p in m._parameters.items():
+                    if p is new:
+                        role = _param_role(m, k, dim)
+                        st.shards.append(ShardInfo(path, k, dim, sections, full, role))
+                        _resize_attributes(m, k, dim, st.world)
+                        touched.append((path, m, k, dim))
+        for path, m, k, dim in touched:
+            if isinstance(m, nn.Embedding) and k == "weight" and dim == 0:
+                _vocab_parallel_embedding(st, path, m, sections)
+        for owner_path in {t[0] for t in touched}:
             _defer_row_parallel_bias(st, owner_path)
         self._record(
             "shard", f"{names!r}, axis={axis}" + (f", sections={sections}" * (sections > 1))
@@ -636,6 +645,8 @@ def _param_role(owner: nn.Module, pname: str, dim: int) -> str:
         return "out" if dim == 1 else "in"
     if pname == "bias" and (isinstance(owner, (nn.Linear, DecomposedLinear)) or _is_conv1d(owner)):
         return "out"
+    if isinstance(owner, nn.Embedding) and pname == "weight" and dim == 0:
+        return "in"  # vocabulary-parallel: each rank looks up its rows, the rest are zeros
     return "other"
 
 
@@ -684,6 +695,25 @@ def _defer_row_parallel_bias(st: _State, owner_path: str) -> None:
         )
     owner.forward = types.MethodType(forward, owner)
     owner._tp_deferred_bias = True
+
+
+def _vocab_parallel_embedding(st: _State, path: str, emb: nn.Embedding, sections: int) -> None:
+    """Megatron's VocabParallelEmbedding: a rank looks up the ids in its block of rows and
+    returns zeros for the others; its fwd_post all-reduce sums the ranks' partial lookups."""
+    if sections != 1 or emb.padding_idx is not None or emb.max_norm is not None:
+        raise ScheduleError(
+            f'sch["{path}"]: a vocabulary-parallel embedding needs sections=1, no padding_idx '
+            "and no max_norm"
+        )
+    start = st.rank * emb.weight.shape[0]
+
+    def forward(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - start
+        outside = (local < 0) | (local >= m.weight.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), m.weight)
+        return out.masked_fill(outside.unsqueeze(-1), 0.0)
+
+    emb.forward = types.MethodType(forward, emb)
 
 
 def _register_sync(module: nn.Module, mode: str, op: str, comm: Collectives, what: str) -> None:

@@ -34,8 +34,8 @@ def static_check(st: _State) -> None:
             continue
         if s.role == "in" and not _covers(fwd_sum, s.path):
             problems.append(
-                f'sch["{s.path}"] is row-parallel (weight split along its inputs) but its partial '
-                f'outputs are never summed: add sch["{s.path}"].sync("fwd_post")'
+                f'sch["{s.path}"] computes partial outputs (weight split along its inputs or '
+                f'its vocabulary) that are never summed: add sch["{s.path}"].sync("fwd_post")'
             )
         owner = st.model.get_submodule(s.path) if s.path else st.model
         if (
