@@ -306,7 +306,7 @@ class Schedule:
             planned.append((owner_path, owner, pname, param, dim, full))
         # Every name was checked before any is changed: a refused call changes nothing.
         touched = []
-        for _, owner, pname, param, dim, full in planned:
+        for _path, _owner, _pname, param, dim, full in planned:
             block = _block(param.detach(), dim, sections, st.world, st.rank).clone()
             new = nn.Parameter(block, requires_grad=param.requires_grad)
             _replace_everywhere(st.model, param, new)  # tied weights stay tied
