@@ -749,3 +749,36 @@ def schedule_pipeline_composition(
         )
     finally:
         dist.destroy_process_group()
+
+
+def schedule_auto_shard(rank: int, world: int, port: int, out_dir: str) -> None:
+    """A schedule pins only the attention's sharding; the ILP plans the rest. The pins hold,
+    and one training step equals single-process training."""
+    import torch_plugin
+
+    _init(rank, world, port)
+    try:
+        mesh = torch_plugin.DeviceMesh.from_torchrun(timeout_s=TIMEOUT_S)
+        model, inputs = _sharding_model("gpt", 8)
+        reference, out, target, _ = _reference_step(model, inputs)
+        sch = torch_plugin.create_schedule(model, mesh)
+        for attn in sch["blocks.*.attn"]:
+            for name in ("q", "k", "v"):
+                attn[name].shard(["weight", "bias"], axis=0)
+            attn["o"].shard("weight", axis=1)
+        sharded = torch_plugin.build(sch, auto="shard", example_inputs=inputs)
+        got = sharded(*inputs)
+        F.mse_loss(got, target).backward()
+        torch.testing.assert_close(got, out, rtol=1e-5, atol=1e-5)
+        ref = dict(reference.named_parameters())
+        grad_diff = 0.0
+        for name, p, spec in sharded.named_local_parameters():
+            grad_diff = max(
+                grad_diff, float((p.grad - sharded.shard(ref[name].grad, spec)).abs().max())
+            )
+        specs = {n: s for n, _, s in sharded.named_local_parameters()}
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps({"specs": specs, "grad_diff": grad_diff})
+        )
+    finally:
+        dist.destroy_process_group()

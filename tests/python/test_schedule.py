@@ -313,3 +313,28 @@ def test_schedule_composes_with_graph_pipeline_on_4_ranks(tmp_path: Path, pinned
         owners = {p.rsplit(".", 1)[0].split(".")[0] for p in first}
         blocks = {p.split(".")[1] for p in first if p.startswith("blocks.")}
         assert owners == {"tok", "pos", "blocks"} and blocks == {"0"}, first
+
+
+def test_schedule_pins_and_the_ilp_plans_the_rest(tmp_path: Path) -> None:
+    dist_workers.spawn(dist_workers.schedule_auto_shard, 2, str(tmp_path))
+    for r in range(2):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        specs = res["specs"]
+        assert res["grad_diff"] < 1e-5
+        for i in range(2):  # the pins
+            for lin in ("q", "k", "v"):
+                assert specs[f"blocks.{i}.attn.{lin}.weight"] == "S(0)"
+                assert specs[f"blocks.{i}.attn.{lin}.bias"] == "S(0)"
+            assert specs[f"blocks.{i}.attn.o.weight"] == "S(1)"
+        # What the ILP chose for the unpinned MLP (Megatron's plan on this graph).
+        print({k: v for k, v in specs.items() if "fc" in k})
+
+
+def test_auto_shard_refuses_syncs_it_would_replace() -> None:
+    model, inputs = _gpt()
+    sch = torch_plugin.create_schedule(model)
+    sch["blocks.0"].checkpoint()
+    with pytest.raises(ScheduleError, match="plans the collectives itself"):
+        torch_plugin.build(sch, auto="shard", example_inputs=inputs)
+    with pytest.raises(ScheduleError, match="unknown auto pass"):
+        torch_plugin.build(sch, auto="pipeline")

@@ -23,6 +23,7 @@ from ..distributed.agreement import check_same
 from ..distributed.graph import cost_records
 from ..distributed.mesh import DeviceMesh
 from ..distributed.pipeline import PipelineParallel, plan_pipeline
+from ..distributed.sharding import ShardedModule
 from .schedule import (
     DecomposedLinear,
     Schedule,
@@ -42,8 +43,9 @@ def build(
     example_inputs: Sequence[Any] | None = None,
     verify: bool = False,
     loss_fn: Callable[[Any, Any], Any] | None = None,
+    auto: str | None = None,
     **pipeline_options: Any,
-) -> nn.Module | PipelineParallel:
+) -> nn.Module | PipelineParallel | ShardedModule:
     """The runnable scheduled model. Runs the static check; with `verify=True` (and
     `example_inputs`) also the differential test. `mesh`, if given, must be the schedule's.
 
@@ -51,7 +53,11 @@ def build(
     scheduled model is also cut into pipeline stages by the graph-pipeline partitioner (the
     automatic pass decides what the schedule does not pin): one pipeline per tensor-parallel
     rank, whose stages run the schedule's shards and syncs. That returns a PipelineParallel;
-    it needs `example_inputs` and `loss_fn`, and `pipeline_options` go to it."""
+    it needs `example_inputs` and `loss_fn`, and `pipeline_options` go to it.
+
+    `auto="shard"`: the schedule's `shard` calls are pins and the sharding ILP plans every
+    other parameter and inserts the collectives (nnScaler-style constraints); returns the
+    ShardedModule. Such a schedule holds only `shard` calls (the planner places the syncs)."""
     if not isinstance(sch, Schedule) or sch.path:
         raise ScheduleError("build takes the model's schedule (create_schedule(model)), not a part")
     st = sch._state
@@ -60,6 +66,10 @@ def build(
             "build(sch, mesh): the schedule was created on another mesh; pass the mesh to "
             "create_schedule(model, mesh) and call build(sch)"
         )
+    if auto is not None:
+        if auto != "shard":
+            raise ScheduleError(f"unknown auto pass {auto!r}; auto passes: 'shard'")
+        return _auto_shard(st, example_inputs)
     sch.check()
     if verify:
         if example_inputs is None:
@@ -101,6 +111,23 @@ def build(
         "every rank must run the same schedule on the same model",
     )
     return pipeline
+
+
+def _auto_shard(st: Any, example_inputs: Sequence[Any] | None) -> ShardedModule:
+    others = [str(s) for s in st.steps if s.primitive != "shard"]
+    if others:
+        raise ScheduleError(
+            "build(sch, auto='shard') plans the collectives itself from the shard pins; the "
+            f"schedule also has {others[:4]}: leave those out, or build the schedule by hand"
+        )
+    if st.mesh is None or example_inputs is None:
+        raise ScheduleError("build(sch, auto='shard') needs a mesh and example_inputs")
+    pins = {}
+    for s in st.shards:
+        spec = f"S({s.axis})" + (f"x{s.sections}" if s.sections > 1 else "")
+        pins[f"{s.path}.{s.name}" if s.path else s.name] = spec
+    # The unscheduled model, whole: the planner captures it and keeps each rank's blocks.
+    return ShardedModule(st.original, st.mesh, tuple(example_inputs), constraints=pins)
 
 
 def _pinned_plan(
