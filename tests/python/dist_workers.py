@@ -782,3 +782,32 @@ def schedule_auto_shard(rank: int, world: int, port: int, out_dir: str) -> None:
         )
     finally:
         dist.destroy_process_group()
+
+
+def parallelize_decorator(rank: int, world: int, port: int, out_dir: str) -> None:
+    """@torch_plugin.parallelize on a class: instances come out sharded and compute what the
+    plain class computes."""
+    import torch_plugin
+    from torch_plugin.models import gpt
+
+    _init(rank, world, port)
+    try:
+        mesh = torch_plugin.DeviceMesh.from_torchrun(timeout_s=TIMEOUT_S)
+        cfg = gpt.GPTConfig(64, 2, 4, 1000, 16, lm_head=False)
+        torch.manual_seed(1)  # every rank feeds the same batch (SPMD)
+        tokens = torch.randint(0, 1000, (4, 16))
+
+        @torch_plugin.parallelize(mesh, example_inputs=lambda m: (tokens,))
+        class ShardedGPT(gpt.GPT):
+            pass
+
+        torch.manual_seed(0)
+        model = ShardedGPT(cfg)
+        torch.manual_seed(0)
+        plain = gpt.GPT(cfg)
+        torch.testing.assert_close(model(tokens), plain(tokens), rtol=1e-5, atol=1e-5)
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps({"type": type(model).__name__, "sharded": model.plan.params[0][2]})
+        )
+    finally:
+        dist.destroy_process_group()

@@ -338,3 +338,12 @@ def test_auto_shard_refuses_syncs_it_would_replace() -> None:
         torch_plugin.build(sch, auto="shard", example_inputs=inputs)
     with pytest.raises(ScheduleError, match="unknown auto pass"):
         torch_plugin.build(sch, auto="pipeline")
+
+
+def test_parallelize_decorator_on_a_module_class(tmp_path: Path) -> None:
+    dist_workers.spawn(dist_workers.parallelize_decorator, 2, str(tmp_path))
+    for r in range(2):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert res["type"] == "ShardedModule"
+    with pytest.raises(TypeError, match="with arguments"):
+        torch_plugin.parallelize(gpt.GPT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +17,9 @@ from .sharding import ShardedModule, shard_model
 
 
 def parallelize(
-    model: nn.Module,
+    model: nn.Module | DeviceMesh | int | None = None,
     mesh: int | DeviceMesh | None = None,
-    example_inputs: tuple[Any, ...] = (),
+    example_inputs: tuple[Any, ...] | Callable[[nn.Module], tuple[Any, ...]] = (),
     *,
     strategy: str | None = None,
     constraints: dict[str, str] | None = None,
@@ -36,7 +37,39 @@ def parallelize(
     `mesh` is the number of ranks (the world by default); `num_microbatches` fixes one
     micro-batch size (mini-batch / n), by default the partitioner picks per-stage sizes; other
     options go to `PipelineParallel`.
+
+    As a class decorator, `@torch_plugin.parallelize(mesh, example_inputs=fn, ...)` makes every
+    instance the class builds its distributed form; `example_inputs` may be a function of the
+    instance (its shapes often depend on the configuration).
     """
+    if not isinstance(model, nn.Module):
+        if isinstance(model, type):
+            raise TypeError("use @torch_plugin.parallelize(mesh, ...) (with arguments) on a class")
+        decorator_mesh = model if mesh is None else mesh
+        settings = dict(
+            strategy=strategy,
+            constraints=constraints,
+            memory_budget_gb=memory_budget_gb,
+            loss_fn=loss_fn,
+            num_microbatches=num_microbatches,
+            **options,
+        )
+
+        def wrap(cls: type) -> Any:
+            if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+                raise TypeError(f"@parallelize decorates nn.Module classes, got {cls!r}")
+
+            @functools.wraps(cls, updated=())
+            def build(*args: Any, **kwargs: Any) -> Any:
+                instance = cls(*args, **kwargs)
+                inputs = example_inputs(instance) if callable(example_inputs) else example_inputs
+                return parallelize(instance, decorator_mesh, inputs, **settings)
+
+            return build
+
+        return wrap
+    if callable(example_inputs):
+        example_inputs = example_inputs(model)
     if strategy is None:
         strategy = "shard" if isinstance(mesh, DeviceMesh) else "pipeline"
     if strategy == "shard":
