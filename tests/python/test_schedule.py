@@ -240,13 +240,13 @@ def test_schedule_decorator_on_a_module_class() -> None:
 
 
 def test_autotune_checkpoint_ratio_and_batch_on_gpt() -> None:
-    """Symbolic checkpoint ratio x batch size; the score is tokens per saved activation byte
-    (deterministic, measured with saved-tensor hooks); a batch that "does not fit" fails."""
+    """Symbolic checkpoint ratio x batch size on GPT. Each point is applied to a fresh model and
+    its saved activations measured (saved-tensor hooks): over a 3.5 MB budget is "out of
+    memory" (pruned); otherwise the score is a throughput model that pays 33% per recomputed
+    forward. Large batches need checkpointing to fit, so the optimum is inside the space."""
     from torch_plugin.schedule import Space, tune
 
     def evaluate(cfg: dict) -> float:
-        if cfg["batch"] == 16 and cfg["ckpt_ratio"] < 0.5:
-            raise MemoryError("out of memory")  # pruned, the search goes on
         torch.manual_seed(0)
         model = gpt.GPT(gpt.GPTConfig(64, 4, 4, 1000, 16))
         sch = torch_plugin.create_schedule(model)
@@ -261,17 +261,22 @@ def test_autotune_checkpoint_ratio_and_batch_on_gpt() -> None:
         tokens = torch.randint(0, 1000, (cfg["batch"], 16))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(tokens).sum().backward()
-        # Throughput proxy: tokens per MB saved, minus a recompute penalty per checkpoint.
-        return cfg["batch"] * 16 / (saved[0] / 1e6) - 2.0 * cfg["ckpt_ratio"] * cfg["batch"]
+        if saved[0] > 3.5e6:
+            raise MemoryError(f"{saved[0] / 1e6:.2f} MB of activations")
+        b, r = cfg["batch"], cfg["ckpt_ratio"]
+        return b / ((b + 4) * (1 + 0.33 * r))
 
     space = Space()
     space.create_symbol("ckpt_ratio", [0.0, 0.25, 0.5, 0.75, 1.0])
     space.create_symbol("batch", [2, 4, 8, 16])
     space.constraint(lambda cfg: not (cfg["batch"] == 2 and cfg["ckpt_ratio"] > 0.5))
     full = tune(space, evaluate, progress=False)
+    fast = tune(space, evaluate, method="coordinate_descent", seed=1, restarts=3, progress=False)
+    print(full.table())
+    print(f"coordinate descent: {len(fast.trials)} evaluations, best {fast.best}")
+    assert full.best == {"ckpt_ratio": 0.5, "batch": 16}
     assert len(full.trials) == 20 and full.skipped == 2
-    assert sum(s is None for _, s in full.trials) == 4  # 2 ruled out + 2 "out of memory"
-    fast = tune(space, evaluate, method="coordinate_descent", seed=1, progress=False)
+    assert sum(s is None for _, s in full.trials) == 2 + 3  # ruled out + out of memory
     assert fast.best == full.best and len(fast.trials) < len(full.trials)
     assert "*" in full.table() and "ckpt_ratio" in full.table()
     with pytest.raises(ValueError, match="unknown method"):
@@ -301,6 +306,8 @@ def test_schedule_composes_with_graph_pipeline_on_4_ranks(tmp_path: Path, pinned
     by the partitioner, or where pipeline_split pins it); 3 SGD steps equal one process."""
     dist_workers.spawn(dist_workers.schedule_pipeline_composition, 4, str(tmp_path), pinned)
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    diffs = [abs(a - b) for r in res for a, b in zip(r["losses"], r["expect"], strict=True)]
+    print(f"pinned={pinned}: largest loss difference {max(diffs):.2e}", res[0]["losses"])
     for r in res:
         assert r["stages"] == 2
         for a, b in zip(r["losses"], r["expect"], strict=True):
