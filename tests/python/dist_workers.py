@@ -811,3 +811,54 @@ def parallelize_decorator(rank: int, world: int, port: int, out_dir: str) -> Non
         )
     finally:
         dist.destroy_process_group()
+
+
+def schedule_dp_tp(rank: int, world: int, port: int, out_dir: str) -> None:
+    """4 ranks as (dp=2, tp=2): the Megatron schedule over 'tp', replicas over 'dp'; 3 SGD steps
+    equal single-process training on the whole batch."""
+    import sys
+
+    import torch_plugin
+    from torch_plugin.models import gpt
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+    from schedule import megatron_schedule
+
+    _init(rank, world, port)
+    try:
+        torch.manual_seed(0)
+        cfg = gpt.GPTConfig(
+            dim=64, n_layers=2, n_heads=4, vocab_size=256, seq_len=16, lm_head=False
+        )
+        model = gpt.GPT(cfg)
+        reference = copy.deepcopy(model)
+        tokens = torch.randint(0, cfg.vocab_size, (8, cfg.seq_len))
+        target = torch.randn(8, cfg.seq_len, cfg.dim)
+        mesh = torch_plugin.DeviceMesh.from_torchrun((2, 2), ("dp", "tp"), timeout_s=TIMEOUT_S)
+        sch = torch_plugin.create_schedule(model, mesh)
+        megatron_schedule(sch)
+        dp_model = torch_plugin.build(sch)
+
+        def train(m: torch.nn.Module) -> list[float]:
+            opt = torch.optim.SGD(m.parameters(), lr=0.05)
+            losses = []
+            for _ in range(3):
+                opt.zero_grad()
+                loss = F.mse_loss(m(tokens), target)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+            return losses
+
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "losses": train(dp_model),
+                    "expect": train(reference),
+                    "type": type(dp_model).__name__,
+                    "dp_calls": dict(dp_model.comm.calls),
+                }
+            )
+        )
+    finally:
+        dist.destroy_process_group()

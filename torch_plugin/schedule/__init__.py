@@ -20,10 +20,12 @@ from typing import Any
 import torch.nn as nn
 
 from ..distributed.agreement import check_same
+from ..distributed.collectives import Collectives
 from ..distributed.graph import cost_records
 from ..distributed.mesh import DeviceMesh
 from ..distributed.pipeline import PipelineParallel, plan_pipeline
 from ..distributed.sharding import ShardedModule
+from .data_parallel import DataParallelSchedule
 from .schedule import (
     DecomposedLinear,
     Schedule,
@@ -54,6 +56,9 @@ def build(
     automatic pass decides what the schedule does not pin): one pipeline per tensor-parallel
     rank, whose stages run the schedule's shards and syncs. That returns a PipelineParallel;
     it needs `example_inputs` and `loss_fn`, and `pipeline_options` go to it.
+
+    On a ("dp", "tp") mesh the scheduled model is replicated over 'dp': each replica runs on
+    its slice of the batch, outputs are gathered, gradients summed (DataParallelSchedule).
 
     `auto="shard"`: the schedule's `shard` calls are pins and the sharding ILP plans every
     other parameter and inserts the collectives (nnScaler-style constraints); returns the
@@ -86,6 +91,14 @@ def build(
             raise ScheduleError(
                 "loss_fn and pipeline options apply to a mesh with a 'pp' axis of size > 1"
             )
+        if st.mesh is not None and "dp" in st.mesh.axis_names and st.mesh.size("dp") > 1:
+            dp = Collectives(
+                st.mesh.group("dp"),
+                st.mesh.size("dp"),
+                st.mesh.local_rank("dp"),
+                "torch_plugin schedule (dp)",
+            )
+            return DataParallelSchedule(st.model, dp)
         return st.model
     if example_inputs is None or loss_fn is None:
         raise ScheduleError("building a pipeline (mesh axis 'pp') needs example_inputs and loss_fn")

@@ -152,6 +152,19 @@ def _steps_at(st: _State, path: str) -> list[str]:
         path = path.rsplit(".", 1)[0] if "." in path else ""
 
 
+def _random_like(x: Any, gen: torch.Generator) -> Any:
+    """Random values of an example input's shape and dtype (integers within its range, so
+    token ids stay valid ids)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if x.dtype == torch.bool:
+        return torch.rand(x.shape, generator=gen) < 0.5
+    if not x.is_floating_point():
+        lo, hi = (int(x.min()), int(x.max())) if x.numel() else (0, 0)
+        return torch.randint(lo, hi + 1, x.shape, generator=gen, dtype=x.dtype)
+    return torch.randn(x.shape, generator=gen, dtype=x.dtype) * (x.std() if x.numel() > 1 else 1)
+
+
 def verify(
     st: _State,
     example_inputs: tuple[Any, ...],
@@ -160,9 +173,37 @@ def verify(
     atol: float = 1e-5,
     backward: bool = True,
     seed: int = 0,
+    random_trials: int = 2,
 ) -> dict[str, Any]:
-    """Compares the scheduled model with the unscheduled one; returns the errors it measured."""
+    """Compares the scheduled model with the unscheduled one on the example inputs and on
+    `random_trials` random inputs like them; returns the largest differences measured."""
     static_check(st)
+    gen = torch.Generator().manual_seed(seed)
+    report = _verify_once(st, example_inputs, rtol, atol, backward, seed)
+    for _ in range(random_trials):
+        more = _verify_once(
+            st,
+            pytree.tree_map(lambda x: _random_like(x, gen), example_inputs),
+            rtol,
+            atol,
+            backward,
+            seed,
+        )
+        for k in ("output_max_diff", "grad_max_diff"):
+            if more[k] is not None:
+                report[k] = max(report[k] or 0.0, more[k])
+    report["trials"] = 1 + random_trials
+    return report
+
+
+def _verify_once(
+    st: _State,
+    example_inputs: tuple[Any, ...],
+    rtol: float,
+    atol: float,
+    backward: bool,
+    seed: int,
+) -> dict[str, Any]:
     inputs = _broadcast_inputs(st, example_inputs)
     ref_model, model = st.original, st.model
     ref_rec, rec = _Recorder(ref_model), _Recorder(model)

@@ -1,0 +1,96 @@
+"""Data parallelism around a scheduled model on a ("dp", "tp") mesh.
+
+Each dp replica runs the schedule's tensor-parallel program on its slice of the batch (dim 0 of
+every tensor input); the outputs are gathered over dp, so the caller computes the loss on the
+whole batch as on one process; gradients are summed over dp in one bucket at the end of
+backward (one all-reduce per step, not one per parameter).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.utils._pytree as pytree
+from torch.func import functional_call
+
+from ..distributed.collectives import Collectives
+
+
+class _SumGradsOverDp(torch.autograd.Function):
+    """Identity on the parameters; backward all-reduces all their gradients as one flat bucket
+    (it runs once every gradient of the step is ready)."""
+
+    @staticmethod
+    def forward(ctx: Any, comm: Collectives, *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.comm = comm
+        return tuple(p.view_as(p) for p in params)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        present = [g for g in grads if g is not None]
+        if present:
+            flat = ctx.comm.all_reduce(torch.cat([g.reshape(-1) for g in present]), "dp grad sync")
+            out, offset = [], 0
+            for g in grads:
+                if g is None:
+                    out.append(None)
+                    continue
+                out.append(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+            return (None, *out)
+        return (None, *grads)
+
+
+class _GatherBatch(torch.autograd.Function):
+    """Forward: every replica's slice, concatenated along dim 0. Backward: this replica's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Collectives) -> torch.Tensor:
+        ctx.comm, ctx.n = comm, x.shape[0]
+        return torch.cat(list(comm.all_gather(x, "dp outputs").unbind(0)), dim=0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        r, n = ctx.comm.rank, ctx.n
+        return grad[r * n : (r + 1) * n], None
+
+
+class DataParallelSchedule(nn.Module):
+    """A scheduled model replicated over the mesh's 'dp' axis (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, comm: Collectives) -> None:
+        super().__init__()
+        self.module = model
+        self.comm = comm
+
+    def _slice(self, x: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            return x
+        if x.shape[0] % self.comm.world:
+            raise ValueError(
+                f"batch of {x.shape[0]} is not divisible by the {self.comm.world} data-parallel "
+                "replicas"
+            )
+        n = x.shape[0] // self.comm.world
+        return x[self.comm.rank * n : (self.comm.rank + 1) * n]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args, kwargs = pytree.tree_map(self._slice, (args, kwargs))
+        names, params = zip(*self.module.named_parameters(), strict=True)
+        trainable = [i for i, p in enumerate(params) if p.requires_grad]
+        synced = list(params)
+        if torch.is_grad_enabled() and trainable:
+            outs = _SumGradsOverDp.apply(self.comm, *[params[i] for i in trainable])
+            for i, t in zip(trainable, outs, strict=True):
+                synced[i] = t
+        out = functional_call(self.module, dict(zip(names, synced, strict=True)), args, kwargs)
+        return pytree.tree_map(
+            lambda t: (
+                _GatherBatch.apply(t, self.comm)
+                if isinstance(t, torch.Tensor) and t.dim() > 0
+                else t
+            ),
+            out,
+        )
