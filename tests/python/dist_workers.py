@@ -862,3 +862,44 @@ def schedule_dp_tp(rank: int, world: int, port: int, out_dir: str) -> None:
         )
     finally:
         dist.destroy_process_group()
+
+
+def sharding_dropout_matches(rank: int, world: int, port: int, out_dir: str) -> None:
+    """GPT-2 with dropout 0.1, training mode, ranks seeded differently: the sharded forward and
+    its gradients equal one process's drawing from tp rank 0's generator state."""
+    import torch_plugin
+    from torch_plugin import models
+
+    _init(rank, world, port)
+    try:
+        torch.manual_seed(0)
+        model, inputs = models.build("gpt2", small=True, batch=2, n_layer=2)
+        model.train()
+        reference = copy.deepcopy(model)
+        mesh = torch_plugin.DeviceMesh.from_torchrun(timeout_s=TIMEOUT_S)
+        sharded = torch_plugin.parallelize(model, mesh, inputs)
+        torch.manual_seed(100 + rank)  # the ranks' generators now differ
+        state = torch.get_rng_state()
+        dist.broadcast(state, src=0)  # what rank 0 will draw from
+        out = sharded(*inputs)
+        torch.set_rng_state(state)
+        expect = reference(*inputs)
+        out.pow(2).mean().backward()
+        expect.pow(2).mean().backward()
+        ref = dict(reference.named_parameters())
+        grad_diff = max(
+            float((p.grad - sharded.shard(ref[n].grad, spec)).abs().max())
+            for n, p, spec in sharded.named_local_parameters()
+        )
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "out_diff": float((out - expect).abs().max()),
+                    "grad_diff": grad_diff,
+                    "random": sharded._random_ops,
+                    "sharded": sum(s != "R" for _, _, s in sharded.named_local_parameters()),
+                }
+            )
+        )
+    finally:
+        dist.destroy_process_group()

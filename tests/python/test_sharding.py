@@ -100,3 +100,11 @@ def test_meta_model_is_materialised_block_by_block(tmp_path: Path) -> None:
     for r in range(2):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["sharded"] > 0
+
+
+def test_dropout_masks_equal_one_process(tmp_path: Path) -> None:
+    dist_workers.spawn(dist_workers.sharding_dropout_matches, 2, str(tmp_path))
+    for r in range(2):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert res["random"] and res["sharded"] > 0
+        assert res["out_diff"] < 1e-5 and res["grad_diff"] < 1e-5, res

@@ -44,6 +44,14 @@ _GROUP_IDS = itertools.count(1)
 _LOCK = threading.Lock()
 
 
+_RANDOM_OPS = ("bernoulli", "rand", "normal", "uniform", "dropout", "multinomial", "exponential")
+
+
+def _is_random(target: Any) -> bool:
+    name = str(getattr(target, "__name__", target))
+    return any(r in name for r in _RANDOM_OPS)
+
+
 def _register_group(comm: Collectives) -> int:
     with _LOCK:
         handle = next(_GROUP_IDS)
@@ -436,6 +444,9 @@ class ShardedModule(nn.Module):
         )
         ctx.targets.update(_TARGETS)
         self.graph_module = fx_bridge.from_ir(result["graph"], ctx)
+        self._random_ops = any(
+            n.op == "call_function" and _is_random(n.target) for n in self.graph_module.graph.nodes
+        )
         self.local_graph = result["graph"]
 
         # This rank's blocks, in placeholder order; the model's own tensors are not kept.
@@ -525,6 +536,8 @@ class ShardedModule(nn.Module):
                     f"{shape} (shapes are static per plan): call parallelize with example inputs "
                     "of this shape"
                 )
+        if self._random_ops and self.world > 1:
+            self._share_rng_state()
         buffers = [getattr(self, f"_buffer{i}") for i in range(len(self.buffer_names))]
         params: list[torch.Tensor] = list(self.local_params)
         if self.dp == 1:
@@ -548,6 +561,20 @@ class ShardedModule(nn.Module):
             for o in outs
         ]
         return pytree.tree_unflatten(whole, self._out_spec)
+
+    def _share_rng_state(self) -> None:
+        """The planner keeps random ops (dropout masks) replicated: every tp rank draws the whole
+        mask and uses its block, which is exactly one process's dropout only if every rank
+        draws from the same generator state. Ranks need not be seeded alike (torch seeds each
+        process differently), so tp rank 0's CPU generator state is sent to the others before
+        each forward: 5 KB, only for graphs with random ops."""
+        state = torch.get_rng_state()
+        src = dist.get_global_rank(self.comm.group, 0)
+        try:
+            dist.broadcast(state, src=src, group=self.comm.group)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise self.comm._fail("broadcast", "rng state", e) from e
+        torch.set_rng_state(state)
 
     def _dp_slice(self, x: Any) -> Any:
         """This dp replica's rows (dim 0) of a batch tensor."""
