@@ -623,6 +623,7 @@ def schedule_misuse(rank: int, world: int, port: int, out_dir: str) -> None:
         attempt("wrong_path", lambda: sch["model.transformer.h.0.atn"])
         attempt("axis", lambda: blk["attn.c_proj"].shard("weight", axis=2))
         attempt("no_param", lambda: blk["attn.c_proj"].shard("weights", axis=0))
+        attempt("divides", lambda: blk["attn.c_attn"].shard("weight", axis=1, sections=5))
         attempt("sync_unsharded", lambda: blk["mlp"].sync("fwd_post"))
         attempt("bad_mode", lambda: blk["attn.c_proj"].sync("after"))
         attempt("find_untraced", lambda: blk["mlp"].find("c_fc"))

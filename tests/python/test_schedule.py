@@ -43,6 +43,7 @@ def test_schedule_misuse_gives_clear_errors(tmp_path: Path) -> None:
     assert "'atn'; its children: ln_1, attn, ln_2, mlp" in errors["wrong_path"]
     assert "axis out of range" in errors["axis"]
     assert "has no parameter 'weights'" in errors["no_param"]
+    assert "size 384 is not divisible by 2 ranks x 5 sections" in errors["divides"]
     assert "nothing in this module is sharded" in errors["sync_unsharded"]
     assert "unknown mode 'after'" in errors["bad_mode"]
     assert ".trace() first" in errors["find_untraced"]

@@ -50,7 +50,11 @@ def handshake(
     key = f"{_PREFIX}/{what}/{seq}"
     mine = json.dumps(view, sort_keys=True)
     store.set(f"{key}/{rank}", mine)
-    deadline = time.monotonic() + timeout_s
+    # Keys are awaited for 90% of the timeout; rank 0, which usually hosts the store, stays
+    # for the rest so that ranks that started a little later can still read it, and every
+    # rank is done within the timeout.
+    start = time.monotonic()
+    deadline = start + 0.9 * timeout_s
     missing: list[int] = []
     try:
         missing = _compare_views(store, what, key, view, rank, world, deadline)
@@ -60,7 +64,7 @@ def handshake(
         try:
             store.add(f"{key}/done", 1)
             if rank == 0:
-                stay_until = deadline + min(timeout_s, 5.0)
+                stay_until = start + timeout_s
                 while (
                     store.add(f"{key}/done", 0) < world - len(missing)
                     and time.monotonic() < stay_until
