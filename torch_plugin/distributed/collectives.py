@@ -8,11 +8,30 @@ explicitly with ones it has, counted at the volume they really move.
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# Objects that keep process groups. A group still referenced when the interpreter shuts down
+# is destroyed during finalization, where gloo's destructor can abort the process ("terminate
+# called without an active exception": a clean run exiting with SIGABRT), even after
+# destroy_process_group. So every holder drops its references at exit, before finalization.
+_HOLDERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def hold_groups(holder: Any) -> None:
+    """Registers an object whose `_release_groups()` drops its process-group references."""
+    _HOLDERS.add(holder)
+
+
+@atexit.register
+def _release_process_groups() -> None:
+    for holder in list(_HOLDERS):
+        holder._release_groups()
 
 
 class Collectives:
@@ -20,11 +39,15 @@ class Collectives:
 
     def __init__(self, group: Any, world: int, rank: int, owner: str = "torch_plugin"):
         self.group, self.world, self.rank, self.owner = group, world, rank, owner
+        hold_groups(self)
         self.bytes_sent: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
         self._all_to_all_ok: bool | None = None
         backend = dist.get_backend(group) if dist.is_initialized() else "gloo"
         self._has_reduce_scatter = backend == "nccl"
+
+    def _release_groups(self) -> None:
+        self.group = None
 
     def _fail(self, op: str, kind: str, e: Exception) -> RuntimeError:
         return RuntimeError(

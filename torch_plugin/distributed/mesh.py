@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .agreement import handshake
+from .collectives import hold_groups
 
 
 class DeviceMesh:
@@ -73,6 +74,7 @@ class DeviceMesh:
         self.rank = dist.get_rank()
         self.coordinate = tuple(int(c) for c in _unravel(self.rank, shape))
         self._groups: dict[str, dist.ProcessGroup] = {}
+        hold_groups(self)
         timeout = datetime.timedelta(seconds=self.timeout_s)
         for axis, name in enumerate(names):
             if shape == (world,):  # the whole world: reuse the default group
@@ -113,6 +115,9 @@ class DeviceMesh:
         if shape is None:
             shape = dist.get_world_size()
         return cls(shape, axis_names, timeout_s=timeout_s)
+
+    def _release_groups(self) -> None:
+        self._groups.clear()
 
     def size(self, axis: str | None = None) -> int:
         """Ranks along `axis` (all ranks when None)."""

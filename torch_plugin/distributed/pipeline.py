@@ -28,6 +28,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from .. import _C
 from .agreement import check_same
+from .collectives import hold_groups
 from .graph import TracedModel, cost_records
 
 STRATEGIES = ("gpp", "spp")
@@ -220,6 +221,7 @@ class PipelineParallel:
         # Ranks in the plan are ranks of `group` (the world by default). A group lets several
         # pipelines run side by side, e.g. one per tensor-parallel rank.
         self.group = group
+        hold_groups(self)
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.loss_fn = loss_fn
@@ -327,6 +329,9 @@ class PipelineParallel:
                 env[node] = g.node_copy(node, lambda x: env[x])
         g.output(tuple(env[o] for o in self.stage_outputs[s]))
         self.module = fx.GraphModule(self.gm, g)
+
+    def _release_groups(self) -> None:
+        self.group = self.replica_group = None
 
     def _global(self, rank: int) -> int:
         """The global rank of a rank of the plan (point-to-point calls take global ranks)."""
