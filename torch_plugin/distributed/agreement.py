@@ -32,6 +32,7 @@ def handshake(
     store: Any = None,
     rank: int | None = None,
     world: int | None = None,
+    started: float | None = None,
 ) -> None:
     """Every rank publishes `view` in the rendezvous store and reads the others' as they arrive;
     raises as soon as one differs, or when one has not arrived within `timeout_s`.
@@ -50,10 +51,12 @@ def handshake(
     key = f"{_PREFIX}/{what}/{seq}"
     mine = json.dumps(view, sort_keys=True)
     store.set(f"{key}/{rank}", mine)
-    # Keys are awaited for 90% of the timeout; rank 0, which usually hosts the store, stays
-    # for the rest so that ranks that started a little later can still read it, and every
-    # rank is done within the timeout.
-    start = time.monotonic()
+    # Keys are awaited until 90% of the timeout; rank 0, which usually hosts the store, stays
+    # a little longer so that ranks that started later can still read it. A rank that started
+    # much later may see the store go away first: its error then names the ranks still
+    # missing, as a timeout would. Every rank is done within the timeout of its own start
+    # (`started`, a time.monotonic() value, when the caller's clock began earlier).
+    start = time.monotonic() if started is None else started
     deadline = start + 0.9 * timeout_s
     missing: list[int] = []
     try:
@@ -64,7 +67,7 @@ def handshake(
         try:
             store.add(f"{key}/done", 1)
             if rank == 0:
-                stay_until = start + timeout_s
+                stay_until = start + 0.98 * timeout_s
                 while (
                     store.add(f"{key}/done", 0) < world - len(missing)
                     and time.monotonic() < stay_until
@@ -101,10 +104,12 @@ def _compare_views(
             store.wait([f"{key}/{r}"], datetime.timedelta(seconds=left))
         except Exception as e:  # DistStoreError on a timeout; other errors: the store is gone
             if "timeout" not in str(e).lower():
+                unseen = [x for x in [*missing, *range(r, world)] if x != rank]
                 raise RuntimeError(
-                    f"torch_plugin {what}: rank {rank} lost the rendezvous store (hosted by rank "
-                    f"0 or the launcher) while waiting for rank {r} ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''}); the host failed - see its log"
+                    f"torch_plugin {what}: rank(s) {unseen} had not arrived (rank {rank} of a "
+                    f"world of {world}) when the rendezvous store went away (its host, rank 0 "
+                    "or the launcher, gave up or failed: see its log); they died, stalled, or "
+                    "were launched with another WORLD_SIZE / MASTER_ADDR / MASTER_PORT"
                 ) from e
             missing.append(r)
             continue

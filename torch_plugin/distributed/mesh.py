@@ -14,6 +14,7 @@ import datetime
 import itertools
 import math
 import os
+import time
 from collections.abc import Sequence
 
 import torch
@@ -180,6 +181,7 @@ def _init_from_env(backend: str, timeout_s: float) -> None:
     WORLD_SIZE is named at once instead of surfacing as a connect timeout (gloo's takes several
     times the process-group timeout) or as a hang in the first collective.
     """
+    started = time.monotonic()  # connecting to the store counts against the timeout too
     env = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
@@ -212,5 +214,6 @@ def _init_from_env(backend: str, timeout_s: float) -> None:
         store=store,
         rank=rank,
         world=world,
+        started=started,
     )
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)

@@ -535,7 +535,15 @@ def place_graph(
     penalty = opts.switch_penalty_s
     boundary: dict[str, float] = {}
     if penalty is None:
-        penalty = _measure_switch_penalty(opts.samples)
+        # Measured once per machine and cached, like the boundary probes below: a re-measured
+        # penalty would let a warm compile's DP choose other groups than the cold one's (the
+        # result must be deterministic given the cache).
+        key = ProfileCache.key("host", "switch-penalty-v1", machine)
+        entry = cache.get(key)
+        if entry is None:
+            entry = Entry(_measure_switch_penalty(opts.samples), True, "", 0.0)
+            cache.put(key, "host", "switch-penalty-v1", entry)
+        penalty = entry.seconds
         # What a backend's calls cost between ATen ops beyond their isolated time (waking its
         # thread pool, moving tensors in and out): measured once per machine, cached.
         for b in backends:
