@@ -5,7 +5,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <chrono>
 #include <string>
 #include <vector>
 
@@ -183,11 +182,7 @@ void BindPlacement(py::module_& m) {
          std::function<void(const std::string&)> log) {
         passes::Context ctx;
         if (log) ctx.log = log;
-        if (time_budget_s > 0) {
-          ctx.deadline = std::chrono::steady_clock::now() +
-                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(time_budget_s));
-        }
+        ctx.SetTimeBudget(time_budget_s);
         passes::EvolveOptions opts;
         opts.population = population;
         opts.generations = generations;

@@ -4,7 +4,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <chrono>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -25,11 +24,7 @@ void BindSchedule(py::module_& m) {
          std::function<void(const std::string&)> log) {
         passes::Context ctx;
         if (log) ctx.log = log;
-        if (time_budget_s > 0) {
-          ctx.deadline = std::chrono::steady_clock::now() +
-                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(time_budget_s));
-        }
+        ctx.SetTimeBudget(time_budget_s);
         passes::TuneOptions opts;
         if (method == "exhaustive") {
           opts.method = passes::TuneOptions::Method::kExhaustive;

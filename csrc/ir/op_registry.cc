@@ -327,6 +327,10 @@ OpRegistry::OpRegistry() {
       {"aten::randint", "*", C::kRandom, -1, -1, false, 2},
       {"aten::uniform", "*", C::kRandom, -1, -1, false, 2},
       {"aten::normal", "*", C::kRandom, -1, -1, false, 2},
+      // In place (dropout traces to empty_like + bernoulli_): random before they are mutations.
+      {"aten::bernoulli_", "*", C::kRandom, -1, -1, false, 2},
+      {"aten::uniform_", "*", C::kRandom, -1, -1, false, 2},
+      {"aten::normal_", "*", C::kRandom, -1, -1, false, 2},
       // Mutations.
       {"aten::copy_", "default", C::kMutation, 2, 3, false, 0},
       {"aten::add_", "*", C::kMutation, -1, -1, false, 1},

@@ -41,6 +41,14 @@ struct Context {
   // Pass options as strings, keyed "<pass>.<option>" (e.g. "cache_parallel.world").
   std::map<std::string, std::string> options;
 
+  // Sets the deadline `seconds` from now; <= 0 leaves it unlimited.
+  void SetTimeBudget(double seconds) {
+    if (seconds <= 0) return;
+    deadline = std::chrono::steady_clock::now() +
+               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::duration<double>(seconds));
+  }
+
   std::string Option(const std::string& key, const std::string& fallback) const {
     auto it = options.find(key);
     return it == options.end() ? fallback : it->second;

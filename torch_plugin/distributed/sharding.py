@@ -44,14 +44,6 @@ _GROUP_IDS = itertools.count(1)
 _LOCK = threading.Lock()
 
 
-_RANDOM_OPS = ("bernoulli", "rand", "normal", "uniform", "dropout", "multinomial", "exponential")
-
-
-def _is_random(target: Any) -> bool:
-    name = str(getattr(target, "__name__", target))
-    return any(r in name for r in _RANDOM_OPS)
-
-
 def _register_group(comm: Collectives) -> int:
     with _LOCK:
         handle = next(_GROUP_IDS)
@@ -444,9 +436,8 @@ class ShardedModule(nn.Module):
         )
         ctx.targets.update(_TARGETS)
         self.graph_module = fx_bridge.from_ir(result["graph"], ctx)
-        self._random_ops = any(
-            n.op == "call_function" and _is_random(n.target) for n in self.graph_module.graph.nodes
-        )
+        # The op registry knows which ops draw random numbers (dropout's bernoulli_, ...).
+        self._random_ops = any(cls == "random" for _, _, cls, *_ in result["graph"].estimate())
         self.local_graph = result["graph"]
 
         # This rank's blocks, in placeholder order; the model's own tensors are not kept.
