@@ -365,4 +365,4 @@ def test_schedule_with_data_parallel_replicas_on_4_ranks(tmp_path: Path) -> None
         for a, b in zip(res["losses"], res["expect"], strict=True):
             assert abs(a - b) < 1e-5, (res["losses"], res["expect"])
         # One bucketed gradient all-reduce per step, one output gather per step.
-        assert res["dp_calls"] == {"dp grad sync": 3, "dp outputs": 3}, res["dp_calls"]
+        assert res["dp_calls"] == {"grad_sync": 3, "dp outputs": 3}, res["dp_calls"]

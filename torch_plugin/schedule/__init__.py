@@ -103,8 +103,7 @@ def build(
     if example_inputs is None or loss_fn is None:
         raise ScheduleError("building a pipeline (mesh axis 'pp') needs example_inputs and loss_fn")
     # Modules whose hooks or forward the schedule changed stay whole in the pipeline's graph.
-    leaves = set(st.syncs) | st.checkpointed | {s.path for s in st.steps if s.primitive == "bind"}
-    leaves -= {""}
+    leaves = st.hooked_paths() - {""}
     if st.pipeline_splits:
         pipeline_options["plan"] = _pinned_plan(st, tuple(example_inputs), leaves, pipeline_options)
     pipeline = PipelineParallel(

@@ -16,31 +16,7 @@ import torch.utils._pytree as pytree
 from torch.func import functional_call
 
 from ..distributed.collectives import Collectives
-
-
-class _SumGradsOverDp(torch.autograd.Function):
-    """Identity on the parameters; backward all-reduces all their gradients as one flat bucket
-    (it runs once every gradient of the step is ready)."""
-
-    @staticmethod
-    def forward(ctx: Any, comm: Collectives, *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.comm = comm
-        return tuple(p.view_as(p) for p in params)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        present = [g for g in grads if g is not None]
-        if present:
-            flat = ctx.comm.all_reduce(torch.cat([g.reshape(-1) for g in present]), "dp grad sync")
-            out, offset = [], 0
-            for g in grads:
-                if g is None:
-                    out.append(None)
-                    continue
-                out.append(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-            return (None, *out)
-        return (None, *grads)
+from ..distributed.sharding import _register_group, grad_sync
 
 
 class _GatherBatch(torch.autograd.Function):
@@ -64,6 +40,7 @@ class DataParallelSchedule(nn.Module):
         super().__init__()
         self.module = model
         self.comm = comm
+        self._handle = _register_group(comm)  # for the sharded runtime's bucketed grad_sync
 
     def _slice(self, x: Any) -> Any:
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
@@ -82,7 +59,7 @@ class DataParallelSchedule(nn.Module):
         trainable = [i for i, p in enumerate(params) if p.requires_grad]
         synced = list(params)
         if torch.is_grad_enabled() and trainable:
-            outs = _SumGradsOverDp.apply(self.comm, *[params[i] for i in trainable])
+            outs = grad_sync([params[i] for i in trainable], self._handle)
             for i, t in zip(trainable, outs, strict=True):
                 synced[i] = t
         out = functional_call(self.module, dict(zip(names, synced, strict=True)), args, kwargs)

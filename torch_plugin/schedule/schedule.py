@@ -34,6 +34,7 @@ import torch.utils._pytree as pytree
 
 from ..distributed.collectives import Collectives
 from ..distributed.mesh import DeviceMesh
+from ..distributed.sharding import _block
 from . import comm as tp
 
 log = logging.getLogger("torch_plugin.schedule")
@@ -101,6 +102,12 @@ class _State:
         self.checkpointed: set[str] = set()
         self.pipeline_splits: list[str] = []
         self.fused = 0
+
+    def hooked_paths(self) -> set[str]:
+        """Modules whose hooks or forward the schedule changed (syncs, checkpoints, binds): a
+        tracer must keep each a call of itself, or what the schedule put there is lost."""
+        binds = {s.path for s in self.steps if s.primitive == "bind"}
+        return set(self.syncs) | self.checkpointed | binds
 
 
 def create_schedule(
@@ -441,11 +448,7 @@ class Schedule:
         module = self.module
         keep = {
             _rel(p, self.path)
-            for p in [
-                *st.syncs,
-                *st.checkpointed,
-                *(s.path for s in st.steps if s.primitive == "bind"),
-            ]
+            for p in st.hooked_paths()
             if p != self.path and (not self.path or p.startswith(self.path + "."))
         }
         leaf_paths = {x for x in leaves if isinstance(x, str)} | keep
@@ -614,12 +617,6 @@ class ScheduleGroup:
 
 def _rel(path: str, base: str) -> str:
     return path[len(base) + 1 :] if base else path
-
-
-def _block(x: torch.Tensor, dim: int, sections: int, world: int, rank: int) -> torch.Tensor:
-    from ..distributed.sharding import _block as block
-
-    return block(x, dim, sections, world, rank)
 
 
 def _replace_everywhere(model: nn.Module, old: nn.Parameter, new: nn.Parameter) -> None:

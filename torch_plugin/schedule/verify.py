@@ -16,7 +16,8 @@ import torch.utils._pytree as pytree
 if TYPE_CHECKING:
     from .schedule import _State
 
-from .schedule import ScheduleError, _block
+from ..distributed.sharding import _block
+from .schedule import ScheduleError
 
 
 def _covers(paths: list[str], path: str) -> bool:
