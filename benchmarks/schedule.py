@@ -35,6 +35,9 @@ import torch.nn.functional as F
 import torch_plugin
 from torch_plugin.models import gpt
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sharding import _dtensor_plan as dtensor_plan  # noqa: E402  (the same hand-written plan)
+
 RESULTS = Path(__file__).resolve().parent / "results"
 CFG = gpt.GPTConfig(dim=256, n_layers=4, n_heads=8, vocab_size=1024, seq_len=64, lm_head=False)
 
@@ -50,18 +53,6 @@ def megatron_schedule(sch: torch_plugin.Schedule) -> None:
         block["fc1"].sync("bwd_post")
         block["fc2"].shard("weight", axis=1)
         block["fc2"].sync("fwd_post")
-
-
-def dtensor_plan(model: gpt.GPT) -> dict[str, Any]:
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    plan: dict[str, Any] = {}
-    for i in range(len(model.blocks)):
-        for lin in ("attn.q", "attn.k", "attn.v", "fc1"):
-            plan[f"blocks.{i}.{lin}"] = ColwiseParallel()
-        for lin in ("attn.o", "fc2"):
-            plan[f"blocks.{i}.{lin}"] = RowwiseParallel()
-    return plan
 
 
 def _body_lines(fn: Any) -> int:

@@ -537,6 +537,7 @@ def schedule_gpt2_matches(rank: int, world: int, port: int, out_dir: str) -> Non
     outputs, gradients and next loss equal single-process training; one all-reduce per
     attention and per MLP in forward; each rank holds 1/world of the sharded parameters."""
     import torch_plugin
+    from torch_plugin.distributed.sharding import _block
 
     _init(rank, world, port)
     try:
@@ -560,10 +561,7 @@ def schedule_gpt2_matches(rank: int, world: int, port: int, out_dir: str) -> Non
         def local(name: str, t: torch.Tensor) -> torch.Tensor:
             owner, _, pname = name.rpartition(".")
             info = shards.get((owner, pname))
-            if info is None:
-                return t
-            t = t.unflatten(info.axis, (info.sections, -1))
-            return t.chunk(world, info.axis + 1)[rank].flatten(info.axis, info.axis + 1)
+            return t if info is None else _block(t, info.axis, info.sections, world, rank)
 
         def diffs(attr: str) -> float:
             ref = dict(reference.named_parameters())
@@ -728,14 +726,7 @@ def schedule_pipeline_composition(
             opt.zero_grad()
             losses.append(pp.step((tokens,), target))
             opt.step()
-        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
-        expect = []
-        for _ in range(3):
-            ref_opt.zero_grad()
-            loss = F.mse_loss(reference(tokens), target)
-            loss.backward()
-            ref_opt.step()
-            expect.append(float(loss.detach()))
+        expect = _example("sharding").train(reference, tokens, target, 3)  # SGD 0.05, MSE
         Path(out_dir, f"rank{rank}.json").write_text(
             json.dumps(
                 {
@@ -840,22 +831,13 @@ def schedule_dp_tp(rank: int, world: int, port: int, out_dir: str) -> None:
         megatron_schedule(sch)
         dp_model = torch_plugin.build(sch)
 
-        def train(m: torch.nn.Module) -> list[float]:
-            opt = torch.optim.SGD(m.parameters(), lr=0.05)
-            losses = []
-            for _ in range(3):
-                opt.zero_grad()
-                loss = F.mse_loss(m(tokens), target)
-                loss.backward()
-                opt.step()
-                losses.append(float(loss.detach()))
-            return losses
+        train = _example("sharding").train  # SGD at lr 0.05 on the MSE loss, losses per step
 
         Path(out_dir, f"rank{rank}.json").write_text(
             json.dumps(
                 {
-                    "losses": train(dp_model),
-                    "expect": train(reference),
+                    "losses": train(dp_model, tokens, target, 3),
+                    "expect": train(reference, tokens, target, 3),
                     "type": type(dp_model).__name__,
                     "dp_calls": dict(dp_model.comm.calls),
                 }
