@@ -16,11 +16,14 @@ TORCH_LIBRARY(torch_plugin, m) {
       "split_kv_attention(Tensor q, Tensor k, Tensor v, Tensor lengths, int num_splits, "
       "float scale=0.0) -> (Tensor, Tensor)");
   m.def("merge_attention_partials(Tensor out, Tensor lse) -> (Tensor, Tensor)");
-  // Inference kernels of the placement pass's "fused" backend.
+  // Kernels of the placement pass's "fused" backend (forward / inference graphs).
   m.def("linear_act(Tensor x, Tensor weight_t, Tensor bias, str act) -> Tensor");
   m.def(
       "add_layer_norm(Tensor x, Tensor? residual, Tensor weight, Tensor bias, float eps) -> "
       "(Tensor, Tensor)");
+  m.def(
+      "add_layer_norm_stats(Tensor x, Tensor? residual, Tensor weight, Tensor bias, float eps) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def("scaled_masked_softmax(Tensor scores, float scale, Tensor? mask) -> Tensor");
 }
 
@@ -31,5 +34,6 @@ TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
   m.impl("merge_attention_partials", &tp::kernels::MergeAttentionPartialsCpu);
   m.impl("linear_act", &tp::kernels::LinearActCpu);
   m.impl("add_layer_norm", &tp::kernels::AddLayerNormCpu);
+  m.impl("add_layer_norm_stats", &tp::kernels::AddLayerNormStatsCpu);
   m.impl("scaled_masked_softmax", &tp::kernels::ScaledMaskedSoftmaxCpu);
 }

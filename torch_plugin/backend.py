@@ -123,15 +123,21 @@ def _place(
     example_inputs: Sequence[Any] | None,
     record: dict[str, Any],
     input_kinds: Sequence[tuple[str, str]] | None,
+    has_random_ops: bool = False,
 ) -> fx.GraphModule:
-    """Backend placement; inference graphs only (a training graph's backward needs the saved
-    activations the groups would hide), others pass through with one log line."""
-    if kind != "inference":
+    """Backend placement of an inference graph, or of a training graph's forward or backward.
+
+    AOTAutograd's partition makes each of those a pure function: the forward returns the
+    activations its backward saves as extra outputs, so a group's outputs include them and
+    no autograd runs inside a group. A graph with random ops stays as is: a graph compiler
+    draws other random numbers than ATen, and measuring it would advance the RNG stream."""
+    if has_random_ops:
         log.info(
-            "torch_plugin placement: %s graph left as is (placement applies to inference "
-            "graphs; compile under torch.no_grad())",
+            "torch_plugin placement: %s graph left as is: it draws random numbers (dropout?), "
+            "which another backend would draw differently",
             kind,
         )
+        record["placement"] = None
         return gm
     from .placement.planner import PlacementOptions, place_graph
 
@@ -149,6 +155,7 @@ def _place(
     # needs real tensors and ops at their normal speed (the dispatcher costs ~5 us per op).
     with unset_fake_temporarily(), no_python_dispatcher():
         placed, result = place_graph(gm, real, placement_opts, input_kinds)
+    result.kind = kind
     record["placement"] = result.backend_counts()
     log.info("torch_plugin placement:\n%s", result.table())
     for sink in _PLACEMENT_SINKS:
@@ -182,7 +189,8 @@ def rewrite_aten_graph(
         _dump(opts, f"{tag}.after", str(new_graph))
         new_gm = fx_bridge.from_ir(new_graph, ctx)
         if "placement" in opts.passes:
-            new_gm = _place(new_gm, opts, kind, example_inputs, record, input_kinds)
+            has_random = any(cls == "random" for _, _, cls, *_ in new_graph.estimate())
+            new_gm = _place(new_gm, opts, kind, example_inputs, record, input_kinds, has_random)
         t3 = time.perf_counter()
         estimates = new_graph.estimate() if _STATS_SINKS else []
         record.update(

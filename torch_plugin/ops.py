@@ -110,6 +110,24 @@ def _add_layer_norm_fake(
     return torch.empty_like(x), torch.empty_like(x)
 
 
+@torch.library.register_fake("torch_plugin::add_layer_norm_stats")
+def _add_layer_norm_stats_fake(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    stat = (*x.shape[:-1], 1)
+    has_res = residual is not None
+    return (
+        torch.empty_like(x) if has_res else x.new_empty((0,)),
+        torch.empty_like(x),
+        x.new_empty(stat),
+        x.new_empty(stat),
+    )
+
+
 @torch.library.register_fake("torch_plugin::scaled_masked_softmax")
 def _scaled_masked_softmax_fake(
     scores: torch.Tensor, scale: float, mask: torch.Tensor | None

@@ -12,8 +12,8 @@ _ON_ERROR = ("fallback", "raise")
 
 # Passes driven from Python because they measure backends; they run after the C++ pipeline.
 PYTHON_PASSES = {
-    "placement": "backend placement of inference graphs (Collage): patterns, measured costs, "
-    "DP and evolutionary search in C++; runs on aten/inductor/openvino/onnxruntime/fused",
+    "placement": "backend placement (Collage) of inference and training graphs: patterns, "
+    "measured costs, DP and evolutionary search in C++; aten/inductor/openvino/onnxruntime/fused",
 }
 
 

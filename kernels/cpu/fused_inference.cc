@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "checks.h"
 
@@ -53,10 +54,15 @@ at::Tensor LinearActCpu(const at::Tensor& x, const at::Tensor& weight_t, const a
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> AddLayerNormCpu(const at::Tensor& x,
-                                                   const std::optional<at::Tensor>& residual,
-                                                   const at::Tensor& weight, const at::Tensor& bias,
-                                                   double eps) {
+namespace {
+
+// The row loop of both layer-norm kernels; `mean_out` / `rstd_out` (one float per row) are
+// written when not null.
+std::tuple<at::Tensor, at::Tensor> AddLayerNormRows(const at::Tensor& x,
+                                                    const std::optional<at::Tensor>& residual,
+                                                    const at::Tensor& weight,
+                                                    const at::Tensor& bias, double eps,
+                                                    float* mean_out, float* rstd_out) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "torch_plugin::add_layer_norm: float32 only");
   const int64_t cols = x.size(-1);
   TORCH_CHECK(weight.numel() == cols && bias.numel() == cols,
@@ -115,6 +121,10 @@ std::tuple<at::Tensor, at::Tensor> AddLayerNormCpu(const at::Tensor& x,
       float var = at::vec::vec_reduce_all([](Vec a, Vec b) { return a + b; }, vacc);
       for (; c < cols; ++c) var += (row[c] - mean) * (row[c] - mean);
       const float rstd = 1.0f / std::sqrt(var / cols + feps);
+      if (mean_out != nullptr) {
+        mean_out[r] = mean;
+        rstd_out[r] = rstd;
+      }
       // Pass 3: normalise and apply the affine parameters.
       float* orow = op + r * cols;
       c = 0;
@@ -129,6 +139,29 @@ std::tuple<at::Tensor, at::Tensor> AddLayerNormCpu(const at::Tensor& x,
   // Without a residual the sum is x itself; an empty tensor stands in (outputs must not alias
   // inputs).
   return {has_res ? sum : at::empty({0}, x.options()), out};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> AddLayerNormCpu(const at::Tensor& x,
+                                                   const std::optional<at::Tensor>& residual,
+                                                   const at::Tensor& weight, const at::Tensor& bias,
+                                                   double eps) {
+  return AddLayerNormRows(x, residual, weight, bias, eps, nullptr, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> AddLayerNormStatsCpu(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
+    const at::Tensor& bias, double eps) {
+  TORCH_CHECK(x.dim() >= 1, "torch_plugin::add_layer_norm_stats: x needs a last dim");
+  // ATen's layout of the statistics: x's shape with the normalised dim kept as 1.
+  std::vector<int64_t> stat_shape(x.sizes().begin(), x.sizes().end());
+  stat_shape.back() = 1;
+  at::Tensor mean = at::empty(stat_shape, x.options());
+  at::Tensor rstd = at::empty(stat_shape, x.options());
+  auto [sum, out] = AddLayerNormRows(x, residual, weight, bias, eps, mean.data_ptr<float>(),
+                                     rstd.data_ptr<float>());
+  return {sum, out, mean, rstd};
 }
 
 at::Tensor ScaledMaskedSoftmaxCpu(const at::Tensor& scores, double scale,

@@ -1,5 +1,6 @@
-// Fused CPU kernels the placement pass can choose for inference groups (the "fused" backend):
-// each removes intermediate tensors and memory passes that the op-by-op ATen graph pays.
+// Fused CPU kernels the placement pass can choose for groups of inference graphs and of training
+// graphs' forwards (the "fused" backend): each removes intermediate tensors and memory passes
+// that the op-by-op ATen graph pays.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,6 +22,12 @@ std::tuple<at::Tensor, at::Tensor> AddLayerNormCpu(const at::Tensor& x,
                                                    const std::optional<at::Tensor>& residual,
                                                    const at::Tensor& weight, const at::Tensor& bias,
                                                    double eps);
+
+// The same, also returning the per-row mean and 1/std (shaped like ATen's native_layer_norm
+// statistics: x's shape with the last dim 1) that a training graph saves for the backward.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> AddLayerNormStatsCpu(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight,
+    const at::Tensor& bias, double eps);
 
 // softmax(scores * scale + mask) over the last dim, mask broadcast to scores (may be absent).
 at::Tensor ScaledMaskedSoftmaxCpu(const at::Tensor& scores, double scale,

@@ -683,11 +683,12 @@ if __name__ == "__main__":
 
 
 def schedule_pipeline_composition(
-    rank: int, world: int, port: int, out_dir: str, pinned: bool
+    rank: int, world: int, port: int, out_dir: str, pinned: bool, placement: bool
 ) -> None:
     """4 ranks as (pp=2, tp=2): a Megatron schedule shards each block over 'tp', the
-    graph-pipeline partitioner cuts the scheduled model into 2 stages over 'pp'; 3 SGD steps
-    whose losses must equal single-process training."""
+    graph-pipeline partitioner cuts the scheduled model into 2 stages over 'pp', and (with
+    `placement`) the placement pass places each stage's compute between the schedule's syncs,
+    forward and backward; 3 SGD steps whose losses must equal single-process training."""
     import sys
 
     import torch_plugin
@@ -713,19 +714,28 @@ def schedule_pipeline_composition(
             sch["blocks.0"].pipeline_split()  # stage 0: embeddings and block 0
         # A chain of 2 stages, 4 micro-batches of 2 (GraphPipe's own choice here is a
         # data-parallel stage: cheaper for a model this small).
+        options: dict[str, Any] = {}
+        if placement:
+            options["placement"] = {
+                "backends": ["aten", "fused"],
+                "cache_path": str(Path(out_dir, "profile.db")),  # one file, 4 writers
+                "samples": 3,
+            }
         pp = torch_plugin.build(
             sch,
             example_inputs=(tokens,),
             loss_fn=F.mse_loss,
             strategy="spp",
             micro_batch_sizes=[2],
+            **options,
         )
         opt = torch.optim.SGD(pp.parameters(), lr=0.05)
         losses = []
-        for _ in range(3):
-            opt.zero_grad()
-            losses.append(pp.step((tokens,), target))
-            opt.step()
+        with torch_plugin.placement.record() as placed:
+            for _ in range(3):
+                opt.zero_grad()
+                losses.append(pp.step((tokens,), target))
+                opt.step()
         expect = _example("sharding").train(reference, tokens, target, 3)  # SGD 0.05, MSE
         Path(out_dir, f"rank{rank}.json").write_text(
             json.dumps(
@@ -736,6 +746,8 @@ def schedule_pipeline_composition(
                     "stages": pp.plan.num_stages,
                     "micro_batches": [st["micro_batch"] for st in pp.plan.stages],
                     "params": [n for n, _ in pp.named_parameters()],
+                    "segments": [seg.nodes for seg in pp.placed_segments],
+                    "placed": [(r.kind, r.backend_counts()) for r in placed],
                 }
             )
         )

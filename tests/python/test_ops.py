@@ -107,3 +107,23 @@ def test_cuda_kernel_when_available() -> None:
     b = torch.randn(1024, device="cuda")
     torch.testing.assert_close(bias_gelu(x, b).cpu(), bias_gelu(x.cpu(), b.cpu()))
     assert torch_plugin  # imported for op registration
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 64), (5, 13), (3, 1)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_add_layer_norm_stats_match_native_layer_norm(shape, residual) -> None:
+    """The fused layer norm of training forwards: its sum, output, mean and rstd are ATen's
+    (the backward consumes mean and rstd); opcheck covers the fake kernel's shapes."""
+    x, r = torch.randn(shape), torch.randn(shape)
+    w, b = torch.randn(shape[-1]), torch.randn(shape[-1])
+    res = r if residual else None
+    got = torch.ops.torch_plugin.add_layer_norm_stats(x, res, w, b, 1e-5)
+    s = x + r if residual else x
+    want = torch.native_layer_norm(s, [shape[-1]], w, b, 1e-5)
+    assert got[0].numel() == (s.numel() if residual else 0)
+    if residual:
+        torch.testing.assert_close(got[0], s)
+    for a, e in zip(got[1:], want, strict=True):
+        assert a.shape == e.shape
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    torch.library.opcheck(torch.ops.torch_plugin.add_layer_norm_stats.default, (x, res, w, b, 1e-5))

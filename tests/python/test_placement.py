@@ -3,6 +3,7 @@ on their backends, the profile cache survives damage, and bad options get clear 
 
 from __future__ import annotations
 
+import copy
 import logging
 import multiprocessing as mp
 import os
@@ -102,18 +103,57 @@ def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path) -> None:
     torch.testing.assert_close(again(*inputs), want, rtol=1e-3, atol=1e-3)
 
 
-def test_torch_compile_options_and_training_graphs_pass_through(tmp_path, caplog) -> None:
-    model, inputs = small_model("mlp")
+def test_training_graphs_are_placed_forward_and_backward(tmp_path, monkeypatch, caplog) -> None:
+    """Under torch.compile with gradients, AOTAutograd's forward and backward graphs are both
+    placed. The measured costs are skewed towards the fused kernels so that the forward's
+    layer norms (whose mean/rstd the backward saves) must run on them: outputs and gradients
+    still equal eager. With dropout active the forward draws random numbers and stays as is."""
+    from torch_plugin.placement import planner
+
+    measure = planner._measure
+
+    def favour_fused(gm, c, backend, values, samples, frozen):  # noqa: ANN001, ANN202
+        e = measure(gm, c, backend, values, 1, frozen)
+        if not e.ok:
+            return e
+        return Entry(1e-3 if backend.name == "aten" else 1e-5, True, e.note, e.compile_seconds)
+
+    monkeypatch.setattr(planner, "_measure", favour_fused)
+    monkeypatch.setattr(planner, "time_call", lambda fn, args, samples: (fn(*args), 1e-3)[1])
+    model, inputs = small_model("gpt2")
+    model.eval()  # no dropout; still a training graph (gradients enabled)
+    reference = copy.deepcopy(model)
     opts = {
         "passes": ["placement"],
-        "placement": {"backends": ["aten", "fused"], "cache_path": str(tmp_path / "p.db")},
+        "placement": {
+            "backends": ["aten", "fused"],
+            "cache_path": str(tmp_path / "p.db"),
+            "switch_penalty_s": 0.0,
+        },
     }
     compiled = torch.compile(model, backend="torch_plugin", options=opts)
-    with caplog.at_level(logging.INFO, logger="torch_plugin"):
-        out = compiled(*inputs)  # grad enabled: a training graph, left as is
+    with torch_plugin.placement.record() as results:
+        out = output_tensors(compiled(*inputs))[0]
         out.sum().backward()
-    assert "placement applies to inference graphs" in caplog.text
-    torch.testing.assert_close(out, model(*inputs))
+    want = output_tensors(reference(*inputs))[0]
+    want.sum().backward()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        scale = max(1.0, float(q.grad.abs().max()))
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4 * scale, msg=name)
+    kinds = {r.kind: r.backend_counts() for r in results}
+    assert set(kinds) == {"forward", "backward"}, kinds
+    assert kinds["forward"].get("fused", 0) > 0, kinds  # layer norms with their statistics
+    assert not [f for f in results[0].failures if "layer norm" in f]
+
+    torch._dynamo.reset()
+    model.train()  # dropout: the forward graph is left to ATen, the backward placed
+    compiled = torch.compile(model, backend="torch_plugin", options=opts)
+    with caplog.at_level(logging.INFO, logger="torch_plugin"):
+        with torch_plugin.placement.record() as results:
+            compiled(*inputs)[0].sum().backward()
+    assert "forward graph left as is: it draws random numbers" in caplog.text
+    assert [r.kind for r in results] == ["backward"]
 
 
 def test_bad_options_are_named() -> None:
@@ -216,3 +256,43 @@ def test_two_processes_write_at_once(tmp_path) -> None:
         for i in (0, 99, 199):
             assert c.get(f"w{w}-{i}").seconds == float(w * 1000 + i)
     c.close()
+
+
+def test_segments_place_around_modules_that_must_stay_eager(tmp_path, caplog) -> None:
+    """place_segments (the pipeline's placement): a module with a hook (where a schedule's
+    sync would run a collective) splits the graph and stays eager, its hook still firing; the
+    runs around it are compiled with the placement pass; parameters keep their names and
+    objects; outputs and gradients equal the unplaced graph."""
+    from torch_plugin.placement.segments import place_segments
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.LayerNorm(32),
+        torch.nn.Linear(32, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 32),
+        torch.nn.LayerNorm(32),
+    )
+    reference = copy.deepcopy(model)
+    calls = []
+    model[3].register_forward_hook(lambda m, i, o: calls.append(o.shape))
+    gm = torch.fx.symbolic_trace(model)
+    params = dict(gm.named_parameters())
+    with caplog.at_level(logging.INFO, logger="torch_plugin"):
+        segments = place_segments(
+            gm, {"backends": ["aten", "fused"], "cache_path": str(tmp_path / "p.db")}
+        )
+    assert "3 stays eager: forward hooks" in caplog.text
+    assert [s.nodes for s in segments] == [["_0", "_1", "_2"], ["_4"]]
+    assert dict(gm.named_parameters()) == params  # same names, same objects, nothing added
+    x = torch.randn(4, 32)
+    with torch_plugin.placement.record() as results:
+        out = gm(x)
+        out.square().sum().backward()
+    want = reference(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(out, want)
+    for p, q in zip(gm.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert len(calls) == 1
+    assert sorted(r.kind for r in results) == ["backward", "backward", "forward", "forward"]

@@ -301,11 +301,15 @@ def test_autotune_with_an_evaluation_script() -> None:
     assert [s for _, s in result.trials] == [10.0, None, 30.0]
 
 
-@pytest.mark.parametrize("pinned", [False, True])
+@pytest.mark.parametrize("pinned", [False, True], ids=["partitioned", "pinned+placement"])
 def test_schedule_composes_with_graph_pipeline_on_4_ranks(tmp_path: Path, pinned: bool) -> None:
     """Mesh (pp=2, tp=2): the Megatron schedule over 'tp', two pipeline stages over 'pp' (cut
-    by the partitioner, or where pipeline_split pins it); 3 SGD steps equal one process."""
-    dist_workers.spawn(dist_workers.schedule_pipeline_composition, 4, str(tmp_path), pinned)
+    by the partitioner, or where pipeline_split pins it); 3 SGD steps equal one process.
+    The pinned run also places each stage's compute (placement pass, forward and backward)."""
+    placement = pinned
+    dist_workers.spawn(
+        dist_workers.schedule_pipeline_composition, 4, str(tmp_path), pinned, placement
+    )
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     diffs = [abs(a - b) for r in res for a, b in zip(r["losses"], r["expect"], strict=True)]
     print(f"pinned={pinned}: largest loss difference {max(diffs):.2e}", res[0]["losses"])
@@ -321,6 +325,18 @@ def test_schedule_composes_with_graph_pipeline_on_4_ranks(tmp_path: Path, pinned
         owners = {p.rsplit(".", 1)[0].split(".")[0] for p in first}
         blocks = {p.split(".")[1] for p in first if p.startswith("blocks.")}
         assert owners == {"tok", "pos", "blocks"} and blocks == {"0"}, first
+    for r in res:
+        if not placement:
+            assert r["segments"] == [] and r["placed"] == []
+            continue
+        # Every run of compute between the syncs went through placement: once forward, once
+        # backward (the schedule's sharded and synced modules stay eager between the runs).
+        kinds = [k for k, _ in r["placed"]]
+        assert r["segments"] and kinds.count("forward") == len(r["segments"]), r["placed"]
+        assert kinds.count("backward") == len(r["segments"]), r["placed"]
+        assert not any("attn" in n or "fc1" in n or "fc2" in n for s in r["segments"] for n in s)
+    if placement:
+        print("placement per rank:", [r["placed"] for r in res])
 
 
 def test_schedule_pins_and_the_ilp_plans_the_rest(tmp_path: Path) -> None:

@@ -195,6 +195,9 @@ class PipelineParallel:
     `parameters()`. `loss_fn(output, target)` must average over the samples it is given.
     `scope_depth` groups nodes into blocks by the first components of their module path
     (3: "branches.0.1", a layer of a branch) so that no stage boundary cuts inside a layer.
+    `placement` (PlacementOptions or their dict) runs the placement pass on the stage's
+    compute, forward and backward, around the modules that must stay eager (see
+    torch_plugin.placement.segments); its decisions are made on the first step.
     """
 
     def __init__(
@@ -212,6 +215,7 @@ class PipelineParallel:
         memory_limit_bytes: float = 0.0,
         group: Any = None,
         leaf_modules: Any = (),
+        placement: Any = None,
     ):
         if not dist.is_initialized():
             raise RuntimeError(
@@ -244,6 +248,12 @@ class PipelineParallel:
         flat, _ = pytree.tree_flatten(tuple(example_inputs))
         ShapeProp(self.gm).propagate(*flat)
         self._build(traced)
+        # Backend placement of this stage's compute between the calls that must stay eager.
+        self.placed_segments: list[Any] = []
+        if placement is not None and self.my_stage >= 0:
+            from ..placement.segments import place_segments
+
+            self.placed_segments = place_segments(self.module, placement)
 
     # ---- setup ----------------------------------------------------------------------------
 

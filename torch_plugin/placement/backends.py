@@ -234,6 +234,8 @@ def _fused_linear_act(gm: fx.GraphModule) -> Compiled:
 
 
 def _fused_layer_norm(gm: fx.GraphModule) -> Compiled:
+    """(add +) layer norm. A training graph's forward also returns the statistics its
+    backward saves (mean, rstd): then the kernel that writes them runs."""
     ph = _placeholder_index(gm)
     ln = _only(gm, [torch.ops.aten.native_layer_norm.default])
     x, normalized, w, b, eps = ln.args
@@ -242,11 +244,19 @@ def _fused_layer_norm(gm: fx.GraphModule) -> Compiled:
     adds = [n for n in gm.graph.nodes if n.target is torch.ops.aten.add.Tensor]
     getitems = {n.args[1]: n for n in gm.graph.nodes if n.target is operator.getitem}
     outs = _output_nodes(gm)
-    allowed = {getitems.get(0), *adds}
-    if any(o not in allowed for o in outs):
-        raise BackendError("mean/rstd of the layer norm are used outside the group")
+    # Where each output comes from: 0 = the residual sum, 1 = normalised, 2 = mean, 3 = rstd.
+    source = {getitems.get(0): 1, getitems.get(1): 2, getitems.get(2): 3, **{a: 0 for a in adds}}
+    source.pop(None, None)
+    if any(o not in source for o in outs):
+        raise BackendError("an intermediate result of the layer norm is used outside the group")
+    stats = any(source[o] >= 2 for o in outs)
     iw, ib = _arg(ph, w), _arg(ph, b)
-    kernel = torch.ops.torch_plugin.add_layer_norm.default
+    kernel = (
+        torch.ops.torch_plugin.add_layer_norm_stats.default
+        if stats
+        else torch.ops.torch_plugin.add_layer_norm.default
+    )
+    order = [source[o] for o in outs]
     if adds:
         add = adds[0]
         if add.kwargs.get("alpha", 1) != 1 or add is not x:
@@ -255,17 +265,17 @@ def _fused_layer_norm(gm: fx.GraphModule) -> Compiled:
         va, vr = (a.meta.get("val") for a in add.args)
         if va is None or vr is None or va.shape != vr.shape:
             raise BackendError("the residual add broadcasts")
-        order = [0 if o is add else 1 for o in outs]
 
         def run_add(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            pair = kernel(args[ia], args[ir], args[iw], args[ib], eps)
-            return tuple(pair[i] for i in order)
+            res = kernel(args[ia], args[ir], args[iw], args[ib], eps)
+            return tuple(res[i] for i in order)
 
         return run_add
     ix = _arg(ph, x)
 
-    def run(*args: torch.Tensor) -> tuple[torch.Tensor]:
-        return (kernel(args[ix], None, args[iw], args[ib], eps)[1],)
+    def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        res = kernel(args[ix], None, args[iw], args[ib], eps)
+        return tuple(res[i] for i in order)
 
     return run
 

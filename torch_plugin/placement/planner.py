@@ -1,4 +1,4 @@
-"""Backend placement of one ATen inference graph (Collage): candidates from the C++ pattern rules,
+"""Backend placement of one ATen graph (Collage): candidates from the C++ pattern rules,
 measured on real-shaped inputs with a persistent cache, placed by the C++ dynamic program,
 refined by the C++ evolutionary search over graph-level compilers, then materialised as an
 `fx.GraphModule` whose groups call their backends' compiled callables.
@@ -159,6 +159,7 @@ class PlacementResult:
     boundary_s: dict[str, float] = dataclasses.field(default_factory=dict)
     kept_eager: bool = False  # the placement measured slower than the unplaced graph
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    kind: str = "inference"  # or a training graph's "forward" / "backward"
 
     def backend_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -435,7 +436,8 @@ def place_graph(
     opts: PlacementOptions,
     input_kinds: Sequence[tuple[str, str]] | None = None,
 ) -> tuple[fx.GraphModule, PlacementResult]:
-    """Places one ATen inference graph; returns the materialised module and the decision.
+    """Places one ATen graph (inference, or a training graph's forward or backward, which
+    AOTAutograd makes pure functions); returns the materialised module and the decision.
 
     input_kinds: (kind, source) per placeholder; "parameter"/"buffer" inputs are frozen into
     graph compilers' subgraphs when opts.freeze and real example inputs are given."""
@@ -631,7 +633,7 @@ def place_graph(
         result.measured_eager_s = time_call(gm, inputs, opts.samples)
         final_s = time_call(placed, inputs, opts.samples)
     if final_s > result.measured_eager_s * 1.02:
-        log.warning(
+        log.info(
             "torch_plugin placement: the placed graph measured %.3f ms, eager %.3f ms; "
             "keeping eager",
             final_s * 1e3,

@@ -55,7 +55,9 @@ def build(
     scheduled model is also cut into pipeline stages by the graph-pipeline partitioner (the
     automatic pass decides what the schedule does not pin): one pipeline per tensor-parallel
     rank, whose stages run the schedule's shards and syncs. That returns a PipelineParallel;
-    it needs `example_inputs` and `loss_fn`, and `pipeline_options` go to it.
+    it needs `example_inputs` and `loss_fn`, and `pipeline_options` go to it, among them
+    `placement={...}` (PlacementOptions): the placement pass then picks the backends of each
+    stage's compute between the schedule's syncs, forward and backward.
 
     On a ("dp", "tp") mesh the scheduled model is replicated over 'dp': each replica runs on
     its slice of the batch, outputs are gathered, gradients summed (DataParallelSchedule).

@@ -532,7 +532,8 @@ class Schedule:
     def fuse(self, subgraphs: Any, compiler: str = "inductor", name: str = "fused") -> Schedule:
         """Moves each matched subgraph into a sub-module `name_k` compiled by `compiler`:
         'inductor', 'aot_eager', 'eager' (no compile: a named region), 'placement' (our
-        Collage placement; inference graphs) or any torch.compile backend name."""
+        Collage placement; inference, or training forward and backward) or any torch.compile
+        backend name."""
         gm = self._need_trace("fuse")
         matches = _as_subgraphs(subgraphs, self.path, "fuse")
         if not isinstance(name, str) or not name.isidentifier():
