@@ -114,6 +114,36 @@ def _manager_for_compile(options: Any, opts: Options) -> Any:
 
 # Results of the placement pass, one per placed graph, for whoever listens (torch_plugin.place).
 _PLACEMENT_SINKS: list[list[Any]] = []
+# Calls of placed inference graphs, (graph, arguments, outputs), for whoever records them.
+_CALL_RECORDERS: list[list[tuple[Any, list[Any], Any]]] = []
+
+
+@contextlib.contextmanager
+def recording_calls() -> Iterator[list[tuple[Any, list[Any], Any]]]:
+    """Collects (boxed graph callable, its arguments, its outputs) of every placed inference
+    graph called inside the block (torch_plugin.place's direct call path)."""
+    sink: list[tuple[Any, list[Any], Any]] = []
+    _CALL_RECORDERS.append(sink)
+    try:
+        yield sink
+    finally:
+        _CALL_RECORDERS.remove(sink)
+
+
+def _recordable(fn: Any) -> Any:
+    """A boxed graph callable whose calls the recorders see (one list check otherwise)."""
+
+    def run(args: list[Any]) -> Any:
+        if not _CALL_RECORDERS:
+            return fn(args)
+        flat = list(args)  # the boxed callable empties its list
+        out = fn(args)
+        for sink in _CALL_RECORDERS:
+            sink.append((fn, flat, out))
+        return out
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def _place(
@@ -252,7 +282,8 @@ def torch_plugin_backend(
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
         kinds = input_kinds if n_inputs == len(input_kinds) else None
         real = list(example_inputs) if n_inputs == len(example_inputs) else None
-        return boxed_nop(rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real), inputs)
+        fn = boxed_nop(rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real), inputs)
+        return _recordable(fn) if "placement" in opts.passes else fn
 
     def backward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         return boxed_nop(rewrite_aten_graph(fx_g, opts, "backward", None, manager), inputs)

@@ -296,3 +296,28 @@ def test_segments_place_around_modules_that_must_stay_eager(tmp_path, caplog) ->
         torch.testing.assert_close(p.grad, q.grad)
     assert len(calls) == 1
     assert sorted(r.kind for r in results) == ["backward", "backward", "forward", "forward"]
+
+
+def test_place_calls_its_graph_directly_for_the_recorded_signature(tmp_path) -> None:
+    """place(): calls shaped like the example inputs skip Dynamo and AOTAutograd and run the
+    placed graph itself (same numbers as the compiled path); other shapes go through the
+    compiled module; direct=False keeps every call on the compiled module."""
+    model, inputs = small_model("mlp")
+    model.eval()
+    opts = {"backends": ["aten", "fused"], "cache_path": str(tmp_path / "p.db"), "samples": 3}
+    placed = torch_plugin.place(model, inputs, **opts)
+    assert placed.direct is not None
+    from torch_plugin.backend import recording_calls
+
+    with torch.no_grad():
+        want = model(*inputs)
+        with recording_calls() as calls:
+            got = placed(*inputs)
+        assert calls == []  # the compiled module (which records its graph's calls) was skipped
+        assert torch.equal(got, placed.compiled(*inputs))
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        other = tuple(x[:1] for x in inputs)  # another batch: guards and the compiled path
+        assert not placed.direct.matches(other, {})
+        torch.testing.assert_close(placed(*other), model(*other), rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+    assert torch_plugin.place(model, inputs, direct=False, **opts).direct is None
