@@ -70,6 +70,8 @@ def plan_sharding(
     memory_budget_bytes: float = 0.0,
     time_limit_s: float = 30.0,
     pinned: dict[str, str] = ...,
+    level: str = "auto",
+    activation_bytes_factor: float = 1.0,
 ) -> dict[str, Any]: ...
 
 # Backend placement (csrc/bindings/placement.cc).

@@ -37,9 +37,10 @@ ir::ShardSpec SpecFromString(const std::string& s) {
 passes::ShardingOptions Options(int world, const std::string& device, bool training,
                                 double memory_budget_bytes, double time_limit_s,
                                 const std::map<std::string, std::string>& pinned,
-                                const std::string& level) {
+                                const std::string& level, double activation_bytes_factor) {
   passes::ShardingOptions o;
   o.level = level;
+  o.activation_bytes_factor = activation_bytes_factor;
   o.world = world, o.device = device, o.training = training;
   o.memory_budget_bytes = memory_budget_bytes, o.time_limit_s = time_limit_s;
   for (const auto& [k, v] : pinned) o.pinned[k] = SpecFromString(v);
@@ -62,15 +63,15 @@ py::dict PlanDict(const passes::ShardingPlan& p) {
     for (const auto& s : st.inputs) specs.append(s.ToString());
     inputs[py::str(node)] = specs;
   }
-  return py::dict(py::arg("strategy") = p.strategy, py::arg("spec") = spec,
-                  py::arg("input_specs") = inputs, py::arg("node_compute_s") = p.node_compute_s,
-                  py::arg("collectives") = colls, py::arg("compute_s") = p.compute_s,
-                  py::arg("comm_s") = p.comm_s, py::arg("grad_sync_s") = p.grad_sync_s,
-                  py::arg("objective") = p.objective,
-                  py::arg("param_bytes_per_rank") = p.param_bytes_per_rank,
-                  py::arg("variables") = p.variables, py::arg("constraints") = p.constraints,
-                  py::arg("classes") = p.classes, py::arg("level") = p.level,
-                  py::arg("status") = p.status);
+  return py::dict(
+      py::arg("strategy") = p.strategy, py::arg("spec") = spec, py::arg("input_specs") = inputs,
+      py::arg("node_compute_s") = p.node_compute_s, py::arg("collectives") = colls,
+      py::arg("compute_s") = p.compute_s, py::arg("comm_s") = p.comm_s,
+      py::arg("grad_sync_s") = p.grad_sync_s, py::arg("objective") = p.objective,
+      py::arg("param_bytes_per_rank") = p.param_bytes_per_rank,
+      py::arg("activation_bytes_per_rank") = p.activation_bytes_per_rank,
+      py::arg("variables") = p.variables, py::arg("constraints") = p.constraints,
+      py::arg("classes") = p.classes, py::arg("level") = p.level, py::arg("status") = p.status);
 }
 
 }  // namespace
@@ -80,25 +81,32 @@ void BindSharding(py::module_& m) {
       "plan_sharding",
       [](const ir::Graph& g, int world, const std::string& device, bool training,
          double memory_budget_bytes, double time_limit_s,
-         const std::map<std::string, std::string>& pinned, const std::string& level) {
-        return PlanDict(passes::PlanSharding(
-            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned, level)));
+         const std::map<std::string, std::string>& pinned, const std::string& level,
+         double activation_bytes_factor) {
+        return PlanDict(
+            passes::PlanSharding(g, Options(world, device, training, memory_budget_bytes,
+                                            time_limit_s, pinned, level, activation_bytes_factor)));
       },
       py::arg("graph"), py::arg("world"), py::arg("device") = "a100", py::arg("training") = true,
       py::arg("memory_budget_bytes") = 0.0, py::arg("time_limit_s") = 30.0,
       py::arg("pinned") = std::map<std::string, std::string>{}, py::arg("level") = "auto",
+      py::arg("activation_bytes_factor") = 1.0,
       "Sharding plan of an ATen graph on a 1-D mesh of `world` ranks (ILP on CBC): strategy per "
       "node, spec per value ('R', 'S(d)', 'P'), forward collectives, modelled times. level: "
-      "'exact' (whole graph), 'fast' (repeated layers share variables), 'auto'. Raises "
-      "PlanError (with .min_memory_bytes) when no plan fits the budget.");
+      "'exact' (whole graph), 'fast' (repeated layers share variables), 'auto'. The budget "
+      "covers parameters (x optimizer state when training) and, when training, the activations "
+      "kept for the backward (x activation_bytes_factor; 0 leaves them out). Raises PlanError "
+      "(with .min_memory_bytes) when no plan fits the budget.");
 
   m.def(
       "shard_graph",
       [](const ir::Graph& g, int world, int64_t group, const std::string& device, bool training,
          double memory_budget_bytes, double time_limit_s,
-         const std::map<std::string, std::string>& pinned, const std::string& level) {
-        const passes::ShardingPlan plan = passes::PlanSharding(
-            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned, level));
+         const std::map<std::string, std::string>& pinned, const std::string& level,
+         double activation_bytes_factor) {
+        const passes::ShardingPlan plan =
+            passes::PlanSharding(g, Options(world, device, training, memory_budget_bytes,
+                                            time_limit_s, pinned, level, activation_bytes_factor));
         passes::MaterializeOptions mo;
         mo.world = world, mo.group = group, mo.training = training;
         passes::MaterializeStats stats;
@@ -113,7 +121,7 @@ void BindSharding(py::module_& m) {
       py::arg("graph"), py::arg("world"), py::arg("group"), py::arg("device") = "a100",
       py::arg("training") = true, py::arg("memory_budget_bytes") = 0.0,
       py::arg("time_limit_s") = 30.0, py::arg("pinned") = std::map<std::string, std::string>{},
-      py::arg("level") = "auto",
+      py::arg("level") = "auto", py::arg("activation_bytes_factor") = 1.0,
       "Plans the sharding (as plan_sharding) and materialises it: the dict gains 'graph', the "
       "SPMD graph every rank runs on its local shards, with torch_plugin::reshard / grad_sync / "
       "replicated_output nodes on process group handle `group`.");

@@ -23,9 +23,10 @@ struct Entity {
   std::string source;  // graph inputs: parameter path
   bool is_input = false, is_parameter = false;
   std::vector<ir::ShardStrategy> strategies;
-  std::vector<double> compute_s;  // per strategy
-  double bytes = 0;               // graph inputs: tensor bytes
-  std::vector<int> vars;          // x per strategy
+  std::vector<double> compute_s;    // per strategy
+  double bytes = 0;                 // graph inputs: tensor bytes
+  std::vector<double> saved_bytes;  // nodes, per strategy: outputs kept for the backward
+  std::vector<int> vars;            // x per strategy
 };
 
 double Bytes(const ir::Graph& g, ir::ValueId v) {
@@ -135,7 +136,8 @@ std::vector<int> RepeatClasses(const ir::Graph& g, const std::vector<Entity>& en
   for (int r = 0; r < rounds; ++r) {
     for (size_t i = 0; i < n; ++i) {
       std::string k = label[i] + "<";
-      for (const auto& [p, pos] : in[i]) k += label[static_cast<size_t>(p)] + "@" + std::to_string(pos) + ",";
+      for (const auto& [p, pos] : in[i])
+        k += label[static_cast<size_t>(p)] + "@" + std::to_string(pos) + ",";
       std::vector<std::string> users;
       for (const auto& [c, pos] : out[i])
         users.push_back(label[static_cast<size_t>(c)] + "@" + std::to_string(pos));
@@ -148,7 +150,8 @@ std::vector<int> RepeatClasses(const ir::Graph& g, const std::vector<Entity>& en
   }
   std::map<std::string, int> first;
   std::vector<int> cls(n);
-  for (size_t i = 0; i < n; ++i) cls[i] = first.emplace(label[i], static_cast<int>(i)).first->second;
+  for (size_t i = 0; i < n; ++i)
+    cls[i] = first.emplace(label[i], static_cast<int>(i)).first->second;
   return cls;
 }
 
@@ -203,6 +206,15 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
       e.compute_s.push_back(compute_factor * cost::ComputeTime(device, c.flops * s.compute_fraction,
                                                                c.bytes * s.compute_fraction, 1) +
                             1e-15 * kept);
+    }
+    // Saved activations: a view aliases its input, which is counted where it is produced.
+    const ir::OpInfo* info = registry.Find(n.op);
+    const bool aliases = info != nullptr && info->cls == ir::OpClass::kView;
+    for (const auto& s : e.strategies) {
+      double saved = 0;
+      for (size_t k = 0; k < n.outputs.size() && k < s.outputs.size() && !aliases; ++k)
+        saved += Bytes(g, n.outputs[k]) / (s.outputs[k].kind == Kind::kShard ? o.world : 1);
+      e.saved_bytes.push_back(saved);
     }
     for (size_t k = 0; k < n.outputs.size(); ++k)
       producer[n.outputs[k]] = {static_cast<int>(ents.size()), static_cast<int>(k)};
@@ -279,31 +291,41 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
       if (e.strategies[s].outputs[0] != spec)
         m.AddConstraint({{e.vars[s], 1.0}}, solver::Sense::kEqual, 0.0);
   }
-  // Parameter memory.
+  // Memory per rank: parameters (with gradients and optimizer state when training) and, when
+  // training, the activations kept for the backward.
   const double factor = o.training ? o.state_bytes_factor : 1.0;
-  double min_bytes = 0;
+  const double act_factor = o.training ? o.activation_bytes_factor : 0.0;
+  double min_param_bytes = 0, min_act_bytes = 0;
   std::map<int, double> mem_by_var;
   for (size_t i = 0; i < ents.size(); ++i) {
     const Entity& e = ents[i];
-    if (!e.is_parameter) continue;
+    if (!e.is_parameter && (e.is_input || act_factor <= 0)) continue;
     double least = std::numeric_limits<double>::infinity();
     auto pin = pins.find(static_cast<int>(i));
     for (size_t s = 0; s < e.strategies.size(); ++s) {
       const double b =
-          factor * e.bytes / (e.strategies[s].outputs[0].kind == Kind::kShard ? o.world : 1);
+          e.is_parameter
+              ? factor * e.bytes / (e.strategies[s].outputs[0].kind == Kind::kShard ? o.world : 1)
+              : act_factor * e.saved_bytes[s];
       mem_by_var[e.vars[s]] += b;
-      // The least a pinned parameter can take is its pinned spec's size.
-      if (pin == pins.end() || e.strategies[s].outputs[0] == pin->second) least = std::min(least, b);
+      // The least a pinned entity can take is its pinned spec's.
+      if (pin == pins.end() || e.strategies[s].outputs[0] == pin->second)
+        least = std::min(least, b);
     }
-    min_bytes += least;
+    (e.is_parameter ? min_param_bytes : min_act_bytes) += least;
   }
+  const double min_bytes = min_param_bytes + min_act_bytes;
   if (o.memory_budget_bytes > 0) {
     if (min_bytes > o.memory_budget_bytes) {
       std::ostringstream os;
       os << "no sharding fits " << o.memory_budget_bytes / 1e9 << " GB per rank: parameters"
-         << (o.training ? " and optimizer state" : "") << " need at least " << min_bytes / 1e9
-         << " GB per rank on " << o.world << " ranks" << (pins.empty() ? "" : " with the pinned specs")
-         << "; raise the budget, use more ranks" << (pins.empty() ? "" : " or pin less");
+         << (o.training ? " and optimizer state" : "") << " need at least " << min_param_bytes / 1e9
+         << " GB per rank on " << o.world << " ranks";
+      if (act_factor > 0)
+        os << ", the activations kept for the backward at least " << min_act_bytes / 1e9
+           << " GB (the example batch; a smaller micro-batch or checkpointing needs less)";
+      os << (pins.empty() ? "" : " with the pinned specs") << "; raise the budget, use more ranks"
+         << (pins.empty() ? "" : " or pin less");
       throw ShardingError(os.str(), min_bytes);
     }
     std::vector<std::pair<int, double>> mem(mem_by_var.begin(), mem_by_var.end());
@@ -428,6 +450,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     } else {
       plan.strategy[e.name] = st.name;
       plan.chosen[e.name] = st;
+      plan.activation_bytes_per_rank += act_factor * e.saved_bytes[static_cast<size_t>(chosen[i])];
       plan.node_compute_s[e.name] = e.compute_s[static_cast<size_t>(chosen[i])];
       plan.compute_s += e.compute_s[static_cast<size_t>(chosen[i])];
     }

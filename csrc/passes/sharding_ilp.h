@@ -5,8 +5,9 @@
 // y[e][s][t] >= x[p][s] + x[c][t] - 1 carries the resharding cost of edge e when producer p
 // emits one spec and consumer c needs another (collectives priced alpha-beta on the device
 // profile). Objective: per-rank compute + resharding + (training) the gradient all-reduce of
-// every replicated parameter. Constraints: one strategy per node, parameter memory per rank
-// under the budget (x optimizer-state factor when training), pinned specs.
+// every replicated parameter. Constraints: one strategy per node, memory per rank under the
+// budget (parameters x optimizer-state factor when training, plus the activations saved for
+// the backward under each node's strategy), pinned specs.
 // Graph outputs must end Replicate. Infeasible memory -> ShardingError with the minimum needed.
 #pragma once
 
@@ -27,6 +28,10 @@ struct ShardingOptions {
   bool training = true;            // price gradient sync of replicated parameters
   double state_bytes_factor = 4;   // training: param + grad + two Adam moments per element
   double memory_budget_bytes = 0;  // per rank, parameters (and state); 0 = unlimited
+  // Training: the activations the forward keeps for the backward count against the budget too,
+  // per rank under each node's strategy (every tensor output of a non-view op, once; a
+  // sharded output costs 1/world). 0 leaves them out. Inference keeps no activations.
+  double activation_bytes_factor = 1.0;
   double time_limit_s = 30;
   // "exact": one ILP variable set per node. "fast": nodes with identical neighbourhoods (the
   // repeats of a layer) share one, so a 96-layer model costs about one layer's ILP (Rhino's
@@ -46,13 +51,14 @@ struct Collective {
 };
 
 struct ShardingPlan {
-  std::map<std::string, std::string> strategy;  // node name -> strategy name
+  std::map<std::string, std::string> strategy;      // node name -> strategy name
   std::map<std::string, ir::ShardStrategy> chosen;  // node name -> the strategy itself
   std::map<std::string, double> node_compute_s;     // node name -> modelled per-rank time
-  std::map<std::string, ir::ShardSpec> spec;    // value name (and input source) -> spec
-  std::vector<Collective> collectives;          // forward resharding
+  std::map<std::string, ir::ShardSpec> spec;        // value name (and input source) -> spec
+  std::vector<Collective> collectives;              // forward resharding
   double compute_s = 0, comm_s = 0, grad_sync_s = 0, objective = 0;
   double param_bytes_per_rank = 0;
+  double activation_bytes_per_rank = 0;  // training: kept for the backward (see the options)
   int variables = 0, constraints = 0;
   int classes = 0;  // decision units after tying repeated layers (= entities at the exact level)
   std::string level;

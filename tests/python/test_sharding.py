@@ -39,6 +39,12 @@ def test_bad_sharding_input_is_a_clear_error() -> None:
     with pytest.raises(torch_plugin.PlanError, match="need at least") as info:
         _C.plan_sharding(g, 2, "a100", True, memory_budget_bytes=1.0)
     assert info.value.min_memory_bytes > 1.0
+    assert "activations kept for the backward" in str(info.value)
+    # Training plans count the activations kept for the backward; inference keeps none.
+    assert _C.plan_sharding(g, 2, "a100", True)["activation_bytes_per_rank"] > 0
+    assert _C.plan_sharding(g, 2, "a100", False)["activation_bytes_per_rank"] == 0
+    unseen = _C.plan_sharding(g, 2, "a100", True, activation_bytes_factor=0.0)
+    assert unseen["activation_bytes_per_rank"] == 0
     with pytest.raises(ValueError, match="bad shard spec"):
         _C.plan_sharding(g, 2, pinned={"x": "S[0]"})
     with pytest.raises(torch_plugin.PlanError, match="names no parameter"):

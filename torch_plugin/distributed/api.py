@@ -33,7 +33,8 @@ def parallelize(
     strategy: "shard" (automatic tensor/data parallelism, the default when `mesh` is a
     DeviceMesh: returns a ShardedModule), "pipeline" / "gpp" (graph pipeline, the default
     otherwise), "spp" (sequential pipeline). For sharding, `constraints` pins specs ({"fc.weight":
-    "S(0)"}) and `memory_budget_gb` bounds parameters (+ optimizer state) per rank. For pipelines
+    "S(0)"}) and `memory_budget_gb` bounds parameters (+ gradients and optimizer state) and the
+    activations the forward keeps for the backward (at the example batch) per rank. For pipelines
     `mesh` is the number of ranks (the world by default); `num_microbatches` fixes one
     micro-batch size (mini-batch / n), by default the partitioner picks per-stage sizes; other
     options go to `PipelineParallel`.

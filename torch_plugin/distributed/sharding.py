@@ -204,6 +204,8 @@ class ShardingPlan:
     constraints: int
     level: str
     raw: dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
+    # Training: activations the forward keeps for the backward, per rank (example batch).
+    activation_bytes_per_rank: float = 0.0
 
     def table(self) -> str:
         lines = [
@@ -222,7 +224,8 @@ class ShardingPlan:
         lines.append(
             f"modelled per step: compute {self.compute_s * 1e3:.3f} ms, collectives "
             f"{self.comm_s * 1e3:.3f} ms, gradient sync {self.grad_sync_s * 1e3:.3f} ms; "
-            f"parameters {self.param_bytes_per_rank / 2**20:.2f} MiB per rank"
+            f"parameters {self.param_bytes_per_rank / 2**20:.2f} MiB per rank, saved "
+            f"activations {self.activation_bytes_per_rank / 2**20:.2f} MiB per rank"
         )
         return "\n".join(lines)
 
@@ -492,6 +495,7 @@ class ShardedModule(nn.Module):
             constraints=result["constraints"],
             level=result["level"],
             raw=result,
+            activation_bytes_per_rank=result["activation_bytes_per_rank"],
         )
         log.info(
             "torch_plugin sharding: %d reshards, %d grad syncs",

@@ -13,9 +13,9 @@ namespace tp::passes {
 namespace {
 
 using ir::ShardSpec;
+using testing::GptBlock;
 using testing::Op;
 using testing::Tensor;
-using testing::GptBlock;
 using testing::V;
 
 TEST(ShardingIlp, GptBlockTrainingPicksMegatron) {
@@ -158,6 +158,52 @@ TEST(ShardingIlp, FastLevelTiesRepeatedLayersAndKeepsTheOptimum) {
   }
   o.level = "coarse";
   EXPECT_THROW(PlanSharding(g, o), ShardingError);
+}
+
+// Training keeps activations for the backward: they count against the budget under each node's
+// strategy. A budget that only the parameters would fit (activations ignored) is honoured with
+// them counted, and an impossible one names both minima.
+TEST(ShardingIlp, TrainingBudgetCountsSavedActivations) {
+  const ir::Graph g = GptBlock();
+  ShardingOptions o;
+  o.world = 4;
+  o.training = true;
+  const ShardingPlan free = PlanSharding(g, o);
+  EXPECT_GT(free.activation_bytes_per_rank, 0);
+  ShardingOptions ignore = o;
+  ignore.activation_bytes_factor = 0;
+  const ShardingPlan blind = PlanSharding(g, ignore);
+  EXPECT_EQ(blind.activation_bytes_per_rank, 0);
+  EXPECT_NEAR(blind.objective, free.objective, 1e-9);
+  const double state = o.state_bytes_factor;
+  const auto total = [&](const ShardingPlan& p) {
+    return state * p.param_bytes_per_rank + p.activation_bytes_per_rank;
+  };
+  // 95% of what the unconstrained plan needs: blind to activations, the ILP keeps that plan (its
+  // parameters fit) and overflows the budget; counting them, it trades modelled time for
+  // activation memory and fits.
+  o.memory_budget_bytes = 0.95 * total(free);
+  ignore.memory_budget_bytes = o.memory_budget_bytes;
+  EXPECT_NEAR(PlanSharding(g, ignore).objective, free.objective, 1e-9);
+  const ShardingPlan tight = PlanSharding(g, o);
+  EXPECT_LE(total(tight), o.memory_budget_bytes * (1 + 1e-9));
+  EXPECT_LT(tight.activation_bytes_per_rank, free.activation_bytes_per_rank);
+  EXPECT_GT(tight.objective, free.objective);
+  o.memory_budget_bytes = 1.0;
+  try {
+    PlanSharding(g, o);
+    FAIL();
+  } catch (const ShardingError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("activations kept for the backward at least"), std::string::npos) << what;
+    ignore.memory_budget_bytes = 1.0;
+    try {
+      PlanSharding(g, ignore);
+      FAIL();
+    } catch (const ShardingError& params_only) {
+      EXPECT_GT(e.min_bytes(), params_only.min_bytes());  // the activations' least share
+    }
+  }
 }
 
 TEST(ShardingIlp, InfeasibleMinimumRespectsPins) {
