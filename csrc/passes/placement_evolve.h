@@ -7,7 +7,8 @@
 // caller (lower is better), evaluated once per distinct individual. The seed (the op-level
 // result) is evaluated first and kept in the population; a challenger replaces it only when
 // it is faster by at least `min_improvement` (relative), so measurement noise cannot make the
-// search return something worse than its seed.
+// search return something worse than its seed. All-on (the whole graph as one region of the
+// compiler) is always evaluated, so the result is never slower than that compiler alone.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,8 @@ struct EvolveOptions {
   double mutation_rate = -1.0;  // per bit; < 0 means 1 / number of bits
   double min_improvement = 0.02;
   uint64_t seed = 0;
-  // Stop after this many distinct fitness evaluations (the expensive part); <= 0: no limit.
+  // Stop after this many distinct fitness evaluations (the expensive part); <= 0: no limit. The
+  // seed and the all-on individual are evaluated whatever the budget or deadline.
   int max_evaluations = 0;
 };
 

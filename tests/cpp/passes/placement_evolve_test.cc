@@ -58,9 +58,10 @@ TEST(PlacementEvolve, StopsAtTheEvaluationBudgetAndDeadline) {
   ctx.deadline = std::chrono::steady_clock::now();
   calls = 0;
   auto r2 = EvolvePlacement(std::vector<bool>(6, false), fitness, EvolveOptions{}, ctx);
-  EXPECT_EQ(calls, 1);  // the seed only
+  // Past the deadline: the seed and the whole graph on the compiler (all-on), which is faster.
+  EXPECT_EQ(calls, 2);
   EXPECT_TRUE(r2.stopped_by_deadline);
-  EXPECT_EQ(r2.best, std::vector<bool>(6, false));
+  EXPECT_EQ(r2.best, std::vector<bool>(6, true));
 }
 
 }  // namespace
