@@ -321,3 +321,21 @@ def test_place_calls_its_graph_directly_for_the_recorded_signature(tmp_path) -> 
         torch.testing.assert_close(placed(*other), model(*other), rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()
     assert torch_plugin.place(model, inputs, direct=False, **opts).direct is None
+
+    class WithState(torch.nn.Module):  # returns an object besides tensors: no direct path
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, object]:
+            return self.inner(x), {"cache": _Box(x)}
+
+    torch._dynamo.reset()
+    boxed = torch_plugin.place(WithState(), inputs, **opts)
+    assert boxed.direct is None
+    torch.testing.assert_close(boxed(*inputs)[0], want, rtol=1e-4, atol=1e-4)
+
+
+class _Box:
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x

@@ -119,7 +119,8 @@ def _direct_call(
         else:
             return None
     # The returned structure's tensors by identity with the graph's outputs (Dynamo hands
-    # them through); a non-tensor leaf is a constant of the traced program.
+    # them through). A non-tensor leaf is replayed as a constant only when it is an immutable
+    # value: another object (a KV cache, say) may hold this call's tensors.
     by_id = {id(t): i for i, t in enumerate(flat_out) if isinstance(t, torch.Tensor)}
     leaves, spec = torch.utils._pytree.tree_flatten(out)
     out_leaves: list[tuple[str, Any]] = []
@@ -128,8 +129,10 @@ def _direct_call(
             if id(leaf) not in by_id:
                 return None
             out_leaves.append(("output", by_id[id(leaf)]))
-        else:
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
             out_leaves.append(("const", leaf))
+        else:
+            return None
     direct = _DirectCall(graph, sources, _DirectCall.signature_of(example_inputs), spec, out_leaves)
     with torch.no_grad():
         again = torch.utils._pytree.tree_leaves(direct(*example_inputs))
