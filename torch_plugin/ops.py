@@ -99,17 +99,6 @@ def _linear_act_fake(
     return x.new_empty((x.shape[0], weight_t.shape[1]))
 
 
-@torch.library.register_fake("torch_plugin::add_layer_norm")
-def _add_layer_norm_fake(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(x), torch.empty_like(x)
-
-
 @torch.library.register_fake("torch_plugin::add_layer_norm_stats")
 def _add_layer_norm_stats_fake(
     x: torch.Tensor,
@@ -118,14 +107,26 @@ def _add_layer_norm_stats_fake(
     bias: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Without a residual the kernel's sum is empty (it would be x itself).
     stat = (*x.shape[:-1], 1)
-    has_res = residual is not None
     return (
-        torch.empty_like(x) if has_res else x.new_empty((0,)),
+        torch.empty_like(x) if residual is not None else x.new_empty((0,)),
         torch.empty_like(x),
         x.new_empty(stat),
         x.new_empty(stat),
     )
+
+
+@torch.library.register_fake("torch_plugin::add_layer_norm")
+def _add_layer_norm_fake(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    total, out, _, _ = _add_layer_norm_stats_fake(x, residual, weight, bias, eps)
+    return total, out
 
 
 @torch.library.register_fake("torch_plugin::scaled_masked_softmax")

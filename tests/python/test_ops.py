@@ -113,7 +113,7 @@ def test_cuda_kernel_when_available() -> None:
 @pytest.mark.parametrize("residual", [False, True])
 def test_add_layer_norm_stats_match_native_layer_norm(shape, residual) -> None:
     """The fused layer norm of training forwards: its sum, output, mean and rstd are ATen's
-    (the backward consumes mean and rstd); opcheck covers the fake kernel's shapes."""
+    (the backward consumes mean and rstd); opcheck covers both kernels' fake shapes."""
     x, r = torch.randn(shape), torch.randn(shape)
     w, b = torch.randn(shape[-1]), torch.randn(shape[-1])
     res = r if residual else None
@@ -127,3 +127,4 @@ def test_add_layer_norm_stats_match_native_layer_norm(shape, residual) -> None:
         assert a.shape == e.shape
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
     torch.library.opcheck(torch.ops.torch_plugin.add_layer_norm_stats.default, (x, res, w, b, 1e-5))
+    torch.library.opcheck(torch.ops.torch_plugin.add_layer_norm.default, (x, res, w, b, 1e-5))
