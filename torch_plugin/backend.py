@@ -219,7 +219,7 @@ def rewrite_aten_graph(
         _dump(opts, f"{tag}.after", str(new_graph))
         new_gm = fx_bridge.from_ir(new_graph, ctx)
         if "placement" in opts.passes:
-            has_random = any(cls == "random" for _, _, cls, *_ in new_graph.estimate())
+            has_random = fx_bridge.has_random_ops(new_graph)
             new_gm = _place(new_gm, opts, kind, example_inputs, record, input_kinds, has_random)
         t3 = time.perf_counter()
         estimates = new_graph.estimate() if _STATS_SINKS else []

@@ -80,6 +80,12 @@ def op_name(target: Any) -> str:
     return f"python::{module}.{qualname}"
 
 
+def has_random_ops(graph: _C.Graph) -> bool:
+    """Whether the IR graph draws random numbers (the op registry's class "random": dropout's
+    bernoulli_, rand, ...)."""
+    return any(cls == "random" for _, _, cls, *_ in graph.estimate())
+
+
 def _dim(d: Any) -> Any:
     if isinstance(d, torch.SymInt):
         as_int = d.node.maybe_as_int()

@@ -439,8 +439,7 @@ class ShardedModule(nn.Module):
         )
         ctx.targets.update(_TARGETS)
         self.graph_module = fx_bridge.from_ir(result["graph"], ctx)
-        # The op registry knows which ops draw random numbers (dropout's bernoulli_, ...).
-        self._random_ops = any(cls == "random" for _, _, cls, *_ in result["graph"].estimate())
+        self._random_ops = fx_bridge.has_random_ops(result["graph"])
         self.local_graph = result["graph"]
 
         # This rank's blocks, in placeholder order; the model's own tensors are not kept.

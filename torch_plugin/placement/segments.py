@@ -18,7 +18,6 @@ import operator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 
@@ -49,8 +48,7 @@ def must_stay_eager(mod: nn.Module) -> str | None:
 def _is_collective(n: fx.Node) -> bool:
     if n.op != "call_function":
         return False
-    module = getattr(n.target, "__module__", "") or ""
-    return module.startswith("torch.distributed") or n.target in (dist.all_reduce, dist.broadcast)
+    return (getattr(n.target, "__module__", "") or "").startswith("torch.distributed")
 
 
 @dataclasses.dataclass
