@@ -72,6 +72,8 @@ def plan_sharding(
     pinned: dict[str, str] = ...,
     level: str = "auto",
     activation_bytes_factor: float = 1.0,
+    dp: int = 1,
+    max_zero_stage: int = 1,
 ) -> dict[str, Any]: ...
 
 # Backend placement (csrc/bindings/placement.cc).

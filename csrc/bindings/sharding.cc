@@ -37,8 +37,10 @@ ir::ShardSpec SpecFromString(const std::string& s) {
 passes::ShardingOptions Options(int world, const std::string& device, bool training,
                                 double memory_budget_bytes, double time_limit_s,
                                 const std::map<std::string, std::string>& pinned,
-                                const std::string& level, double activation_bytes_factor) {
+                                const std::string& level, double activation_bytes_factor, int dp,
+                                int max_zero_stage) {
   passes::ShardingOptions o;
+  o.dp = dp, o.max_zero_stage = max_zero_stage;
   o.level = level;
   o.activation_bytes_factor = activation_bytes_factor;
   o.world = world, o.device = device, o.training = training;
@@ -70,6 +72,8 @@ py::dict PlanDict(const passes::ShardingPlan& p) {
       py::arg("grad_sync_s") = p.grad_sync_s, py::arg("objective") = p.objective,
       py::arg("param_bytes_per_rank") = p.param_bytes_per_rank,
       py::arg("activation_bytes_per_rank") = p.activation_bytes_per_rank,
+      py::arg("state_bytes_per_rank") = p.state_bytes_per_rank,
+      py::arg("zero_copies") = p.zero_copies, py::arg("zero_gather_s") = p.zero_gather_s,
       py::arg("variables") = p.variables, py::arg("constraints") = p.constraints,
       py::arg("classes") = p.classes, py::arg("level") = p.level, py::arg("status") = p.status);
 }
@@ -82,20 +86,23 @@ void BindSharding(py::module_& m) {
       [](const ir::Graph& g, int world, const std::string& device, bool training,
          double memory_budget_bytes, double time_limit_s,
          const std::map<std::string, std::string>& pinned, const std::string& level,
-         double activation_bytes_factor) {
-        return PlanDict(
-            passes::PlanSharding(g, Options(world, device, training, memory_budget_bytes,
-                                            time_limit_s, pinned, level, activation_bytes_factor)));
+         double activation_bytes_factor, int dp, int max_zero_stage) {
+        return PlanDict(passes::PlanSharding(
+            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned, level,
+                       activation_bytes_factor, dp, max_zero_stage)));
       },
       py::arg("graph"), py::arg("world"), py::arg("device") = "a100", py::arg("training") = true,
       py::arg("memory_budget_bytes") = 0.0, py::arg("time_limit_s") = 30.0,
       py::arg("pinned") = std::map<std::string, std::string>{}, py::arg("level") = "auto",
-      py::arg("activation_bytes_factor") = 1.0,
+      py::arg("activation_bytes_factor") = 1.0, py::arg("dp") = 1, py::arg("max_zero_stage") = 1,
       "Sharding plan of an ATen graph on a 1-D mesh of `world` ranks (ILP on CBC): strategy per "
       "node, spec per value ('R', 'S(d)', 'P'), forward collectives, modelled times. level: "
       "'exact' (whole graph), 'fast' (repeated layers share variables), 'auto'. The budget "
       "covers parameters (x optimizer state when training) and, when training, the activations "
-      "kept for the backward (x activation_bytes_factor; 0 leaves them out). Raises PlanError "
+      "kept for the backward (x activation_bytes_factor; 0 leaves them out). dp: data-parallel "
+      "replicas of the graph (each a batch slice; every block's gradient is summed over them). "
+      "max_zero_stage=1 lets the ILP shard a parameter's optimizer state over its copies where "
+      "memory needs it ('zero_copies': name -> copies; 'state_bytes_per_rank'). Raises PlanError "
       "(with .min_memory_bytes) when no plan fits the budget.");
 
   m.def(
@@ -103,10 +110,10 @@ void BindSharding(py::module_& m) {
       [](const ir::Graph& g, int world, int64_t group, const std::string& device, bool training,
          double memory_budget_bytes, double time_limit_s,
          const std::map<std::string, std::string>& pinned, const std::string& level,
-         double activation_bytes_factor) {
-        const passes::ShardingPlan plan =
-            passes::PlanSharding(g, Options(world, device, training, memory_budget_bytes,
-                                            time_limit_s, pinned, level, activation_bytes_factor));
+         double activation_bytes_factor, int dp, int max_zero_stage) {
+        const passes::ShardingPlan plan = passes::PlanSharding(
+            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned, level,
+                       activation_bytes_factor, dp, max_zero_stage));
         passes::MaterializeOptions mo;
         mo.world = world, mo.group = group, mo.training = training;
         passes::MaterializeStats stats;
@@ -121,7 +128,8 @@ void BindSharding(py::module_& m) {
       py::arg("graph"), py::arg("world"), py::arg("group"), py::arg("device") = "a100",
       py::arg("training") = true, py::arg("memory_budget_bytes") = 0.0,
       py::arg("time_limit_s") = 30.0, py::arg("pinned") = std::map<std::string, std::string>{},
-      py::arg("level") = "auto", py::arg("activation_bytes_factor") = 1.0,
+      py::arg("level") = "auto", py::arg("activation_bytes_factor") = 1.0, py::arg("dp") = 1,
+      py::arg("max_zero_stage") = 1,
       "Plans the sharding (as plan_sharding) and materialises it: the dict gains 'graph', the "
       "SPMD graph every rank runs on its local shards, with torch_plugin::reshard / grad_sync / "
       "replicated_output nodes on process group handle `group`.");

@@ -27,6 +27,7 @@ struct Entity {
   double bytes = 0;                 // graph inputs: tensor bytes
   std::vector<double> saved_bytes;  // nodes, per strategy: outputs kept for the backward
   std::vector<int> vars;            // x per strategy
+  std::vector<int> zero_vars;       // parameters: z per strategy (ZeRO-1 on), -1 where none
 };
 
 double Bytes(const ir::Graph& g, ir::ValueId v) {
@@ -163,6 +164,12 @@ constexpr double kMicro = 1e6;
 
 ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   if (o.world < 1) throw ShardingError("sharding needs a mesh of at least one rank", 0);
+  if (o.dp < 1) throw ShardingError("sharding needs at least one data-parallel replica (dp)", 0);
+  if (o.max_zero_stage < 0 || o.max_zero_stage > 1)
+    throw ShardingError("max_zero_stage " + std::to_string(o.max_zero_stage) +
+                            ": 0 (whole optimizer state on every rank) or 1 (ZeRO-1: the ILP may "
+                            "shard a parameter's optimizer state over its copies)",
+                        0);
   const cost::DeviceProfile& device = cost::FindDeviceProfile(o.device);
   const ir::OpRegistry& registry = ir::OpRegistry::Default();
   const double comm_factor = o.training ? 2.0 : 1.0;     // backward mirrors every collective
@@ -255,6 +262,33 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   for (size_t i = 0; i < ents.size(); ++i) cls[i] = static_cast<int>(i);
   if (tie) cls = RepeatClasses(g, ents, producer, pins);
 
+  // Per parameter block: how many ranks hold a copy (its replicas over tp, and the dp axis),
+  // the gradient sync it needs, and what sharding its optimizer state over the copies saves.
+  const double factor = o.training ? o.state_bytes_factor : 1.0;
+  auto block_bytes = [&](const Entity& e, size_t s) {
+    return e.bytes / (e.strategies[s].outputs[0].kind == Kind::kShard ? o.world : 1);
+  };
+  auto copies = [&](const Entity& e, size_t s) {
+    return o.dp * (e.strategies[s].outputs[0].kind == Kind::kReplicate ? o.world : 1);
+  };
+  auto grad_sync = [&](const Entity& e, size_t s) {
+    if (!o.training) return 0.0;
+    double t = 0;
+    if (e.strategies[s].outputs[0].kind == Kind::kReplicate)
+      t += cost::AllReduceTime(device, e.bytes, o.world);
+    if (o.dp > 1) t += cost::AllReduceTime(device, block_bytes(e, s), o.dp);
+    return t;
+  };
+  const bool zero_allowed = o.training && o.max_zero_stage >= 1 && factor > 2;
+  // ZeRO-1 of a block: each copy keeps 1/copies of the state and, after its step, the copies
+  // all-gather the updated block (one more collective).
+  auto zero_saving = [&](const Entity& e, size_t s) {
+    return (factor - 2) * (1.0 - 1.0 / copies(e, s)) * block_bytes(e, s);
+  };
+  auto zero_gather = [&](const Entity& e, size_t s) {
+    return device.kernel_overhead + cost::AllGatherTime(device, block_bytes(e, s), copies(e, s));
+  };
+
   solver::IlpModel m;
   ShardingPlan plan;
   // Objective per (class, strategy): the members' sum.
@@ -264,10 +298,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     auto& o_cls = obj[cls[i]];
     o_cls.resize(e.strategies.size(), 0.0);
     for (size_t s = 0; s < e.strategies.size(); ++s) {
-      double c = e.compute_s[s];
-      if (o.training && e.is_parameter && e.strategies[s].outputs[0].kind == Kind::kReplicate)
-        c += cost::AllReduceTime(device, e.bytes, o.world);  // gradient sync
-      o_cls[s] += c;
+      o_cls[s] += e.compute_s[s] + (e.is_parameter ? grad_sync(e, s) : 0.0);
     }
   }
   for (size_t i = 0; i < ents.size(); ++i) {
@@ -284,6 +315,32 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     }
     m.AddConstraint(one, solver::Sense::kEqual, 1.0);
   }
+  // z[p][s] <= x[p][s]: the block under spec s also shards its optimizer state.
+  std::map<int, std::vector<double>> zero_obj;
+  for (size_t i = 0; i < ents.size(); ++i) {
+    const Entity& e = ents[i];
+    if (!e.is_parameter || !zero_allowed) continue;
+    auto& z_cls = zero_obj[cls[i]];
+    z_cls.resize(e.strategies.size(), 0.0);
+    for (size_t s = 0; s < e.strategies.size(); ++s) z_cls[s] += zero_gather(e, s);
+  }
+  for (size_t i = 0; i < ents.size(); ++i) {
+    Entity& e = ents[i];
+    if (!e.is_parameter) continue;
+    if (cls[i] != static_cast<int>(i)) {
+      e.zero_vars = ents[static_cast<size_t>(cls[i])].zero_vars;
+      continue;
+    }
+    e.zero_vars.assign(e.strategies.size(), -1);
+    if (!zero_allowed) continue;
+    for (size_t s = 0; s < e.strategies.size(); ++s) {
+      if (copies(e, s) < 2) continue;
+      const int z =
+          m.AddBinary(kMicro * zero_obj[cls[i]][s], e.name + "/" + e.strategies[s].name + "/zero1");
+      m.AddConstraint({{z, 1.0}, {e.vars[s], -1.0}}, solver::Sense::kLessEqual, 0.0);
+      e.zero_vars[s] = z;
+    }
+  }
   plan.classes = static_cast<int>(obj.size());
   for (const auto& [i, spec] : pins) {
     const Entity& e = ents[static_cast<size_t>(i)];
@@ -293,7 +350,6 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   }
   // Memory per rank: parameters (with gradients and optimizer state when training) and, when
   // training, the activations kept for the backward.
-  const double factor = o.training ? o.state_bytes_factor : 1.0;
   const double act_factor = o.training ? o.activation_bytes_factor : 0.0;
   double min_param_bytes = 0, min_act_bytes = 0;
   std::map<int, double> mem_by_var;
@@ -303,11 +359,12 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     double least = std::numeric_limits<double>::infinity();
     auto pin = pins.find(static_cast<int>(i));
     for (size_t s = 0; s < e.strategies.size(); ++s) {
-      const double b =
-          e.is_parameter
-              ? factor * e.bytes / (e.strategies[s].outputs[0].kind == Kind::kShard ? o.world : 1)
-              : act_factor * e.saved_bytes[s];
+      double b = e.is_parameter ? factor * block_bytes(e, s) : act_factor * e.saved_bytes[s];
       mem_by_var[e.vars[s]] += b;
+      if (e.is_parameter && e.zero_vars[s] >= 0) {
+        mem_by_var[e.zero_vars[s]] -= zero_saving(e, s);
+        b -= zero_saving(e, s);
+      }
       // The least a pinned entity can take is its pinned spec's.
       if (pin == pins.end() || e.strategies[s].outputs[0] == pin->second)
         least = std::min(least, b);
@@ -320,7 +377,9 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
       std::ostringstream os;
       os << "no sharding fits " << o.memory_budget_bytes / 1e9 << " GB per rank: parameters"
          << (o.training ? " and optimizer state" : "") << " need at least " << min_param_bytes / 1e9
-         << " GB per rank on " << o.world << " ranks";
+         << " GB per rank on " << o.world << " ranks" << (o.dp > 1 ? " x " : "")
+         << (o.dp > 1 ? std::to_string(o.dp) + " dp replicas" : "")
+         << (zero_allowed ? " (optimizer state sharded over every copy, ZeRO-1)" : "");
       if (act_factor > 0)
         os << ", the activations kept for the backward at least " << min_act_bytes / 1e9
            << " GB (the example batch; a smaller micro-batch or checkpointing needs less)";
@@ -443,9 +502,16 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
       plan.spec[e.name] = st.outputs[0];
       if (!e.source.empty()) plan.spec[e.source] = st.outputs[0];
       if (e.is_parameter) {
-        plan.param_bytes_per_rank += e.bytes / (st.outputs[0].kind == Kind::kShard ? o.world : 1);
-        if (o.training && st.outputs[0].kind == Kind::kReplicate)
-          plan.grad_sync_s += cost::AllReduceTime(device, e.bytes, o.world);
+        const size_t s = static_cast<size_t>(chosen[i]);
+        plan.param_bytes_per_rank += block_bytes(e, s);
+        plan.grad_sync_s += grad_sync(e, s);
+        double state = factor * block_bytes(e, s);
+        if (e.zero_vars[s] >= 0 && sol.IntValue(e.zero_vars[s]) == 1) {
+          state -= zero_saving(e, s);
+          plan.zero_copies[e.source.empty() ? e.name : e.source] = copies(e, s);
+          plan.zero_gather_s += zero_gather(e, s);
+        }
+        plan.state_bytes_per_rank += state;
       }
     } else {
       plan.strategy[e.name] = st.name;

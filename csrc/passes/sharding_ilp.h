@@ -1,7 +1,9 @@
-// Pass: sharding_ilp (issue 5, first slice): one sharding strategy per node on a 1-D mesh,
-// chosen by an ILP on CBC (Rhino's formulation, Alpa's costs).
+// Pass: sharding_ilp (issue 5): one sharding strategy per node on the tp axis of a mesh, and
+// per parameter whether its optimizer state is sharded (ZeRO-1) over the ranks holding copies
+// (tp replicas and the dp axis), chosen by one ILP on CBC (Rhino's formulation, Alpa's costs).
 //
 // Variables: x[n][s] = node n runs strategy s (ir/sharding.h; graph inputs choose a spec);
+// z[p][s] <= x[p][s] = parameter p under spec s also shards its optimizer state (ZeRO-1);
 // y[e][s][t] >= x[p][s] + x[c][t] - 1 carries the resharding cost of edge e when producer p
 // emits one spec and consumer c needs another (collectives priced alpha-beta on the device
 // profile). Objective: per-rank compute + resharding + (training) the gradient all-reduce of
@@ -32,6 +34,15 @@ struct ShardingOptions {
   // per rank under each node's strategy (every tensor output of a non-view op, once; a
   // sharded output costs 1/world). 0 leaves them out. Inference keeps no activations.
   double activation_bytes_factor = 1.0;
+  // Data parallelism (a 2-D mesh's dp axis): `dp` replicas each run this graph on their slice of
+  // the batch (the graph is one replica's), and every parameter block's gradient is summed over
+  // them. Training only; 1 = no dp axis.
+  int dp = 1;
+  // ZeRO: 1 lets the ILP shard a parameter's optimizer state (the state_bytes_factor - 2 part:
+  // Adam's moments) over the ranks that hold copies of its block (dp x, and world x when it is
+  // replicated over tp): memory (2 + (f - 2) / copies) x block instead of f x block, for an
+  // all-gather of the updated block after each step. 0 keeps whole state on every rank.
+  int max_zero_stage = 1;
   double time_limit_s = 30;
   // "exact": one ILP variable set per node. "fast": nodes with identical neighbourhoods (the
   // repeats of a layer) share one, so a 96-layer model costs about one layer's ILP (Rhino's
@@ -58,6 +69,12 @@ struct ShardingPlan {
   std::vector<Collective> collectives;              // forward resharding
   double compute_s = 0, comm_s = 0, grad_sync_s = 0, objective = 0;
   double param_bytes_per_rank = 0;
+  // Training: parameters, gradients and optimizer state per rank, after ZeRO (the budget's part).
+  double state_bytes_per_rank = 0;
+  // Parameters (input source, else name) whose optimizer state the plan shards (ZeRO-1), with
+  // the number of ranks it is spread over; the all-gather of their updated blocks per step.
+  std::map<std::string, int> zero_copies;
+  double zero_gather_s = 0;
   double activation_bytes_per_rank = 0;  // training: kept for the backward (see the options)
   int variables = 0, constraints = 0;
   int classes = 0;  // decision units after tying repeated layers (= entities at the exact level)

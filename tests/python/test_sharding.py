@@ -80,6 +80,11 @@ def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path)
                 m = res[f"{name}@dp2xtp2"]
                 assert m["max_grad_diff"] < 1e-5 and m["sharded_params"] > 0
                 assert m["dp_calls"]["grad_sync"] == 1  # one bucket per step
+            z = res["zero@dp2xtp2"]  # ZeRO-1 chosen by the ILP under a budget; Adam equal
+            assert z["zero_params"] > 0 and z["max_param_diff"] < 1e-5
+            assert z["state_bytes"] < z["plain_state_bytes"]
+            assert z["budget_bytes"] < z["least_bytes"][0]
+            assert set(z["copies"]) <= {2, 4}
 
 
 def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:

@@ -6,13 +6,14 @@ from .graph import TracedModel, cost_records, trace_module_level
 from .kv_cache import CacheCapacityError, KVCacheManager
 from .mesh import DeviceMesh
 from .pipeline import PipelineParallel, PipelinePlan, plan_pipeline
-from .sharding import ShardedModule, ShardingPlan, shard_model
+from .sharding import ShardedModule, ShardedOptimizer, ShardingPlan, shard_model
 
 __all__ = [
     "CacheCapacityError",
     "CacheParallel",
     "DeviceMesh",
     "ShardedModule",
+    "ShardedOptimizer",
     "ShardingPlan",
     "shard_model",
     "KVCacheManager",

@@ -206,15 +206,25 @@ class ShardingPlan:
     raw: dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
     # Training: activations the forward keeps for the backward, per rank (example batch).
     activation_bytes_per_rank: float = 0.0
+    # Training: parameters + gradients + optimizer state per rank, after ZeRO.
+    state_bytes_per_rank: float = 0.0
+    # Parameters whose optimizer state is sharded (ZeRO-1) -> over how many copies.
+    zero_copies: dict[str, int] = dataclasses.field(default_factory=dict)
+    zero_gather_s: float = 0.0
+    dp: int = 1
 
     def table(self) -> str:
         lines = [
-            f"sharding plan on {self.world} ranks (modelled on {self.device}; {self.level} ILP, "
+            f"sharding plan on {f'{self.dp} dp x ' if self.dp > 1 else ''}{self.world} tp ranks "
+            f"(modelled on {self.device}; {self.level} ILP, "
             f"{self.variables} variables, {self.constraints} constraints, {self.solve_status})",
-            f"{'parameter':<52} {'shape':<16} {'spec':<6} {'bytes/rank':>12}",
+            f"{'parameter':<52} {'shape':<16} {'spec':<6} {'bytes/rank':>12} "
+            f"{'optimizer state':>16}",
         ]
         for name, shape, spec, nbytes in self.params:
-            lines.append(f"{name:<52} {str(list(shape)):<16} {spec:<6} {nbytes:>12,}")
+            copies = self.zero_copies.get(name)
+            state = f"1/{copies} (ZeRO-1)" if copies else "whole"
+            lines.append(f"{name:<52} {str(list(shape)):<16} {spec:<6} {nbytes:>12,} {state:>16}")
         lines.append(f"{'collective':<16} {'value':<36} {'from->to':<10} {'bytes':>12} {'ms':>8}")
         for c in self.collectives:
             lines.append(
@@ -223,8 +233,11 @@ class ShardingPlan:
             )
         lines.append(
             f"modelled per step: compute {self.compute_s * 1e3:.3f} ms, collectives "
-            f"{self.comm_s * 1e3:.3f} ms, gradient sync {self.grad_sync_s * 1e3:.3f} ms; "
-            f"parameters {self.param_bytes_per_rank / 2**20:.2f} MiB per rank, saved "
+            f"{self.comm_s * 1e3:.3f} ms, gradient sync {self.grad_sync_s * 1e3:.3f} ms"
+            + (f" (and over {self.dp} dp replicas)" if self.dp > 1 else "")
+            + (f", ZeRO all-gathers {self.zero_gather_s * 1e3:.3f} ms" if self.zero_copies else "")
+            + f"; parameters {self.param_bytes_per_rank / 2**20:.2f} MiB per rank, with gradients "
+            f"and optimizer state {self.state_bytes_per_rank / 2**20:.2f} MiB, saved "
             f"activations {self.activation_bytes_per_rank / 2**20:.2f} MiB per rank"
         )
         return "\n".join(lines)
@@ -368,6 +381,7 @@ class ShardedModule(nn.Module):
         time_limit_s: float = 30.0,
         level: str = "auto",
         init_seed: int | None = None,
+        zero: int = 1,
     ) -> None:
         super().__init__()
         if len(mesh.shape) == 2 and mesh.axis_names != ("dp", "tp"):
@@ -419,6 +433,9 @@ class ShardedModule(nn.Module):
             time_limit_s,
             dict(constraints or {}),
             level,
+            1.0,
+            self.dp,
+            zero,
         )
         log.info(
             "torch_plugin sharding: %s plan in %.2f s (%d decision units, %d ILP variables)",
@@ -495,7 +512,12 @@ class ShardedModule(nn.Module):
             level=result["level"],
             raw=result,
             activation_bytes_per_rank=result["activation_bytes_per_rank"],
+            state_bytes_per_rank=result["state_bytes_per_rank"],
+            zero_copies=dict(result["zero_copies"]),
+            zero_gather_s=result["zero_gather_s"],
+            dp=self.dp,
         )
+        self.zero_copies: dict[str, int] = dict(result["zero_copies"])
         log.info(
             "torch_plugin sharding: %d reshards, %d grad syncs",
             result["reshards"],
@@ -512,6 +534,16 @@ class ShardedModule(nn.Module):
     def named_local_parameters(self) -> list[tuple[str, nn.Parameter, str]]:
         """(name in the original model, this rank's block, spec) per parameter."""
         return list(zip(self.param_names, self.local_params, self.param_specs, strict=True))
+
+    def optimizer(
+        self, optimizer_class: type[torch.optim.Optimizer], **defaults: Any
+    ) -> ShardedOptimizer:
+        """An optimizer over this rank's blocks that follows the plan's ZeRO choices: the
+        parameters in `plan.zero_copies` keep 1/copies of their optimizer state on each copy
+        (torch's ZeroRedundancyOptimizer over the ranks holding that block), the others a
+        plain `optimizer_class`. Use it in place of `optimizer_class(dist_model.parameters())`;
+        without ZeRO choices it is exactly that."""
+        return ShardedOptimizer(self, optimizer_class, **defaults)
 
     def local_parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.local_params)
@@ -580,6 +612,70 @@ class ShardedModule(nn.Module):
                 "replicas; use a batch divisible by the dp size"
             )
         return x.chunk(self.dp, 0)[self.dp_rank]
+
+
+class ShardedOptimizer:
+    """One step over a ShardedModule's blocks: a plain optimizer for the blocks whose state
+    stays whole, one ZeroRedundancyOptimizer per group of ranks that share copies of the
+    other blocks (the whole mesh for tp-replicated blocks, the dp axis for tp-sharded ones).
+    The gradients are already summed over those copies when backward returns (the graph's
+    grad_sync and the dp bucket), so each ZeRO rank steps its part of the blocks and broadcasts
+    the result: ZeRO-1."""
+
+    def __init__(
+        self,
+        module: ShardedModule,
+        optimizer_class: type[torch.optim.Optimizer],
+        **defaults: Any,
+    ) -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        whole_mesh = module.dp * module.world
+        by_copies: dict[int, list[nn.Parameter]] = {}
+        plain: list[nn.Parameter] = []
+        for name, p, _ in module.named_local_parameters():
+            copies = module.zero_copies.get(name)
+            if copies is None or not p.requires_grad:
+                plain.append(p)
+            else:
+                by_copies.setdefault(copies, []).append(p)
+        self.optimizers: list[torch.optim.Optimizer] = []
+        if plain:
+            self.optimizers.append(optimizer_class(plain, **defaults))
+        for copies, params in sorted(by_copies.items()):
+            if copies == whole_mesh:
+                group = module.comm.group if module.dp == 1 else dist.group.WORLD
+            elif copies == module.dp and module.dp > 1:
+                group = module.dp_comm.group
+            else:
+                raise RuntimeError(
+                    f"the plan shards optimizer state over {copies} copies, but this mesh has "
+                    f"{module.dp} dp x {module.world} tp ranks; plan and mesh disagree"
+                )
+            self.optimizers.append(
+                ZeroRedundancyOptimizer(
+                    params, optimizer_class=optimizer_class, process_group=group, **defaults
+                )
+            )
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (for the ZeRO parts: its partition)."""
+        total = 0
+        for o in self.optimizers:
+            inner = getattr(o, "optim", o)
+            for st in inner.state.values():
+                for v in st.values():
+                    if isinstance(v, torch.Tensor) and v.dim() > 0:
+                        total += v.numel() * v.element_size()
+        return total
 
 
 def shard_model(

@@ -6,6 +6,7 @@
 
 #include <iostream>
 
+#include "cost/device_profile.h"
 #include "sharding_test_graphs.h"
 #include "test_graphs.h"
 
@@ -175,10 +176,10 @@ TEST(ShardingIlp, TrainingBudgetCountsSavedActivations) {
   const ShardingPlan blind = PlanSharding(g, ignore);
   EXPECT_EQ(blind.activation_bytes_per_rank, 0);
   EXPECT_NEAR(blind.objective, free.objective, 1e-9);
-  const double state = o.state_bytes_factor;
   const auto total = [&](const ShardingPlan& p) {
-    return state * p.param_bytes_per_rank + p.activation_bytes_per_rank;
+    return p.state_bytes_per_rank + p.activation_bytes_per_rank;
   };
+  EXPECT_NEAR(free.state_bytes_per_rank, o.state_bytes_factor * free.param_bytes_per_rank, 1.0);
   // 95% of what the unconstrained plan needs: blind to activations, the ILP keeps that plan (its
   // parameters fit) and overflows the budget; counting them, it trades modelled time for
   // activation memory and fits.
@@ -204,6 +205,90 @@ TEST(ShardingIlp, TrainingBudgetCountsSavedActivations) {
       EXPECT_GT(e.min_bytes(), params_only.min_bytes());  // the activations' least share
     }
   }
+}
+
+// Data parallelism and ZeRO-1 in the same ILP: dp replicas of a one-rank (pure DP) GPT block.
+// Unconstrained, every block's gradient is all-reduced over dp and no optimizer state is
+// sharded (it would only add an all-gather). Under a budget the whole state no longer fits,
+// the ILP shards just enough of it; below ZeRO-1's minimum it says so; without ZeRO it fails.
+TEST(ShardingIlp, ZeroShardsOptimizerStateOnlyWhereMemoryNeedsIt) {
+  const ir::Graph g = GptBlock(2, 128, 1024, 16);
+  ShardingOptions o;
+  o.world = 1;
+  o.dp = 4;
+  o.activation_bytes_factor = 0;
+  double weight_bytes = 0, sync = 0;
+  const cost::DeviceProfile& d = cost::FindDeviceProfile(o.device);
+  for (const auto& in : g.inputs()) {
+    if (in.kind != ir::InputKind::kParameter) continue;
+    const double b = static_cast<double>(*g.type(in.value).tensor.BytesHint());
+    weight_bytes += b;
+    sync += cost::AllReduceTime(d, b, 4);
+  }
+  const ShardingPlan free = PlanSharding(g, o);
+  EXPECT_TRUE(free.zero_copies.empty());
+  EXPECT_EQ(free.zero_gather_s, 0.0);
+  EXPECT_NEAR(free.state_bytes_per_rank, 4 * weight_bytes, 1.0);
+  EXPECT_NEAR(free.grad_sync_s, sync, 1e-12);  // every block, over the 4 replicas
+  // A budget 3.2 bytes of state per weight byte: 4 without ZeRO, 2.5 with all of it sharded.
+  o.memory_budget_bytes = 3.2 * weight_bytes;
+  const ShardingPlan tight = PlanSharding(g, o);
+  EXPECT_LE(tight.state_bytes_per_rank, o.memory_budget_bytes * (1 + 1e-9));
+  EXPECT_FALSE(tight.zero_copies.empty());
+  double zeroed = 0;
+  for (const auto& in : g.inputs()) {
+    auto it = tight.zero_copies.find(in.source);
+    if (it == tight.zero_copies.end()) continue;
+    EXPECT_EQ(it->second, 4) << in.source;
+    zeroed += static_cast<double>(*g.type(in.value).tensor.BytesHint());
+  }
+  EXPECT_GE(zeroed, (4 - 3.2) / 1.5 * weight_bytes * (1 - 1e-9));  // enough, ...
+  EXPECT_LT(zeroed, weight_bytes);                                 // ... and not everything
+  EXPECT_NEAR(tight.state_bytes_per_rank, 4 * weight_bytes - 1.5 * zeroed, 1.0);
+  EXPECT_GT(tight.zero_gather_s, 0);
+  EXPECT_NEAR(tight.objective, free.objective + tight.zero_gather_s, 1e-9);
+  o.memory_budget_bytes = 2.4 * weight_bytes;
+  try {
+    PlanSharding(g, o);
+    FAIL();
+  } catch (const ShardingError& e) {
+    EXPECT_NEAR(e.min_bytes(), 2.5 * weight_bytes, 1.0);
+    EXPECT_NE(std::string(e.what()).find("ZeRO-1"), std::string::npos) << e.what();
+  }
+  o.memory_budget_bytes = 3.2 * weight_bytes;
+  o.max_zero_stage = 0;
+  EXPECT_THROW(PlanSharding(g, o), ShardingError);
+  o.max_zero_stage = 2;
+  EXPECT_THROW(PlanSharding(g, o), ShardingError);
+}
+
+// On a (dp, tp) mesh the gradient of every block is summed over dp too, and ZeRO spreads a
+// tp-replicated block's state over all dp x tp copies, a tp-sharded one's over dp.
+TEST(ShardingIlp, DpAxisSyncsEveryBlockAndZeroCountsCopies) {
+  const ir::Graph g = GptBlock(2, 128, 1024, 16);
+  ShardingOptions o;
+  o.world = 2;
+  o.dp = 2;
+  o.activation_bytes_factor = 0;
+  const ShardingPlan p = PlanSharding(g, o);
+  const cost::DeviceProfile& d = cost::FindDeviceProfile(o.device);
+  double sync = 0, state = 0;
+  for (const auto& in : g.inputs()) {
+    if (in.kind != ir::InputKind::kParameter) continue;
+    const double b = static_cast<double>(*g.type(in.value).tensor.BytesHint());
+    const bool sharded = p.spec.at(in.source).kind == ShardSpec::Kind::kShard;
+    sync += cost::AllReduceTime(d, sharded ? b / 2 : b, 2) +
+            (sharded ? 0 : cost::AllReduceTime(d, b, 2));
+    state += 4 * (sharded ? b / 2 : b);
+  }
+  EXPECT_NEAR(p.grad_sync_s, sync, 1e-12);
+  EXPECT_NEAR(p.state_bytes_per_rank, state, 1.0);
+  o.memory_budget_bytes = 0.8 * state;
+  const ShardingPlan z = PlanSharding(g, o);
+  EXPECT_LE(z.state_bytes_per_rank, o.memory_budget_bytes * (1 + 1e-9));
+  ASSERT_FALSE(z.zero_copies.empty());
+  for (const auto& [name, copies] : z.zero_copies)
+    EXPECT_EQ(copies, z.spec.at(name).kind == ShardSpec::Kind::kShard ? 2 : 4) << name;
 }
 
 TEST(ShardingIlp, InfeasibleMinimumRespectsPins) {
