@@ -2,9 +2,12 @@
 
 (a) Modelled training step of GPT-3 350M / 1.3B / 6.7B / 13B (batch 8 x 1024 tokens; the
     transformer without the LM head, whose vocabulary-parallel form needs a rule we lack) on 8
-    modelled A100s (80 GB each, parameters + Adam state budgeted): our ILP plan vs the Megatron-LM
-    plan (the same planner with Megatron's specs pinned) vs pure data parallelism (every
-    parameter replicated, the batch split). The graphs are captured on the `meta` device.
+    modelled A100s (80 GB each, parameters + Adam state + saved activations budgeted): our ILP
+    plan on 8 tp ranks and our search over (dp, tp) mesh shapes (each one ILP with the dp
+    axis's gradient sync and ZeRO-1 per parameter) vs the Megatron-LM plan (the same planner
+    with Megatron's specs pinned) vs pure data parallelism (every parameter replicated, the
+    batch split; ZeRO-1 where memory needs it, as DeepSpeed users would). The graphs are
+    captured on the `meta` device.
 (b) ILP solve time for 12 / 24 / 48 / 96 layers of 1.3B width: the exact level (whole graph) and
     the fast level (repeated layers share variables), and the fast plan's objective over exact.
 (c) A real 4-rank gloo run of a GPT config: training-step throughput of our sharded program vs a
@@ -44,19 +47,26 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BATCH, WORLD, BUDGET = 8, 8, 80e9
 
 
-def _meta_gpt(cfg: gpt.GPTConfig) -> tuple[gpt.GPT, _C.Graph]:
+def _meta_gpt(cfg: gpt.GPTConfig, batch: int = BATCH) -> tuple[gpt.GPT, _C.Graph]:
     with torch.device("meta"):
         model = gpt.GPT(cfg)
-    tokens = torch.zeros(BATCH, cfg.seq_len, dtype=torch.long, device="meta")
+    tokens = torch.zeros(batch, cfg.seq_len, dtype=torch.long, device="meta")
     return model, capture_graph(model, (tokens,))
 
 
 def _plan(
-    graph: _C.Graph, pins: dict[str, str], time_limit: float = 300.0, level: str = "auto"
+    graph: _C.Graph,
+    pins: dict[str, str],
+    time_limit: float = 300.0,
+    level: str = "auto",
+    dp: int = 1,
 ) -> dict[str, Any]:
+    """The ILP on `graph` (one dp replica's batch) with tp = WORLD / dp; ZeRO-1 allowed."""
     t0 = time.perf_counter()
     try:
-        p = _C.plan_sharding(graph, WORLD, "a100", True, BUDGET, time_limit, pins, level)
+        p = _C.plan_sharding(
+            graph, WORLD // dp, "a100", True, BUDGET, time_limit, pins, level, 1.0, dp, 1
+        )
     except PlanError as e:
         return {"fits": False, "min_gb": e.min_memory_bytes / 1e9, "solve_s": 0.0}
     return {
@@ -66,6 +76,11 @@ def _plan(
         "comm_s": p["comm_s"],
         "grad_sync_s": p["grad_sync_s"],
         "param_gb_per_rank": p["param_bytes_per_rank"] / 1e9,
+        "state_gb_per_rank": p["state_bytes_per_rank"] / 1e9,
+        "activation_gb_per_rank": p["activation_bytes_per_rank"] / 1e9,
+        "zero_params": len(p["zero_copies"]),
+        "zero_gather_s": p["zero_gather_s"],
+        "mesh": [dp, WORLD // dp],
         "solve_s": time.perf_counter() - t0,
         "status": p["status"],
         "variables": p["variables"],
@@ -73,16 +88,37 @@ def _plan(
     }
 
 
+def _mesh_search(cfg: gpt.GPTConfig, megatron: bool = False) -> dict[str, Any]:
+    """The (dp, tp) mesh shapes of WORLD ranks: each shape is one ILP (the dp axis's gradient
+    sync and ZeRO-1 inside it) on a replica's batch slice; the fastest that fits. `megatron`:
+    Megatron-LM's specs pinned on the tp axis (tp >= 2), as its users pick tp and dp by hand."""
+    shapes = {}
+    for dp in (d for d in range(1, WORLD + 1) if WORLD % d == 0 and BATCH % d == 0):
+        if megatron and WORLD // dp < 2:
+            continue
+        model, graph = _meta_gpt(cfg, BATCH // dp)
+        pins = gpt.megatron_constraints(model) if megatron else {}
+        shapes[f"{dp}x{WORLD // dp}"] = _plan(graph, pins, dp=dp)
+    fits = {k: v for k, v in shapes.items() if v["fits"]}
+    if not fits:
+        return {"fits": False, "min_gb": min(v["min_gb"] for v in shapes.values()), "solve_s": 0}
+    best = min(fits, key=lambda k: fits[k]["step_s"])
+    return {**fits[best], "shapes": {k: v.get("step_s") for k, v in shapes.items()}}
+
+
 def modelled(sizes: list[str]) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
-        model, graph = _meta_gpt(dataclasses.replace(gpt.SIZES[size], lm_head=False))
+        cfg = dataclasses.replace(gpt.SIZES[size], lm_head=False)
+        model, graph = _meta_gpt(cfg)
         dp_pins = {n: "R" for n, _ in model.named_parameters()}
         row = {
             "size": size,
             "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
             "ours": _plan(graph, {}),
+            "ours_2d": _mesh_search(cfg),
             "megatron": _plan(graph, gpt.megatron_constraints(model)),
+            "megatron_2d": _mesh_search(cfg, megatron=True),
             "dp": _plan(graph, dp_pins),
         }
         rows.append(row)
@@ -218,7 +254,11 @@ def _fmt(row: dict[str, Any]) -> str:
             return f"OOM (needs {p['min_gb']:.0f} GB)"
         return f"{p['step_s'] * 1e3:.1f} ms, {p['param_gb_per_rank']:.2f} GB"
 
-    return f"ours {one(row['ours'])} | megatron {one(row['megatron'])} | dp {one(row['dp'])}"
+    return (
+        f"ours {one(row['ours'])} | ours (dp x tp) {one(row['ours_2d'])} "
+        f"{row['ours_2d'].get('mesh', '')} | megatron {one(row['megatron'])} | megatron (dp x "
+        f"tp) {one(row['megatron_2d'])} {row['megatron_2d'].get('mesh', '')} | dp {one(row['dp'])}"
+    )
 
 
 def main() -> None:
@@ -236,19 +276,39 @@ def main() -> None:
     c = real_run(3 if args.quick else 10)
 
     print()
+    print("8 tp ranks (1-D):")
     print(
         f"{'model':<8} {'params':>7} {'ours ms':>9} {'megatron ms':>12} {'dp ms':>9} "
-        f"{'megatron/ours':>14} {'dp/ours':>8} {'ours GB/rank':>13}"
+        f"{'megatron/ours':>14} {'dp/ours':>8} {'ZeRO params (ours, dp)':>23}"
     )
+
+    def ms(p: dict[str, Any]) -> str:
+        return f"{p['step_s'] * 1e3:.1f}" if p["fits"] else "OOM"
+
+    def ratio(p: dict[str, Any], q: dict[str, Any]) -> str:
+        return f"{p['step_s'] / q['step_s']:.3f}x" if p["fits"] and q["fits"] else "-"
+
     for r in a:
         o, m, d = r["ours"], r["megatron"], r["dp"]
-        mm = f"{m['step_s'] * 1e3:.1f}" if m["fits"] else "OOM"
-        dd = f"{d['step_s'] * 1e3:.1f}" if d["fits"] else "OOM"
-        mr = f"{m['step_s'] / o['step_s']:.3f}x" if m["fits"] else "-"
-        dr = f"{d['step_s'] / o['step_s']:.3f}x" if d["fits"] else "-"
+        zero = f"{o.get('zero_params', 0)}, {d.get('zero_params', '-')}"
         print(
-            f"{r['size']:<8} {r['params_b']:>6.2f}B {o['step_s'] * 1e3:>9.1f} {mm:>12} "
-            f"{dd:>9} {mr:>14} {dr:>8} {o['param_gb_per_rank']:>13.2f}"
+            f"{r['size']:<8} {r['params_b']:>6.2f}B {ms(o):>9} {ms(m):>12} {ms(d):>9} "
+            f"{ratio(m, o):>14} {ratio(d, o):>8} {zero:>23}"
+        )
+    print("best (dp, tp) mesh shape of 8 ranks, each searched:")
+    print(
+        f"{'model':<8} {'ours ms':>9} {'mesh':>5} {'megatron ms':>12} {'mesh':>5} "
+        f"{'megatron/ours':>14} {'dp/ours':>8} {'ours ZeRO params':>17}"
+    )
+    for r in a:
+        t, m, d = r["ours_2d"], r["megatron_2d"], r["dp"]
+
+        def mesh(p: dict[str, Any]) -> str:
+            return "x".join(map(str, p["mesh"])) if p["fits"] else "-"
+
+        print(
+            f"{r['size']:<8} {ms(t):>9} {mesh(t):>5} {ms(m):>12} {mesh(m):>5} "
+            f"{ratio(m, t):>14} {ratio(d, t):>8} {t.get('zero_params', 0):>17}"
         )
     print()
     print(f"{'layers':>6} {'nodes':>6} {'fast s':>8} {'exact s':>8} {'fast/exact objective':>21}")
@@ -277,9 +337,10 @@ def main() -> None:
 
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
     xs = range(len(a))
-    for name, off in [("ours", -0.25), ("megatron", 0.0), ("dp", 0.25)]:
+    bars = ["ours", "ours_2d", "megatron", "megatron_2d", "dp"]
+    for k, name in enumerate(bars):
         ys = [r[name]["step_s"] * 1e3 if r[name]["fits"] else 0 for r in a]
-        ax1.bar([x + off for x in xs], ys, width=0.25, label=name)
+        ax1.bar([x + (k - 2) * 0.16 for x in xs], ys, width=0.16, label=name)
     ax1.set_xticks(list(xs), [r["size"] for r in a])
     ax1.set_ylabel("modelled ms / step (0 = does not fit)")
     ax1.set_title("GPT on 8 modelled A100s")

@@ -197,8 +197,8 @@ void AddSplitStrategies(const Graph& g, const Node& n, int world, std::vector<Sh
   const size_t parts = n.outputs.size();
   for (int d = 0; d < t->rank(); ++d) {
     if (d == dim || !Divisible(*t, d, world)) continue;
-    out->push_back({"dim" + std::to_string(d), {S::S(d)},
-                    std::vector<ShardSpec>(parts, S::S(d)), 1.0});
+    out->push_back(
+        {"dim" + std::to_string(d), {S::S(d)}, std::vector<ShardSpec>(parts, S::S(d)), 1.0});
   }
   bool equal = parts > 1;
   for (ValueId v : n.outputs) {
@@ -209,8 +209,10 @@ void AddSplitStrategies(const Graph& g, const Node& n, int world, std::vector<Sh
   }
   if (equal && Divisible(*t, static_cast<int>(dim), world * static_cast<int>(parts))) {
     const int d = static_cast<int>(dim);
-    out->push_back({"packed", {S::S(d, static_cast<int>(parts))},
-                    std::vector<ShardSpec>(parts, S::S(d)), 1.0});
+    out->push_back({"packed",
+                    {S::S(d, static_cast<int>(parts))},
+                    std::vector<ShardSpec>(parts, S::S(d)),
+                    1.0});
   }
   out->push_back({"partial", {S::P()}, std::vector<ShardSpec>(parts, S::P()), 1.0});
 }
@@ -279,8 +281,10 @@ void AddCatStrategies(const Graph& g, const Node& n, int world, std::vector<Shar
       ok = ok && t != nullptr && t->rank() == o->rank() && Divisible(*t, d, world);
     }
     if (ok)
-      out->push_back({"dim" + std::to_string(d), std::vector<ShardSpec>(ins.size(), S::S(d)),
-                      {S::S(d)}, 1.0 / world});
+      out->push_back({"dim" + std::to_string(d),
+                      std::vector<ShardSpec>(ins.size(), S::S(d)),
+                      {S::S(d)},
+                      1.0 / world});
   }
   out->push_back({"partial", std::vector<ShardSpec>(ins.size(), S::P()), {S::P()}, 1.0});
 }
@@ -291,7 +295,7 @@ void AddCatStrategies(const Graph& g, const Node& n, int world, std::vector<Shar
 void AddConvStrategies(const Graph& g, const Node& n, int world, std::vector<ShardStrategy>* out) {
   auto ins = TensorInputs(g, n);
   if (ins.size() < 2 || ins.size() > 3 || n.args.size() != 9) return;
-  if (n.args[6].kind != Arg::Kind::kBool || n.args[6].b) return;     // transposed
+  if (n.args[6].kind != Arg::Kind::kBool || n.args[6].b) return;      // transposed
   if (n.args[8].kind != Arg::Kind::kInt || n.args[8].i != 1) return;  // groups
   const TensorType* x = TensorOf(g, ins[0]);
   const TensorType* w = TensorOf(g, ins[1]);
@@ -322,8 +326,11 @@ void AddBmmStrategies(const Graph& g, const Node& n, int world, std::vector<Shar
   if (Divisible(*a, 2, world)) out->push_back({"inner", {S::S(2), S::S(1)}, {S::P()}, f});
 }
 
-// embedding(weight [V, E], indices [...]): split the lookups (any indices dim) or the feature
-// dim E. (Vocabulary-parallel lookup needs shifted, masked indices: not a plain local op.)
+// embedding(weight [V, E], indices [...]): split the lookups (any indices dim), the feature
+// dim E, or the vocabulary V (Megatron's vocabulary-parallel embedding: each rank looks up the
+// indices in its rows and writes zeros for the others, so the output is a partial sum; the
+// materialiser emits torch_plugin::vocab_embedding, which shifts and masks the indices). Every
+// rank writes the whole output then, so its compute is not divided.
 void AddEmbeddingStrategies(const Graph& g, const Node& n, int world,
                             std::vector<ShardStrategy>* out) {
   auto ins = TensorInputs(g, n);
@@ -337,6 +344,8 @@ void AddEmbeddingStrategies(const Graph& g, const Node& n, int world,
       out->push_back({"lookups" + std::to_string(d), {S::R(), S::S(d)}, {S::S(d)}, f});
   if (Divisible(*w, 1, world))
     out->push_back({"features", {S::S(1), S::R()}, {S::S(static_cast<int>(idx->rank()))}, f});
+  if (Divisible(*w, 0, world) && world > 1)
+    out->push_back({"vocab", {S::S(0), S::R()}, {S::P()}, 1.0});
 }
 
 // Ops that move (or keep) the one input's dims without touching values: a split of input dim d
@@ -355,7 +364,6 @@ void AddDimMapStrategies(const Graph& g, const Node& n, int world,
   }
   out->push_back({"partial", {S::P()}, {S::P()}, 1.0});
 }
-
 
 }  // namespace
 
@@ -427,8 +435,8 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
         if (d < 0) d += t->rank();
         if (d >= 0 && d < t->rank()) to[static_cast<size_t>(d)] = i;
       }
-      AddDimMapStrategies(g, n, world, [&](int d) { return to[static_cast<size_t>(d)]; }, 1.0,
-                          &out);
+      AddDimMapStrategies(
+          g, n, world, [&](int d) { return to[static_cast<size_t>(d)]; }, 1.0, &out);
     }
   } else if (IsOp(n, "aten::bmm.default")) {
     AddBmmStrategies(g, n, world, &out);
@@ -454,7 +462,9 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
         if (b < 0) b += t->rank();
       }
       AddDimMapStrategies(
-          g, n, world, [a, b](int d) { return d == a ? b : d == b ? a : d; }, 1.0, &out);
+          g, n, world, [a, b](int d) { return d == a   ? b
+                                              : d == b ? a
+                                                       : d; }, 1.0, &out);
     }
   } else if (info->cls == OpClass::kView &&
              (n.op.rfind("aten::view.", 0) == 0 || n.op.rfind("aten::_unsafe_view.", 0) == 0 ||
@@ -469,16 +479,18 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
         // A packed dim survives a view only unchanged (its size and what precedes it).
         for (int n : kStridedSections) {
           if (od < 0 || !Divisible(*t, d, world * n) || Size(*o, od) != Size(*t, d)) continue;
-          out.push_back({"dim" + std::to_string(d) + "x" + std::to_string(n), {S::S(d, n)},
-                         {S::S(od, n)}, 1.0});
+          out.push_back({"dim" + std::to_string(d) + "x" + std::to_string(n),
+                         {S::S(d, n)},
+                         {S::S(od, n)},
+                         1.0});
         }
       }
       out.push_back({"partial", {S::P()}, {S::P()}, 1.0});
     }
   } else if (info->cls == OpClass::kElementwise) {
     AddElementwiseStrategies(g, n, world, &out);
-  } else if (info->cls == OpClass::kSoftmax && (n.op.rfind("aten::_softmax.", 0) == 0 ||
-                                                 n.op.rfind("aten::_log_softmax.", 0) == 0)) {
+  } else if (info->cls == OpClass::kSoftmax &&
+             (n.op.rfind("aten::_softmax.", 0) == 0 || n.op.rfind("aten::_log_softmax.", 0) == 0)) {
     const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
     if (t != nullptr) {
       int64_t dim = IntArg(n, 1, -1);

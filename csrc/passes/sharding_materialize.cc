@@ -19,6 +19,7 @@ using Kind = ir::ShardSpec::Kind;
 constexpr const char* kReshard = "torch_plugin::reshard.default";
 constexpr const char* kGradSync = "torch_plugin::grad_sync.default";
 constexpr const char* kReplicatedOutput = "torch_plugin::replicated_output.default";
+constexpr const char* kVocabEmbedding = "torch_plugin::vocab_embedding.default";
 
 bool IsReshape(const std::string& op) {
   return op.rfind("aten::view.", 0) == 0 || op.rfind("aten::_unsafe_view.", 0) == 0 ||
@@ -86,14 +87,12 @@ class Materializer {
   void CopyInputs() {
     for (const auto& in : g_.inputs()) {
       const ir::Value& v = g_.value(in.value);
-      const bool state =
-          in.kind == ir::InputKind::kParameter || in.kind == ir::InputKind::kBuffer;
+      const bool state = in.kind == ir::InputKind::kParameter || in.kind == ir::InputKind::kBuffer;
       // Parameters and buffers arrive as this rank's block; anything else arrives whole.
       const ShardSpec spec = state && v.type.is_tensor() ? PlannedSpec(v.name) : ShardSpec::R();
       if (spec.kind == Kind::kPartial)
         throw ShardingError("input '" + v.name + "' planned Partial; inputs are R or S(d)", 0);
-      const ValueId nv =
-          b_.AddInput(v.name, LocalType(v.type, spec, o_.world), in.kind, in.source);
+      const ValueId nv = b_.AddInput(v.name, LocalType(v.type, spec, o_.world), in.kind, in.source);
       Track(nv, v.type, spec);
       remap_[static_cast<size_t>(in.value)] = nv;
     }
@@ -138,11 +137,10 @@ class Materializer {
     auto it = reshards_.find(key);
     if (it != reshards_.end()) return it->second;
     const ir::ValueType logical = logical_[static_cast<size_t>(v)];
-    const ValueId out =
-        AddUnary(b_.peek().value(v).name + "_to_" + SpecTag(want), kReshard,
-                 {Arg::Value(v), Arg::String(have.ToString()), Arg::String(want.ToString()),
-                  Arg::Int(o_.group)},
-                 LocalType(logical, want, o_.world), logical, want, scope);
+    const ValueId out = AddUnary(b_.peek().value(v).name + "_to_" + SpecTag(want), kReshard,
+                                 {Arg::Value(v), Arg::String(have.ToString()),
+                                  Arg::String(want.ToString()), Arg::Int(o_.group)},
+                                 LocalType(logical, want, o_.world), logical, want, scope);
     reshards_[key] = out;
     if (stats_) ++stats_->reshards;
     return out;
@@ -190,7 +188,8 @@ class Materializer {
     if (o_.world > 1 && n.op == "aten::view.default") ns.op = "aten::reshape.default";
     size_t next = 0;
     for (const auto& a : n.args) ns.args.push_back(Substitute(a, local, &next));
-    for (const auto& kw : n.kwargs) ns.kwargs.push_back({kw.name, Substitute(kw.value, local, &next)});
+    for (const auto& kw : n.kwargs)
+      ns.kwargs.push_back({kw.name, Substitute(kw.value, local, &next)});
     for (size_t k = 0; k < n.outputs.size(); ++k) {
       ns.output_types.push_back(LocalType(g_.type(n.outputs[k]), st.outputs[k], o_.world));
       ns.output_names.push_back(g_.value(n.outputs[k]).name);
@@ -201,6 +200,7 @@ class Materializer {
     if (IsReshape(n.op) && !st.outputs.empty() && st.outputs[0].kind == Kind::kShard)
       RewriteViewSize(n, st.outputs[0].dim, &ns);
     if (st.name == "packed") RewriteSplitSizes(n, &ns);
+    if (st.name == "vocab" && n.op == "aten::embedding.default") VocabEmbedding(n, local, &ns);
     const ir::NodeId id = b_.AddNode(std::move(ns));
     const ir::Node& added = b_.peek().node(id);
     for (size_t k = 0; k < n.outputs.size(); ++k) {
@@ -212,9 +212,8 @@ class Materializer {
   void RewriteViewSize(const ir::Node& n, int dim, ir::NodeSpec* ns) {
     if (ns->args.size() < 2 || ns->args[1].kind != Arg::Kind::kList ||
         static_cast<size_t>(dim) >= ns->args[1].items.size()) {
-      throw ShardingError("node '" + n.name + "': expected a size list to shard dim " +
-                              std::to_string(dim),
-                          0);
+      throw ShardingError(
+          "node '" + n.name + "': expected a size list to shard dim " + std::to_string(dim), 0);
     }
     Arg& size = ns->args[1].items[static_cast<size_t>(dim)];
     if (size.kind != Arg::Kind::kInt) {
@@ -232,6 +231,27 @@ class Materializer {
     }
     size.i /= o_.world;
     if (stats_) ++stats_->views_rewritten;
+  }
+
+  // embedding(weight, indices, padding_idx=-1, ...) on this rank's rows of the vocabulary:
+  // vocab_embedding(weight block, indices, padding_idx, group) shifts the indices by the
+  // rank's first row and zeroes the lookups outside its rows (scale_grad_by_freq and sparse
+  // have no vocabulary-parallel form: such a node is refused).
+  void VocabEmbedding(const ir::Node& n, const std::vector<ValueId>& local, ir::NodeSpec* ns) {
+    int64_t padding_idx = -1;
+    for (size_t k = 2; k < n.args.size(); ++k) {
+      const Arg& a = n.args[k];
+      if (k == 2 && a.kind == Arg::Kind::kInt) padding_idx = a.i;
+      if (k > 2 && a.kind == Arg::Kind::kBool && a.b)
+        throw ShardingError("node '" + n.name +
+                                "': a vocabulary-parallel embedding cannot scale gradients by "
+                                "frequency or be sparse; pin its weight to R or S(1)",
+                            0);
+    }
+    ns->op = kVocabEmbedding;
+    ns->args = {Arg::Value(local.at(0)), Arg::Value(local.at(1)), Arg::Int(padding_idx),
+                Arg::Int(o_.group)};
+    ns->kwargs.clear();
   }
 
   // split of a strided dim into its parts: each rank splits its block into parts of 1/world.
@@ -279,9 +299,9 @@ class Materializer {
   const MaterializeOptions& o_;
   MaterializeStats* stats_;
   ir::GraphBuilder b_;
-  std::vector<ValueId> remap_;               // old value -> new value
-  std::vector<ShardSpec> spec_;              // new value -> spec
-  std::vector<ir::ValueType> logical_;       // new value -> whole (unsharded) type
+  std::vector<ValueId> remap_;          // old value -> new value
+  std::vector<ShardSpec> spec_;         // new value -> spec
+  std::vector<ir::ValueType> logical_;  // new value -> whole (unsharded) type
   std::map<std::pair<ValueId, std::string>, ValueId> reshards_;
   std::map<ValueId, ValueId> outputs_;
   std::set<std::string> names_;
@@ -294,9 +314,8 @@ ir::ValueType LocalType(const ir::ValueType& type, const ShardSpec& spec, int wo
   ir::ValueType local = type;
   auto& shape = local.tensor.shape;
   if (spec.dim < 0 || spec.dim >= static_cast<int>(shape.size()))
-    throw ShardingError("spec " + spec.ToString() + " on a tensor of rank " +
-                            std::to_string(shape.size()),
-                        0);
+    throw ShardingError(
+        "spec " + spec.ToString() + " on a tensor of rank " + std::to_string(shape.size()), 0);
   auto& d = shape[static_cast<size_t>(spec.dim)];
   if (d.is_symbolic() || d.value % world != 0)
     throw ShardingError("dim " + std::to_string(spec.dim) + " of size " + d.ToString() +

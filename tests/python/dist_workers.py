@@ -280,11 +280,15 @@ SHARDING_MODELS: dict[str, dict[str, Any]] = {
     # whole tensor is not a view of the gathered one; regression)
     "gpt": dict(dim=128, n_heads=8, seq_len=32, vocab_size=512, lm_head=False),
 }
+# BERT again, its word embedding vocabulary-parallel (pinned below): padding_idx 0 lies in rank
+# 0's rows only.
+SHARDING_MODELS["bert_vocab"] = SHARDING_MODELS["bert"]
 
 
 # Pins that steer the plan through rules the free plans of these tiny models do not pick (all
 # replicated: launch costs dominate), so those rules are checked numerically.
 SHARDING_PINS: dict[str, dict[str, str]] = {
+    "bert_vocab": {"model.embeddings.word_embeddings.weight": "S(0)", "embedding": "P"},
     "conv": {"conv1.weight": "S(0)", "conv2.weight": "S(1)", "permute": "S(3)"},
     "matmul_attn": {
         "qkv.0.weight": "S(0)",
@@ -347,7 +351,12 @@ def _sharding_model(name: str, batch: int) -> tuple[torch.nn.Module, tuple[Any, 
         torch.manual_seed(0)
         model = MatmulAttention()
         return model, (torch.randint(0, model.vocab_size, (batch, model.seq_len)),)
-    return models.build(name, small=True, batch=batch, **SHARDING_MODELS.get(name, {}))
+    model, inputs = models.build(
+        name.removesuffix("_vocab"), small=True, batch=batch, **SHARDING_MODELS.get(name, {})
+    )
+    if name == "bert_vocab":  # padded rows: token 0 is the embedding's padding_idx
+        inputs[0][:, -3:] = 0
+    return model, inputs
 
 
 def _sharded_step_matches(name: str, mesh: Any, batch: int) -> tuple[dict[str, Any], Any]:
@@ -399,6 +408,7 @@ def _sharded_step_matches(name: str, mesh: Any, batch: int) -> tuple[dict[str, A
         "param_bytes_whole": whole,
         "comm_calls": dict(sharded.comm.calls),
         "level": sharded.plan.level,
+        "vocab_embeddings": str(sharded.local_graph).count("torch_plugin::vocab_embedding"),
     }, sharded
 
 

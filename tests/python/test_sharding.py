@@ -57,8 +57,9 @@ def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path)
     attention and a two-convolution net, the last two pinned through rules free plans skip) on
     gloo; outputs, gradients and the parameters after one SGD step equal single-process
     training within 1e-5 (the worker asserts each), and every rank holds only its blocks of the
-    sharded parameters."""
-    names = ["mlp", "gpt2", "bert", "gpt", "llama", "matmul_attn", "conv"]
+    sharded parameters. bert_vocab pins the vocabulary-parallel embedding (padding_idx 0).
+    On 4 ranks, a 2 x 2 (dp, tp) mesh too, and ZeRO-1 chosen under a budget with Adam."""
+    names = ["mlp", "gpt2", "bert", "bert_vocab", "gpt", "llama", "matmul_attn", "conv"]
     dist_workers.spawn(dist_workers.sharding_step_matches, world, names, 8, str(tmp_path))
     for r in range(world):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
@@ -69,6 +70,7 @@ def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path)
             assert m["param_bytes_local"] < m["param_bytes_whole"]
             assert sum(m["comm_calls"].values()) > 0
         assert res["gpt"]["level"] == "fast"
+        assert res["bert_vocab"]["vocab_embeddings"] == 1 and res["bert"]["vocab_embeddings"] == 0
         assert "captured for" in res["bad_input"]
         if r == 0:  # the plan explains itself: a table naming every parameter, and a chart
             table = res["gpt2_table"]

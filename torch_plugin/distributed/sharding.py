@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -180,7 +181,24 @@ def replicated_output(x: torch.Tensor, group: int) -> torch.Tensor:
     return _ReplicatedOutput.apply(x, group)
 
 
+def vocab_embedding(
+    weight: torch.Tensor, indices: torch.Tensor, padding_idx: int, group: int
+) -> torch.Tensor:
+    """Megatron's vocabulary-parallel lookup: `weight` is this rank's rows of the vocabulary;
+    lookups outside them give zeros, so the sum over ranks is the whole embedding (spec P).
+    Plain ops, so autograd gives each rank its rows' gradient."""
+    comm = _group(group)
+    rows = weight.shape[0]
+    local = indices - comm.rank * rows
+    mine = (local >= 0) & (local < rows)
+    pad = padding_idx - comm.rank * rows
+    own_pad = pad if padding_idx >= 0 and 0 <= pad < rows else None
+    out = F.embedding(local.clamp(0, rows - 1), weight, padding_idx=own_pad)
+    return out * mine.unsqueeze(-1).to(out.dtype)
+
+
 _TARGETS: dict[str, Callable[..., Any]] = {
+    "torch_plugin::vocab_embedding.default": vocab_embedding,
     "torch_plugin::reshard.default": reshard,
     "torch_plugin::grad_sync.default": grad_sync,
     "torch_plugin::replicated_output.default": replicated_output,

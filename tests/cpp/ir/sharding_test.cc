@@ -57,7 +57,7 @@ TEST(ShardingRules, BmmSplitsBatchRowsColumnsOrContraction) {
   EXPECT_EQ(s3.count("batch"), 1u);
 }
 
-TEST(ShardingRules, EmbeddingSplitsLookupsOrFeatures) {
+TEST(ShardingRules, EmbeddingSplitsLookupsFeaturesOrVocabulary) {
   ValueType idx = Tensor({4, 16});
   idx.tensor.dtype = DType::kInt64;
   auto s = Strategies(
@@ -65,13 +65,18 @@ TEST(ShardingRules, EmbeddingSplitsLookupsOrFeatures) {
   EXPECT_EQ(s.at("lookups0"), "R S(0) -> S(0)");
   EXPECT_EQ(s.at("lookups1"), "R S(1) -> S(1)");
   EXPECT_EQ(s.at("features"), "S(1) R -> S(2)");
-  EXPECT_EQ(s.size(), 4u);  // + replicate; no vocabulary split (a local lookup would be wrong)
+  // Vocabulary-parallel: each rank's rows, zeros elsewhere (materialised as vocab_embedding).
+  EXPECT_EQ(s.at("vocab"), "S(0) R -> P");
+  EXPECT_EQ(s.size(), 5u);  // + replicate
+  // 1000 rows do not split over 3 ranks.
+  auto s3 = Strategies(
+      OneNode("aten::embedding.default", {Tensor({1000, 63}), idx}, {}, Tensor({4, 16, 63})), 3);
+  EXPECT_EQ(s3.count("vocab"), 0u);
 }
 
 TEST(ShardingRules, UnsqueezeShiftsTheShardedDim) {
-  auto s = Strategies(OneNode("aten::unsqueeze.default", {Tensor({4, 6})}, {Arg::Int(1)},
-                              Tensor({4, 1, 6})),
-                      2);
+  auto s = Strategies(
+      OneNode("aten::unsqueeze.default", {Tensor({4, 6})}, {Arg::Int(1)}, Tensor({4, 1, 6})), 2);
   EXPECT_EQ(s.at("dim0"), "S(0) -> S(0)");
   EXPECT_EQ(s.at("dim1"), "S(1) -> S(2)");
   EXPECT_EQ(s.at("partial"), "P -> P");
@@ -83,8 +88,7 @@ TEST(ShardingRules, NoSplitOutputWithoutASplitInput) {
       OneNode("aten::add.Tensor", {Tensor({1, 8}), Tensor({8, 8})}, {}, Tensor({8, 8})), 2);
   EXPECT_EQ(s.at("dim0"), "R S(0) -> S(0)");
   // tril's matrix dims never split (a block of a triangular matrix is not triangular).
-  auto t = Strategies(
-      OneNode("aten::tril.default", {Tensor({4, 8, 8})}, {}, Tensor({4, 8, 8})), 2);
+  auto t = Strategies(OneNode("aten::tril.default", {Tensor({4, 8, 8})}, {}, Tensor({4, 8, 8})), 2);
   EXPECT_EQ(t.count("dim1"), 0u);
   EXPECT_EQ(t.count("dim2"), 0u);
   EXPECT_EQ(t.at("dim0"), "S(0) -> S(0)");
@@ -115,8 +119,7 @@ TEST(ShardingRules, CatSplitsAlongAnotherDim) {
   GraphBuilder b;
   auto x = b.AddInput("x", Tensor({4, 6}), InputKind::kUser);
   auto y = b.AddInput("y", Tensor({4, 2}), InputKind::kUser);
-  b.AddNode(Op("cat", "aten::cat.default", {Arg::List({V(x), V(y)}), Arg::Int(1)},
-               Tensor({4, 8})));
+  b.AddNode(Op("cat", "aten::cat.default", {Arg::List({V(x), V(y)}), Arg::Int(1)}, Tensor({4, 8})));
   b.SetOutput(Arg::List({V(b.peek().node(0).outputs[0])}, /*tuple=*/true));
   auto s = Strategies(b.Build(), 2);
   EXPECT_EQ(s.at("dim0"), "S(0) S(0) -> S(0)");
@@ -130,8 +133,8 @@ TEST(ShardingRules, ConvolutionSplitsBatchOrChannels) {
     for (int64_t x : v) items.push_back(Arg::Int(x));
     return Arg::List(items);
   };
-  std::vector<Arg> extra = {L({1, 1}), L({1, 1}), L({1, 1}), Arg::Bool(false), L({0, 0}),
-                            Arg::Int(1)};
+  std::vector<Arg> extra = {L({1, 1}),        L({1, 1}), L({1, 1}),
+                            Arg::Bool(false), L({0, 0}), Arg::Int(1)};
   auto s = Strategies(OneNode("aten::convolution.default",
                               {Tensor({2, 4, 8, 8}), Tensor({8, 4, 3, 3}), Tensor({8})}, extra,
                               Tensor({2, 8, 8, 8})),
@@ -148,10 +151,10 @@ TEST(ShardingRules, ConvolutionSplitsBatchOrChannels) {
 }
 
 TEST(ShardingRules, PermuteMovesTheShardedDim) {
-  auto s = Strategies(OneNode("aten::permute.default", {Tensor({2, 4, 6})},
-                              {Arg::List({Arg::Int(2), Arg::Int(0), Arg::Int(1)})},
-                              Tensor({6, 2, 4})),
-                      2);
+  auto s =
+      Strategies(OneNode("aten::permute.default", {Tensor({2, 4, 6})},
+                         {Arg::List({Arg::Int(2), Arg::Int(0), Arg::Int(1)})}, Tensor({6, 2, 4})),
+                 2);
   EXPECT_EQ(s.at("dim2"), "S(2) -> S(0)");
   EXPECT_EQ(s.at("dim0"), "S(0) -> S(1)");
   EXPECT_EQ(s.at("dim1"), "S(1) -> S(2)");
@@ -159,16 +162,16 @@ TEST(ShardingRules, PermuteMovesTheShardedDim) {
 
 TEST(ShardingRules, AttentionSplitsHeadsUnderABroadcastMask) {
   // q, k, v [2, 4, 16, 8] and a mask [2, 1, 16, 16] broadcast over heads.
-  auto s = Strategies(
-      OneNode("aten::_scaled_dot_product_flash_attention_for_cpu.default",
-              {Tensor({2, 4, 16, 8}), Tensor({2, 4, 16, 8}), Tensor({2, 4, 16, 8})},
-              {Arg::Double(0.0), Arg::Bool(false)}, Tensor({2, 4, 16, 8})),
-      2);
+  auto s = Strategies(OneNode("aten::_scaled_dot_product_flash_attention_for_cpu.default",
+                              {Tensor({2, 4, 16, 8}), Tensor({2, 4, 16, 8}), Tensor({2, 4, 16, 8})},
+                              {Arg::Double(0.0), Arg::Bool(false)}, Tensor({2, 4, 16, 8})),
+                      2);
   EXPECT_EQ(s.at("attn_dim1"), "S(1) S(1) S(1) -> S(1)");
   GraphBuilder b;
   std::vector<Arg> args;
   for (int i = 0; i < 3; ++i)
-    args.push_back(V(b.AddInput("qkv" + std::to_string(i), Tensor({2, 4, 16, 8}), InputKind::kUser)));
+    args.push_back(
+        V(b.AddInput("qkv" + std::to_string(i), Tensor({2, 4, 16, 8}), InputKind::kUser)));
   args.push_back(Arg::Double(0.0));
   args.push_back(Arg::Bool(false));
   NodeSpec sdpa = Op("sdpa", "aten::_scaled_dot_product_flash_attention_for_cpu.default", args,
@@ -186,8 +189,8 @@ TEST(ShardingRules, PackedDimSplitsIntoPlainShards) {
   // qkv [8, 16, 192] split into three [8, 16, 64]: strided S(2)x3 in, plain S(2) out.
   GraphBuilder b;
   auto x = b.AddInput("qkv", Tensor({8, 16, 192}), InputKind::kUser);
-  NodeSpec split = Op("split", "aten::split.Tensor", {V(x), Arg::Int(64), Arg::Int(2)},
-                      Tensor({8, 16, 64}));
+  NodeSpec split =
+      Op("split", "aten::split.Tensor", {V(x), Arg::Int(64), Arg::Int(2)}, Tensor({8, 16, 64}));
   split.output_types = {Tensor({8, 16, 64}), Tensor({8, 16, 64}), Tensor({8, 16, 64})};
   split.output_names = {"q", "k", "v"};
   split.tuple_output = true;
@@ -199,10 +202,10 @@ TEST(ShardingRules, PackedDimSplitsIntoPlainShards) {
   EXPECT_EQ(s.count("dim2"), 0u);  // a plain split of the packed dim would mix q, k and v
 
   // The packed weight's column-parallel matmul keeps the parts: S(1)x3 out.
-  auto mm = Strategies(OneNode("aten::addmm.default",
-                               {Tensor({192}), Tensor({128, 64}), Tensor({64, 192})}, {},
-                               Tensor({128, 192})),
-                       2);
+  auto mm = Strategies(
+      OneNode("aten::addmm.default", {Tensor({192}), Tensor({128, 64}), Tensor({64, 192})}, {},
+              Tensor({128, 192})),
+      2);
   EXPECT_EQ(mm.at("col_packed3"), "S(0)x3 R S(1)x3 -> S(1)x3");
   EXPECT_EQ(ShardSpec::S(1, 3).ToString(), "S(1)x3");
   EXPECT_NE(ShardSpec::S(1, 3), ShardSpec::S(1));

@@ -94,7 +94,8 @@ TEST(ShardingMaterialize, MegatronBlockBecomesLocalProgram) {
   // The output is replicated and its gradient seed scaled.
   const auto outs = local.OutputValues();
   ASSERT_EQ(outs.size(), 1u);
-  EXPECT_EQ(local.node(local.value(outs[0]).producer).op, "torch_plugin::replicated_output.default");
+  EXPECT_EQ(local.node(local.value(outs[0]).producer).op,
+            "torch_plugin::replicated_output.default");
   EXPECT_EQ(Shape(local, outs[0]), (std::vector<int64_t>{B * S, E}));
 }
 
@@ -147,6 +148,61 @@ TEST(ShardingMaterialize, ReshardsAreSharedByConsumers) {
   EXPECT_EQ(stats.reshards, 3);
   EXPECT_EQ(Shape(local, FindNode(local, "relu")->outputs[0]), (std::vector<int64_t>{4, 16}));
   EXPECT_EQ(Shape(local, FindNode(local, "m1")->outputs[0]), (std::vector<int64_t>{8, 16}));
+}
+
+// A vocabulary-parallel embedding becomes vocab_embedding(weight block, indices, padding_idx,
+// group), its partial output summed once where a replicated consumer needs it.
+TEST(ShardingMaterialize, VocabularyParallelEmbedding) {
+  ir::GraphBuilder b;
+  auto out0 = [&](ir::NodeId n) { return b.peek().node(n).outputs[0]; };
+  auto w = b.AddInput("wte", Tensor({1000, 64}), ir::InputKind::kParameter, "wte.weight");
+  ir::ValueType idx_t = Tensor({4, 16});
+  idx_t.tensor.dtype = ir::DType::kInt64;
+  auto idx = b.AddInput("idx", idx_t, ir::InputKind::kUser);
+  auto emb = out0(b.AddNode(
+      Op("emb", "aten::embedding.default", {V(w), V(idx), ir::Arg::Int(3)}, Tensor({4, 16, 64}))));
+  auto relu = out0(b.AddNode(Op("relu", "aten::relu.default", {V(emb)}, Tensor({4, 16, 64}))));
+  b.SetOutput(ir::Arg::List({V(relu)}, /*tuple=*/true));
+  const ir::Graph g = b.Build();
+  ShardingOptions o;
+  o.world = 2;
+  o.pinned["wte.weight"] = ShardSpec::S(0);
+  o.pinned["emb"] = ShardSpec::P();  // (gathering the rows and looking up whole is cheaper here)
+  const ShardingPlan plan = PlanSharding(g, o);
+  EXPECT_EQ(plan.strategy.at("emb"), "vocab");
+  EXPECT_EQ(plan.spec.at("emb"), ShardSpec::P());
+  MaterializeOptions mo;
+  mo.world = 2, mo.group = 7;
+  MaterializeStats stats;
+  const ir::Graph local = MaterializeSharding(g, plan, mo, &stats);
+  const ir::Node* e = FindNode(local, "emb");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->op, "torch_plugin::vocab_embedding.default");
+  ASSERT_EQ(e->args.size(), 4u);
+  EXPECT_EQ(Shape(local, e->args[0].value()), (std::vector<int64_t>{500, 64}));
+  EXPECT_EQ(e->args[2].i, 3);  // padding_idx kept: the kernel shifts it per rank
+  EXPECT_EQ(e->args[3].i, 7);
+  EXPECT_EQ(Shape(local, e->outputs[0]), (std::vector<int64_t>{4, 16, 64}));
+  // The partial sum meets one all-reduce (or reduce-scatter) before the elementwise consumer
+  // or the output.
+  int reduces = 0;
+  for (const auto& c : plan.collectives) reduces += c.from.kind == ShardSpec::Kind::kPartial;
+  EXPECT_EQ(reduces, 1);
+  // sparse or frequency-scaled lookups have no vocabulary-parallel form: a clear error.
+  ir::GraphBuilder b2;
+  auto w2 = b2.AddInput("wte", Tensor({1000, 64}), ir::InputKind::kParameter, "wte.weight");
+  auto idx2 = b2.AddInput("idx", idx_t, ir::InputKind::kUser);
+  b2.AddNode(Op("emb", "aten::embedding.default",
+                {V(w2), V(idx2), ir::Arg::Int(-1), ir::Arg::Bool(true)}, Tensor({4, 16, 64})));
+  b2.SetOutput(ir::Arg::List({V(b2.peek().node(0).outputs[0])}, /*tuple=*/true));
+  const ir::Graph g2 = b2.Build();
+  const ShardingPlan plan2 = PlanSharding(g2, o);
+  try {
+    MaterializeSharding(g2, plan2, mo);
+    FAIL();
+  } catch (const ShardingError& err) {
+    EXPECT_NE(std::string(err.what()).find("node 'emb'"), std::string::npos) << err.what();
+  }
 }
 
 TEST(ShardingMaterialize, PlanThatDoesNotFitIsAClearError) {
