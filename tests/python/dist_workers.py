@@ -359,7 +359,9 @@ def _sharding_model(name: str, batch: int) -> tuple[torch.nn.Module, tuple[Any, 
     return model, inputs
 
 
-def _sharded_step_matches(name: str, mesh: Any, batch: int) -> tuple[dict[str, Any], Any]:
+def _sharded_step_matches(
+    name: str, mesh: Any, batch: int, **options: Any
+) -> tuple[dict[str, Any], Any]:
     """One training step of `name` sharded on `mesh` equals single-process training (asserts);
     returns figures and the sharded module."""
     import torch_plugin
@@ -376,6 +378,7 @@ def _sharded_step_matches(name: str, mesh: Any, batch: int) -> tuple[dict[str, A
         constraints=SHARDING_PINS.get(name),
         # the tied-layer level run for real, on the CPU profile (other plans than A100's)
         **({"level": "fast", "device": "cpu"} if name == "gpt" else {}),
+        **options,
     )
     del model
     dist_out = sharded(*inputs)
@@ -498,6 +501,16 @@ def sharding_step_matches(
                 report[f"{name}@dp2xtp2"], dp_tp = _sharded_step_matches(name, mesh2, batch)
                 report[f"{name}@dp2xtp2"]["dp_calls"] = dict(dp_tp.dp_comm.calls)
             report["zero@dp2xtp2"] = _zero_adam_matches(mesh2, batch)
+        if world == 2:  # the mesh shape searched: (1, 2) tensor or (2, 1) data parallel
+            report["auto_mesh"], auto = _sharded_step_matches(
+                "gpt2", mesh, batch, mesh_shape="auto"
+            )
+            report["auto_mesh"]["search"] = auto.mesh_search
+            report["auto_mesh"]["shape"] = list(auto.mesh.shape)
+            report["auto_mesh"]["dp"] = auto.dp
+            # the (2, 1) shape the search may pick on larger meshes: pure data parallelism
+            dp_only = torch_plugin.DeviceMesh.from_torchrun((2, 1), ("dp", "tp"))
+            report["gpt2@dp2xtp1"], _ = _sharded_step_matches("gpt2", dp_only, batch)
         # Bad input is a clear error, not a wrong answer.
         bad = torch.zeros(batch + 1, 64)
         try:

@@ -76,6 +76,14 @@ def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path)
             table = res["gpt2_table"]
             assert "model.transformer.h.3.mlp.c_fc.weight" in table and "modelled per step" in table
             assert (tmp_path / "gpt2_plan.png").stat().st_size > 10_000
+        if world == 2:  # mesh_shape="auto": both shapes planned, the faster one runs
+            auto = res["auto_mesh"]
+            assert sorted((r["dp"], r["tp"]) for r in auto["search"]) == [(1, 2), (2, 1)]
+            best = auto["search"][0]
+            assert best["objective"] <= auto["search"][1]["objective"]
+            assert auto["dp"] == best["dp"] and auto["max_grad_diff"] < 1e-5
+            pure_dp = res["gpt2@dp2xtp1"]
+            assert pure_dp["max_grad_diff"] < 1e-5 and pure_dp["sharded_params"] == 0
         if world == 4:  # 2 x 2 (dp, tp): data parallel replicas of the tensor-parallel program
             assert res["mesh2"] == [r // 2, r % 2]
             for name in ("mlp", "gpt2"):

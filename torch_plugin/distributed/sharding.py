@@ -536,6 +536,7 @@ class ShardedModule(nn.Module):
             dp=self.dp,
         )
         self.zero_copies: dict[str, int] = dict(result["zero_copies"])
+        self.mesh_search: list[dict[str, Any]] = []  # shard_model(mesh_shape="auto") fills it
         log.info(
             "torch_plugin sharding: %d reshards, %d grad syncs",
             result["reshards"],
@@ -696,6 +697,59 @@ class ShardedOptimizer:
         return total
 
 
+def search_mesh_shape(
+    model: nn.Module,
+    world: int,
+    example_inputs: Sequence[Any],
+    *,
+    constraints: dict[str, str] | None = None,
+    memory_budget_gb: float | None = None,
+    device: str = "a100",
+    training: bool | None = None,
+    time_limit_s: float = 30.0,
+    level: str = "auto",
+    zero: int = 1,
+) -> list[dict[str, Any]]:
+    """Every (dp, tp) shape of `world` ranks whose dp divides the batch, each planned by the
+    ILP (one dp replica's batch slice, the dp axis's gradient sync and ZeRO-1 inside it):
+    [{"dp", "tp", "objective" (modelled step s, None if no plan fits), "why"}], fastest first.
+    Pure data parallelism is the (world, 1) shape; no process group is needed."""
+    flat = [x for x in pytree.tree_leaves(tuple(example_inputs)) if isinstance(x, torch.Tensor)]
+    batch = next((int(x.shape[0]) for x in flat if x.dim() > 0), 1)
+    training = model.training if training is None else training
+    budget = 0.0 if memory_budget_gb is None else memory_budget_gb * 1e9
+    shapes = []
+    for dp in (d for d in range(1, world + 1) if world % d == 0 and batch % d == 0):
+        sliced = pytree.tree_map(
+            lambda x, dp=dp: (
+                x[: x.shape[0] // dp] if isinstance(x, torch.Tensor) and x.dim() > 0 else x
+            ),
+            tuple(example_inputs),
+        )
+        graph = _capture(model, sliced).graph
+        row: dict[str, Any] = {"dp": dp, "tp": world // dp, "objective": None, "why": ""}
+        try:
+            plan = _C.plan_sharding(
+                graph,
+                world // dp,
+                device,
+                training,
+                budget,
+                time_limit_s,
+                dict(constraints or {}),
+                level,
+                1.0,
+                dp,
+                zero,
+            )
+            row["objective"] = plan["objective"]
+        except _C.PlanError as e:
+            row["why"] = str(e)
+        shapes.append(row)
+    shapes.sort(key=lambda r: (r["objective"] is None, r["objective"] or 0.0, -r["tp"]))
+    return shapes
+
+
 def shard_model(
     model: nn.Module,
     mesh: DeviceMesh,
@@ -703,13 +757,54 @@ def shard_model(
     *,
     constraints: dict[str, str] | None = None,
     memory_budget_gb: float | None = None,
+    mesh_shape: str | None = None,
     **options: Any,
 ) -> ShardedModule:
     """The sharded form of `model` on `mesh` (see ShardedModule); `constraints` pins specs by
-    parameter name or graph node, e.g. {"mlp.fc1.weight": "S(0)"}."""
+    parameter name or graph node, e.g. {"mlp.fc1.weight": "S(0)"}. mesh_shape="auto" on a 1-D
+    mesh: the (dp, tp) shape of its ranks with the least modelled step (search_mesh_shape)
+    becomes a 2-D ("dp", "tp") mesh over the same ranks; `.mesh_search` lists every shape."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised; build a DeviceMesh first")
-    return ShardedModule(
+    search: list[dict[str, Any]] = []
+    if mesh_shape not in (None, "auto"):
+        raise ValueError(f"mesh_shape {mesh_shape!r}: None (the mesh as given) or 'auto'")
+    if mesh_shape == "auto":
+        if len(mesh.shape) != 1:
+            raise ValueError(f"mesh_shape='auto' reshapes a 1-D mesh; {mesh} is already 2-D")
+        keys = ("device", "training", "time_limit_s", "level", "zero")
+        search = search_mesh_shape(
+            model,
+            mesh.size(),
+            example_inputs,
+            constraints=constraints,
+            memory_budget_gb=memory_budget_gb,
+            **{k: options[k] for k in keys if k in options},
+        )
+        best = search[0]
+        if best["objective"] is None:
+            raise _C.PlanError(
+                f"no (dp, tp) shape of {mesh.size()} ranks has a plan: "
+                + "; ".join(f"{r['dp']}x{r['tp']}: {r['why']}" for r in search)
+            )
+        log.info(
+            "torch_plugin sharding: mesh shapes (dp x tp: modelled ms) %s; using %dx%d",
+            ", ".join(
+                f"{r['dp']}x{r['tp']}: "
+                + (f"{r['objective'] * 1e3:.3f}" if r["objective"] is not None else "no plan")
+                for r in search
+            ),
+            best["dp"],
+            best["tp"],
+        )
+        if best["dp"] > 1:
+            mesh = DeviceMesh(
+                (best["dp"], best["tp"]),
+                ("dp", "tp"),
+                timeout_s=mesh.timeout_s,
+                backend=mesh.backend,
+            )
+    sharded = ShardedModule(
         model,
         mesh,
         example_inputs,
@@ -717,3 +812,5 @@ def shard_model(
         memory_budget_gb=memory_budget_gb,
         **options,
     )
+    sharded.mesh_search = search
+    return sharded
