@@ -73,7 +73,8 @@ py::dict PlanDict(const passes::ShardingPlan& p) {
       py::arg("param_bytes_per_rank") = p.param_bytes_per_rank,
       py::arg("activation_bytes_per_rank") = p.activation_bytes_per_rank,
       py::arg("state_bytes_per_rank") = p.state_bytes_per_rank,
-      py::arg("zero_copies") = p.zero_copies, py::arg("zero_gather_s") = p.zero_gather_s,
+      py::arg("zero_copies") = p.zero_copies, py::arg("zero_stage") = p.zero_stage,
+      py::arg("zero_gather_s") = p.zero_gather_s,
       py::arg("variables") = p.variables, py::arg("constraints") = p.constraints,
       py::arg("classes") = p.classes, py::arg("level") = p.level, py::arg("status") = p.status);
 }
@@ -102,7 +103,8 @@ void BindSharding(py::module_& m) {
       "kept for the backward (x activation_bytes_factor; 0 leaves them out). dp: data-parallel "
       "replicas of the graph (each a batch slice; every block's gradient is summed over them). "
       "max_zero_stage=1 lets the ILP shard a parameter's optimizer state over its copies where "
-      "memory needs it ('zero_copies': name -> copies; 'state_bytes_per_rank'). Raises PlanError "
+      "memory needs it, 2 also its gradient over dp ('zero_copies': name -> copies; "
+      "'zero_stage': name -> 1 or 2; 'state_bytes_per_rank'). Raises PlanError "
       "(with .min_memory_bytes) when no plan fits the budget.");
 
   m.def(

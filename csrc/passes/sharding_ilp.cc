@@ -27,7 +27,8 @@ struct Entity {
   double bytes = 0;                 // graph inputs: tensor bytes
   std::vector<double> saved_bytes;  // nodes, per strategy: outputs kept for the backward
   std::vector<int> vars;            // x per strategy
-  std::vector<int> zero_vars;       // parameters: z per strategy (ZeRO-1 on), -1 where none
+  std::vector<int> zero_vars;       // parameters: z1 per strategy (ZeRO-1 on), -1 where none
+  std::vector<int> zero2_vars;      // parameters: z2 per strategy (ZeRO-2 on), -1 where none
 };
 
 double Bytes(const ir::Graph& g, ir::ValueId v) {
@@ -165,10 +166,11 @@ constexpr double kMicro = 1e6;
 ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   if (o.world < 1) throw ShardingError("sharding needs a mesh of at least one rank", 0);
   if (o.dp < 1) throw ShardingError("sharding needs at least one data-parallel replica (dp)", 0);
-  if (o.max_zero_stage < 0 || o.max_zero_stage > 1)
+  if (o.max_zero_stage < 0 || o.max_zero_stage > 2)
     throw ShardingError("max_zero_stage " + std::to_string(o.max_zero_stage) +
-                            ": 0 (whole optimizer state on every rank) or 1 (ZeRO-1: the ILP may "
-                            "shard a parameter's optimizer state over its copies)",
+                            ": 0 (whole optimizer state on every rank), 1 (ZeRO-1: the ILP may "
+                            "shard a parameter's optimizer state over its copies) or 2 (ZeRO-2: "
+                            "its gradient too, over the dp axis)",
                         0);
   const cost::DeviceProfile& device = cost::FindDeviceProfile(o.device);
   const ir::OpRegistry& registry = ir::OpRegistry::Default();
@@ -288,6 +290,18 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   auto zero_gather = [&](const Entity& e, size_t s) {
     return device.kernel_overhead + cost::AllGatherTime(device, block_bytes(e, s), copies(e, s));
   };
+  // ZeRO-2 over dp: the block's gradient is reduce-scattered when backward produces it and its
+  // updated block all-gathered (two collectives of its own), in place of its share of the dp
+  // bucket's all-reduce; gradient and optimizer state keep 1/dp.
+  const bool zero2_allowed = o.training && o.max_zero_stage >= 2 && o.dp > 1 && factor > 1;
+  auto zero2_saving = [&](const Entity& e, size_t s) {
+    return (factor - 1) * (1.0 - 1.0 / o.dp) * block_bytes(e, s);
+  };
+  auto zero2_extra = [&](const Entity& e, size_t s) {
+    const double b = block_bytes(e, s);
+    return 2 * device.kernel_overhead + 2 * cost::AllGatherTime(device, b, o.dp) -
+           cost::AllReduceTime(device, b, o.dp);
+  };
 
   solver::IlpModel m;
   ShardingPlan plan;
@@ -316,29 +330,42 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     m.AddConstraint(one, solver::Sense::kEqual, 1.0);
   }
   // z[p][s] <= x[p][s]: the block under spec s also shards its optimizer state.
-  std::map<int, std::vector<double>> zero_obj;
+  std::map<int, std::vector<double>> zero_obj, zero2_obj;
   for (size_t i = 0; i < ents.size(); ++i) {
     const Entity& e = ents[i];
-    if (!e.is_parameter || !zero_allowed) continue;
+    if (!e.is_parameter) continue;
     auto& z_cls = zero_obj[cls[i]];
+    auto& z2_cls = zero2_obj[cls[i]];
     z_cls.resize(e.strategies.size(), 0.0);
-    for (size_t s = 0; s < e.strategies.size(); ++s) z_cls[s] += zero_gather(e, s);
+    z2_cls.resize(e.strategies.size(), 0.0);
+    for (size_t s = 0; s < e.strategies.size(); ++s) {
+      if (zero_allowed) z_cls[s] += zero_gather(e, s);
+      if (zero2_allowed) z2_cls[s] += zero2_extra(e, s);
+    }
   }
   for (size_t i = 0; i < ents.size(); ++i) {
     Entity& e = ents[i];
     if (!e.is_parameter) continue;
     if (cls[i] != static_cast<int>(i)) {
       e.zero_vars = ents[static_cast<size_t>(cls[i])].zero_vars;
+      e.zero2_vars = ents[static_cast<size_t>(cls[i])].zero2_vars;
       continue;
     }
     e.zero_vars.assign(e.strategies.size(), -1);
-    if (!zero_allowed) continue;
+    e.zero2_vars.assign(e.strategies.size(), -1);
     for (size_t s = 0; s < e.strategies.size(); ++s) {
-      if (copies(e, s) < 2) continue;
-      const int z =
-          m.AddBinary(kMicro * zero_obj[cls[i]][s], e.name + "/" + e.strategies[s].name + "/zero1");
-      m.AddConstraint({{z, 1.0}, {e.vars[s], -1.0}}, solver::Sense::kLessEqual, 0.0);
-      e.zero_vars[s] = z;
+      std::vector<std::pair<int, double>> row = {{e.vars[s], -1.0}};
+      if (zero_allowed && copies(e, s) >= 2) {
+        e.zero_vars[s] = m.AddBinary(kMicro * zero_obj[cls[i]][s],
+                                     e.name + "/" + e.strategies[s].name + "/zero1");
+        row.push_back({e.zero_vars[s], 1.0});
+      }
+      if (zero2_allowed) {
+        e.zero2_vars[s] = m.AddBinary(kMicro * zero2_obj[cls[i]][s],
+                                      e.name + "/" + e.strategies[s].name + "/zero2");
+        row.push_back({e.zero2_vars[s], 1.0});
+      }
+      if (row.size() > 1) m.AddConstraint(row, solver::Sense::kLessEqual, 0.0);
     }
   }
   plan.classes = static_cast<int>(obj.size());
@@ -361,9 +388,17 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     for (size_t s = 0; s < e.strategies.size(); ++s) {
       double b = e.is_parameter ? factor * block_bytes(e, s) : act_factor * e.saved_bytes[s];
       mem_by_var[e.vars[s]] += b;
-      if (e.is_parameter && e.zero_vars[s] >= 0) {
-        mem_by_var[e.zero_vars[s]] -= zero_saving(e, s);
-        b -= zero_saving(e, s);
+      if (e.is_parameter) {  // the least: the stage that saves the most
+        double saves = 0;
+        if (e.zero_vars[s] >= 0) {
+          mem_by_var[e.zero_vars[s]] -= zero_saving(e, s);
+          saves = zero_saving(e, s);
+        }
+        if (e.zero2_vars[s] >= 0) {
+          mem_by_var[e.zero2_vars[s]] -= zero2_saving(e, s);
+          saves = std::max(saves, zero2_saving(e, s));
+        }
+        b -= saves;
       }
       // The least a pinned entity can take is its pinned spec's.
       if (pin == pins.end() || e.strategies[s].outputs[0] == pin->second)
@@ -379,7 +414,9 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
          << (o.training ? " and optimizer state" : "") << " need at least " << min_param_bytes / 1e9
          << " GB per rank on " << o.world << " ranks" << (o.dp > 1 ? " x " : "")
          << (o.dp > 1 ? std::to_string(o.dp) + " dp replicas" : "")
-         << (zero_allowed ? " (optimizer state sharded over every copy, ZeRO-1)" : "");
+         << (zero2_allowed  ? " (gradients and optimizer state sharded, ZeRO-1/2)"
+             : zero_allowed ? " (optimizer state sharded over every copy, ZeRO-1)"
+                            : "");
       if (act_factor > 0)
         os << ", the activations kept for the backward at least " << min_act_bytes / 1e9
            << " GB (the example batch; a smaller micro-batch or checkpointing needs less)";
@@ -506,10 +543,17 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
         plan.param_bytes_per_rank += block_bytes(e, s);
         plan.grad_sync_s += grad_sync(e, s);
         double state = factor * block_bytes(e, s);
+        const std::string key = e.source.empty() ? e.name : e.source;
         if (e.zero_vars[s] >= 0 && sol.IntValue(e.zero_vars[s]) == 1) {
           state -= zero_saving(e, s);
-          plan.zero_copies[e.source.empty() ? e.name : e.source] = copies(e, s);
+          plan.zero_copies[key] = copies(e, s);
+          plan.zero_stage[key] = 1;
           plan.zero_gather_s += zero_gather(e, s);
+        } else if (e.zero2_vars[s] >= 0 && sol.IntValue(e.zero2_vars[s]) == 1) {
+          state -= zero2_saving(e, s);
+          plan.zero_copies[key] = o.dp;
+          plan.zero_stage[key] = 2;
+          plan.zero_gather_s += zero2_extra(e, s);
         }
         plan.state_bytes_per_rank += state;
       }

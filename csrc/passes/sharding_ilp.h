@@ -3,7 +3,8 @@
 // (tp replicas and the dp axis), chosen by one ILP on CBC (Rhino's formulation, Alpa's costs).
 //
 // Variables: x[n][s] = node n runs strategy s (ir/sharding.h; graph inputs choose a spec);
-// z[p][s] <= x[p][s] = parameter p under spec s also shards its optimizer state (ZeRO-1);
+// z1[p][s] + z2[p][s] <= x[p][s] = parameter p under spec s also shards its optimizer state
+// (ZeRO-1), or its gradient and optimizer state over dp (ZeRO-2);
 // y[e][s][t] >= x[p][s] + x[c][t] - 1 carries the resharding cost of edge e when producer p
 // emits one spec and consumer c needs another (collectives priced alpha-beta on the device
 // profile). Objective: per-rank compute + resharding + (training) the gradient all-reduce of
@@ -41,7 +42,11 @@ struct ShardingOptions {
   // ZeRO: 1 lets the ILP shard a parameter's optimizer state (the state_bytes_factor - 2 part:
   // Adam's moments) over the ranks that hold copies of its block (dp x, and world x when it is
   // replicated over tp): memory (2 + (f - 2) / copies) x block instead of f x block, for an
-  // all-gather of the updated block after each step. 0 keeps whole state on every rank.
+  // all-gather of the updated block after each step. 2 also offers ZeRO-2 over the dp axis:
+  // the gradient is reduce-scattered as soon as backward produces it (the whole one freed) and
+  // the optimizer state sharded, (1 + (f - 1) / dp) x block, for a reduce-scatter and an
+  // all-gather per parameter in place of its share of the bucketed all-reduce. 0 keeps whole
+  // state on every rank.
   int max_zero_stage = 1;
   double time_limit_s = 30;
   // "exact": one ILP variable set per node. "fast": nodes with identical neighbourhoods (the
@@ -71,9 +76,11 @@ struct ShardingPlan {
   double param_bytes_per_rank = 0;
   // Training: parameters, gradients and optimizer state per rank, after ZeRO (the budget's part).
   double state_bytes_per_rank = 0;
-  // Parameters (input source, else name) whose optimizer state the plan shards (ZeRO-1), with
-  // the number of ranks it is spread over; the all-gather of their updated blocks per step.
+  // Parameters (input source, else name) whose optimizer state the plan shards, with the number
+  // of ranks it is spread over and the stage (1, or 2: the gradient too, over dp); the extra
+  // time per step (ZeRO-1's all-gathers, ZeRO-2's per-parameter collectives over the bucket).
   std::map<std::string, int> zero_copies;
+  std::map<std::string, int> zero_stage;
   double zero_gather_s = 0;
   double activation_bytes_per_rank = 0;  // training: kept for the backward (see the options)
   int variables = 0, constraints = 0;

@@ -415,39 +415,45 @@ def _sharded_step_matches(
     }, sharded
 
 
-def _zero_adam_matches(mesh: Any, batch: int) -> dict[str, Any]:
-    """GPT-2 on a (dp, tp) mesh under a memory budget below the least any plan needs without
-    ZeRO: the ILP shards some optimizer state (ZeRO-1), and three Adam steps through
-    dist_model.optimizer equal single-process Adam (asserts); returns the state bytes this rank
-    holds. eps=1e-4: with the default 1e-8, Adam turns the rounding noise of a near-zero
-    gradient (an embedding row one token uses) into a whole lr-sized step's difference."""
+def _zero_adam_matches(mesh: Any, batch: int, zero: int) -> dict[str, Any]:
+    """GPT-2 on a (dp, tp) mesh under a memory budget below the least any plan needs with ZeRO
+    stages below `zero`: the ILP shards some optimizer state (ZeRO-1; ZeRO-2 also gradients),
+    and three Adam steps through dist_model.optimizer equal single-process Adam (asserts);
+    returns the state bytes this rank holds. eps=1e-4: with the default 1e-8, Adam turns the
+    rounding noise of a near-zero gradient (an embedding row one token uses) into a whole
+    lr-sized step's difference."""
     import torch_plugin
 
     model, inputs = _sharding_model("gpt2", batch)
     model.train()
     reference = copy.deepcopy(model)
-    least = {}  # the least memory per rank any plan needs, without and with ZeRO
-    for zero in (0, 1):
+    least = {}  # the least memory per rank any plan needs, up to each ZeRO stage
+    for stage in (zero - 1, zero):
         try:
-            torch_plugin.parallelize(model, mesh, inputs, memory_budget_gb=1e-9, zero=zero)
+            torch_plugin.parallelize(model, mesh, inputs, memory_budget_gb=1e-9, zero=stage)
         except torch_plugin.PlanError as e:
-            least[zero] = e.min_memory_bytes
-    assert least[1] < least[0], least
-    budget = (least[0] + least[1]) / 2  # no plan fits without ZeRO
-    sharded = torch_plugin.parallelize(model, mesh, inputs, memory_budget_gb=budget / 1e9)
+            least[stage] = e.min_memory_bytes
+    assert least[zero] < least[zero - 1], least
+    budget = (least[zero - 1] + least[zero]) / 2  # no plan fits with the lower stages only
+    sharded = torch_plugin.parallelize(
+        model, mesh, inputs, memory_budget_gb=budget / 1e9, zero=zero
+    )
     plan = sharded.plan
-    assert plan.zero_copies, f"a budget below the least without ZeRO chose none:\n{plan}"
+    assert zero in plan.zero_stage.values(), f"budget below stage {zero - 1}'s least:\n{plan}"
     assert plan.state_bytes_per_rank + plan.activation_bytes_per_rank <= budget * (1 + 1e-9)
     opt = sharded.optimizer(torch.optim.Adam, lr=1e-2, eps=1e-4)
     ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-4)
     torch.manual_seed(7)
     target = torch.randn_like(reference(*inputs))
+    grads_kept = 0
     for _ in range(3):
         ref_opt.zero_grad()
         F.mse_loss(reference(*inputs), target).backward()
         ref_opt.step()
         opt.zero_grad()
         F.mse_loss(sharded(*inputs), target).backward()
+        grads_kept = sum(p.grad.numel() for p in sharded.parameters() if p.grad is not None)
+        grads_kept += sum(z.shard.grad.numel() for z in opt.zero2 if z.shard.grad is not None)
         opt.step()
     ref = dict(reference.named_parameters())
     max_diff = 0.0
@@ -458,14 +464,17 @@ def _zero_adam_matches(mesh: Any, batch: int) -> dict[str, Any]:
                 p, expect, rtol=1e-5, atol=1e-5, msg=lambda m, n=pname: f"{n} after Adam: {m}"
             )
             max_diff = max(max_diff, float((p - expect).abs().max()))
-    plain = 2 * sharded.local_parameter_bytes()  # Adam's two moments of every block
+    local = sum(p.numel() for p in sharded.parameters())
     return {
         "zero_params": len(plan.zero_copies),
+        "stages": sorted(set(plan.zero_stage.values())),
         "copies": sorted(set(plan.zero_copies.values())),
         "state_bytes": opt.state_bytes(),
-        "plain_state_bytes": plain,
+        "plain_state_bytes": 2 * sharded.local_parameter_bytes(),  # Adam's two moments
+        "grad_elements": grads_kept,  # after backward, before the step
+        "param_elements": local,
         "max_param_diff": max_diff,
-        "least_bytes": [least[0], least[1]],
+        "least_bytes": [least[zero - 1], least[zero]],
         "budget_bytes": budget,
         "table": plan.table() if mesh.rank == 0 else "",
     }
@@ -500,7 +509,8 @@ def sharding_step_matches(
             for name in ("mlp", "gpt2"):
                 report[f"{name}@dp2xtp2"], dp_tp = _sharded_step_matches(name, mesh2, batch)
                 report[f"{name}@dp2xtp2"]["dp_calls"] = dict(dp_tp.dp_comm.calls)
-            report["zero@dp2xtp2"] = _zero_adam_matches(mesh2, batch)
+            report["zero@dp2xtp2"] = _zero_adam_matches(mesh2, batch, 1)
+            report["zero2@dp2xtp2"] = _zero_adam_matches(mesh2, batch, 2)
         if world == 2:  # the mesh shape searched: (1, 2) tensor or (2, 1) data parallel
             report["auto_mesh"], auto = _sharded_step_matches(
                 "gpt2", mesh, batch, mesh_shape="auto"

@@ -95,6 +95,11 @@ def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path)
             assert z["state_bytes"] < z["plain_state_bytes"]
             assert z["budget_bytes"] < z["least_bytes"][0]
             assert set(z["copies"]) <= {2, 4}
+            z2 = res["zero2@dp2xtp2"]  # ZeRO-2: gradients of some blocks kept 1/dp
+            assert 2 in z2["stages"] and z2["max_param_diff"] < 1e-5
+            assert z2["grad_elements"] < z2["param_elements"]
+            assert z2["state_bytes"] < z2["plain_state_bytes"]
+            assert z2["budget_bytes"] < z2["least_bytes"][0]
 
 
 def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:

@@ -228,6 +228,7 @@ class ShardingPlan:
     state_bytes_per_rank: float = 0.0
     # Parameters whose optimizer state is sharded (ZeRO-1) -> over how many copies.
     zero_copies: dict[str, int] = dataclasses.field(default_factory=dict)
+    zero_stage: dict[str, int] = dataclasses.field(default_factory=dict)  # 1 or 2
     zero_gather_s: float = 0.0
     dp: int = 1
 
@@ -241,7 +242,8 @@ class ShardingPlan:
         ]
         for name, shape, spec, nbytes in self.params:
             copies = self.zero_copies.get(name)
-            state = f"1/{copies} (ZeRO-1)" if copies else "whole"
+            stage = self.zero_stage.get(name, 1)
+            state = f"1/{copies} (ZeRO-{stage})" if copies else "whole"
             lines.append(f"{name:<52} {str(list(shape)):<16} {spec:<6} {nbytes:>12,} {state:>16}")
         lines.append(f"{'collective':<16} {'value':<36} {'from->to':<10} {'bytes':>12} {'ms':>8}")
         for c in self.collectives:
@@ -253,7 +255,7 @@ class ShardingPlan:
             f"modelled per step: compute {self.compute_s * 1e3:.3f} ms, collectives "
             f"{self.comm_s * 1e3:.3f} ms, gradient sync {self.grad_sync_s * 1e3:.3f} ms"
             + (f" (and over {self.dp} dp replicas)" if self.dp > 1 else "")
-            + (f", ZeRO all-gathers {self.zero_gather_s * 1e3:.3f} ms" if self.zero_copies else "")
+            + (f", ZeRO collectives {self.zero_gather_s * 1e3:.3f} ms" if self.zero_copies else "")
             + f"; parameters {self.param_bytes_per_rank / 2**20:.2f} MiB per rank, with gradients "
             f"and optimizer state {self.state_bytes_per_rank / 2**20:.2f} MiB, saved "
             f"activations {self.activation_bytes_per_rank / 2**20:.2f} MiB per rank"
@@ -532,10 +534,17 @@ class ShardedModule(nn.Module):
             activation_bytes_per_rank=result["activation_bytes_per_rank"],
             state_bytes_per_rank=result["state_bytes_per_rank"],
             zero_copies=dict(result["zero_copies"]),
+            zero_stage=dict(result["zero_stage"]),
             zero_gather_s=result["zero_gather_s"],
             dp=self.dp,
         )
         self.zero_copies: dict[str, int] = dict(result["zero_copies"])
+        # ZeRO-2 blocks: each keeps a flat 1/dp shard (a view of the block) whose gradient the
+        # backward reduce-scatters into as soon as the block's own is accumulated (then freed).
+        self._zero2: dict[str, _Zero2Shard] = {}
+        for name, p in zip(pnames, self.local_params, strict=True):
+            if result["zero_stage"].get(name) == 2 and p.requires_grad:
+                self._zero2[name] = _Zero2Shard(p, self.dp_comm, name)
         self.mesh_search: list[dict[str, Any]] = []  # shard_model(mesh_shape="auto") fills it
         log.info(
             "torch_plugin sharding: %d reshards, %d grad syncs",
@@ -592,7 +601,9 @@ class ShardedModule(nn.Module):
         # runs through the tp program; outputs are gathered back along the batch. Every rank
         # seeds the same loss gradient, so the gathered output scales it by 1/dp (the program
         # itself scales by 1/tp), keeping the gradient convention of sharding_materialize.h.
-        trainable = [i for i, p in enumerate(params) if p.requires_grad]
+        # ZeRO-2 blocks are not in the bucket: their hooks reduce-scatter them one by one.
+        zero2 = {id(z.param) for z in self._zero2.values()}
+        trainable = [i for i, p in enumerate(params) if p.requires_grad and id(p) not in zero2]
         if trainable and torch.is_grad_enabled():
             synced = grad_sync([params[i] for i in trainable], self._dp_handle)
             for i, t in zip(trainable, synced, strict=True):
@@ -633,13 +644,56 @@ class ShardedModule(nn.Module):
         return x.chunk(self.dp, 0)[self.dp_rank]
 
 
+class _Zero2Shard:
+    """A ZeRO-2 block's flat 1/dp shard: `shard` is a Parameter viewing this dp rank's part of
+    the flattened block (its update writes the block in place). A hook on the block reduce-
+    scatters each accumulated gradient over dp into shard.grad and frees the whole one, so a
+    rank keeps 1/dp of this block's gradient and optimizer state; `gather` rebuilds the block
+    from every rank's updated shard after the step."""
+
+    def __init__(self, param: nn.Parameter, comm: Collectives, name: str) -> None:
+        self.param, self.comm, self.name = param, comm, name
+        n = param.numel()
+        self.chunk = -(-n // comm.world)  # ceil: the last rank's part is zero-padded
+        lo = min(n, comm.rank * self.chunk)
+        hi = min(n, lo + self.chunk)
+        self.shard = nn.Parameter(param.detach().view(-1)[lo:hi])
+        param.register_post_accumulate_grad_hook(self._reduce_scatter)
+
+    def _padded(self, flat: torch.Tensor) -> torch.Tensor:
+        extra = self.chunk * self.comm.world - flat.numel()
+        return F.pad(flat, (0, extra)) if extra else flat
+
+    def _reduce_scatter(self, param: torch.Tensor) -> None:
+        grad = param.grad
+        param.grad = None
+        mine = self.comm.reduce_scatter(self._padded(grad.reshape(-1)), 0, "zero2_grad")
+        mine = mine[: self.shard.numel()]
+        self.shard.grad = mine if self.shard.grad is None else self.shard.grad + mine
+
+    def gather(self) -> None:
+        with torch.no_grad():
+            part = self.shard.detach().reshape(-1)
+            if part.numel() < self.chunk:  # the last ranks' parts are short (or empty)
+                part = F.pad(part, (0, self.chunk - part.numel()))
+            whole = self.comm.all_gather(part.contiguous(), "zero2_param")
+            self.param.view(-1).copy_(whole.reshape(-1)[: self.param.numel()])
+
+
+# Optimizers whose update of an element reads only that element's gradient and state: stepping
+# a flat slice of a block is then stepping the block (ZeRO-2's shards need this).
+_ELEMENTWISE_OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "RMSprop", "NAdam", "RAdam")
+
+
 class ShardedOptimizer:
     """One step over a ShardedModule's blocks: a plain optimizer for the blocks whose state
     stays whole, one ZeroRedundancyOptimizer per group of ranks that share copies of the
     other blocks (the whole mesh for tp-replicated blocks, the dp axis for tp-sharded ones).
     The gradients are already summed over those copies when backward returns (the graph's
     grad_sync and the dp bucket), so each ZeRO rank steps its part of the blocks and broadcasts
-    the result: ZeRO-1."""
+    the result: ZeRO-1. ZeRO-2 blocks step their flat 1/dp shards (gradients reduce-scattered
+    by the backward) with a plain `optimizer_class`, then all-gather the blocks; that needs an
+    elementwise optimizer (SGD, Adam, AdamW, ...)."""
 
     def __init__(
         self,
@@ -652,7 +706,18 @@ class ShardedOptimizer:
         whole_mesh = module.dp * module.world
         by_copies: dict[int, list[nn.Parameter]] = {}
         plain: list[nn.Parameter] = []
+        self.zero2 = list(module._zero2.values())
+        if self.zero2 and optimizer_class.__name__ not in _ELEMENTWISE_OPTIMIZERS:
+            raise ValueError(
+                f"{optimizer_class.__name__}: the plan uses ZeRO-2 for "
+                f"{', '.join(z.name for z in self.zero2[:3])}..., whose flat shards need an "
+                f"elementwise optimizer ({', '.join(_ELEMENTWISE_OPTIMIZERS)}); use one, or "
+                "parallelize with zero=1"
+            )
+        zero2 = {id(z.param) for z in self.zero2}
         for name, p, _ in module.named_local_parameters():
+            if id(p) in zero2:
+                continue
             copies = module.zero_copies.get(name)
             if copies is None or not p.requires_grad:
                 plain.append(p)
@@ -661,6 +726,8 @@ class ShardedOptimizer:
         self.optimizers: list[torch.optim.Optimizer] = []
         if plain:
             self.optimizers.append(optimizer_class(plain, **defaults))
+        if self.zero2:
+            self.optimizers.append(optimizer_class([z.shard for z in self.zero2], **defaults))
         for copies, params in sorted(by_copies.items()):
             if copies == whole_mesh:
                 group = module.comm.group if module.dp == 1 else dist.group.WORLD
@@ -684,6 +751,8 @@ class ShardedOptimizer:
     def step(self) -> None:
         for o in self.optimizers:
             o.step()
+        for z in self.zero2:
+            z.gather()
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (for the ZeRO parts: its partition)."""

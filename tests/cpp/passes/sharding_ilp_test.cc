@@ -258,8 +258,29 @@ TEST(ShardingIlp, ZeroShardsOptimizerStateOnlyWhereMemoryNeedsIt) {
   o.memory_budget_bytes = 3.2 * weight_bytes;
   o.max_zero_stage = 0;
   EXPECT_THROW(PlanSharding(g, o), ShardingError);
-  o.max_zero_stage = 2;
+  o.max_zero_stage = 3;
   EXPECT_THROW(PlanSharding(g, o), ShardingError);
+  // ZeRO-2 also shards the gradient over dp: 1 + 3/4 bytes per weight byte at the least, so a
+  // budget under ZeRO-1's least (2.5) fits, with stage 2 where it is needed.
+  o.max_zero_stage = 2;
+  o.memory_budget_bytes = 2.4 * weight_bytes;
+  const ShardingPlan z2 = PlanSharding(g, o);
+  EXPECT_LE(z2.state_bytes_per_rank, o.memory_budget_bytes * (1 + 1e-9));
+  int stage2 = 0;
+  for (const auto& [name, stage] : z2.zero_stage) {
+    stage2 += stage == 2;
+    EXPECT_EQ(z2.zero_copies.at(name), 4) << name;
+  }
+  EXPECT_GT(stage2, 0);
+  EXPECT_NEAR(z2.objective, free.objective + z2.zero_gather_s, 1e-9);
+  o.memory_budget_bytes = 1.7 * weight_bytes;
+  try {
+    PlanSharding(g, o);
+    FAIL();
+  } catch (const ShardingError& e) {
+    EXPECT_NEAR(e.min_bytes(), 1.75 * weight_bytes, 1.0);
+    EXPECT_NE(std::string(e.what()).find("ZeRO-1/2"), std::string::npos) << e.what();
+  }
 }
 
 // On a (dp, tp) mesh the gradient of every block is summed over dp too, and ZeRO spreads a
