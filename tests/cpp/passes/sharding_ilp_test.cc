@@ -376,5 +376,51 @@ TEST(ShardingIlp, EqualsBruteForceOnATinyGraph) {
   }
 }
 
+// The fast level against brute force: two identical branches (x @ w_a, x @ w_b, each a graph
+// output) tie their weights and matmuls into shared variables; the tied optimum equals the
+// best of every untied assignment (the branches' costs are separable, so a symmetric optimum
+// exists).
+TEST(ShardingIlp, FastLevelEqualsBruteForceOnTiedBranches) {
+  ir::GraphBuilder b;
+  auto out0 = [&](ir::NodeId n) { return b.peek().node(n).outputs[0]; };
+  auto x = b.AddInput("x", Tensor({8, 16}), ir::InputKind::kUser);
+  auto wa = b.AddInput("w_a", Tensor({16, 32}), ir::InputKind::kParameter, "w_a");
+  auto wb = b.AddInput("w_b", Tensor({16, 32}), ir::InputKind::kParameter, "w_b");
+  auto ma = out0(b.AddNode(Op("mm_a", "aten::mm.default", {V(x), V(wa)}, Tensor({8, 32}))));
+  auto mb = out0(b.AddNode(Op("mm_b", "aten::mm.default", {V(x), V(wb)}, Tensor({8, 32}))));
+  b.SetOutput(ir::Arg::List({V(ma), V(mb)}, /*tuple=*/true));
+  const ir::Graph g = b.Build();
+  ShardingOptions o;
+  o.world = 2;
+  o.device = "cpu";
+  o.level = "exact";
+  const ShardingPlan exact = PlanSharding(g, o);
+  o.level = "fast";
+  const ShardingPlan fast = PlanSharding(g, o);
+  EXPECT_LT(fast.classes, exact.classes);  // w_a ~ w_b and mm_a ~ mm_b share variables
+  EXPECT_EQ(fast.spec.at("w_a"), fast.spec.at("w_b"));
+  o.level = "exact";
+  const std::vector<ShardSpec> three = {ShardSpec::R(), ShardSpec::S(0), ShardSpec::S(1)};
+  const std::vector<ShardSpec> four = {ShardSpec::R(), ShardSpec::S(0), ShardSpec::S(1),
+                                       ShardSpec::P()};
+  double brute = 1e30;
+  int tried = 0;
+  for (const auto& sx : three)
+    for (const auto& sa : three)
+      for (const auto& sb : three)
+        for (const auto& ma_spec : four)
+          for (const auto& mb_spec : four) {
+            o.pinned = {{"x", sx}, {"w_a", sa}, {"w_b", sb}, {"mm_a", ma_spec}, {"mm_b", mb_spec}};
+            try {
+              brute = std::min(brute, PlanSharding(g, o).objective);
+              ++tried;
+            } catch (const ShardingError&) {
+            }
+          }
+  EXPECT_GT(tried, 100);
+  EXPECT_NEAR(fast.objective, brute, 1e-12 + 1e-9 * brute);
+  EXPECT_NEAR(exact.objective, brute, 1e-12 + 1e-9 * brute);
+}
+
 }  // namespace
 }  // namespace tp::passes
