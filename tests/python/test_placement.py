@@ -296,7 +296,7 @@ def test_segments_place_around_modules_that_must_stay_eager(tmp_path, caplog) ->
     # gradients agree relative to the largest one (a wrong kernel would miss by far more).
     for p, q in zip(gm.parameters(), reference.parameters(), strict=True):
         scale = float(q.grad.abs().max())
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5 * max(1.0, scale))
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4 * max(1.0, scale))
     assert len(calls) == 1
     assert sorted(r.kind for r in results) == ["backward", "backward", "forward", "forward"]
 
