@@ -538,13 +538,13 @@ class ShardedModule(nn.Module):
             zero_gather_s=result["zero_gather_s"],
             dp=self.dp,
         )
-        self.zero_copies: dict[str, int] = dict(result["zero_copies"])
         # ZeRO-2 blocks: each keeps a flat 1/dp shard (a view of the block) whose gradient the
         # backward reduce-scatters into as soon as the block's own is accumulated (then freed).
         self._zero2: dict[str, _Zero2Shard] = {}
         for name, p in zip(pnames, self.local_params, strict=True):
             if result["zero_stage"].get(name) == 2 and p.requires_grad:
                 self._zero2[name] = _Zero2Shard(p, self.dp_comm, name)
+        self._zero2_ids = {id(z.param) for z in self._zero2.values()}
         self.mesh_search: list[dict[str, Any]] = []  # shard_model(mesh_shape="auto") fills it
         log.info(
             "torch_plugin sharding: %d reshards, %d grad syncs",
@@ -602,8 +602,9 @@ class ShardedModule(nn.Module):
         # seeds the same loss gradient, so the gathered output scales it by 1/dp (the program
         # itself scales by 1/tp), keeping the gradient convention of sharding_materialize.h.
         # ZeRO-2 blocks are not in the bucket: their hooks reduce-scatter them one by one.
-        zero2 = {id(z.param) for z in self._zero2.values()}
-        trainable = [i for i, p in enumerate(params) if p.requires_grad and id(p) not in zero2]
+        trainable = [
+            i for i, p in enumerate(params) if p.requires_grad and id(p) not in self._zero2_ids
+        ]
         if trainable and torch.is_grad_enabled():
             synced = grad_sync([params[i] for i in trainable], self._dp_handle)
             for i, t in zip(trainable, synced, strict=True):
@@ -714,11 +715,10 @@ class ShardedOptimizer:
                 f"elementwise optimizer ({', '.join(_ELEMENTWISE_OPTIMIZERS)}); use one, or "
                 "parallelize with zero=1"
             )
-        zero2 = {id(z.param) for z in self.zero2}
         for name, p, _ in module.named_local_parameters():
-            if id(p) in zero2:
+            if id(p) in module._zero2_ids:
                 continue
-            copies = module.zero_copies.get(name)
+            copies = module.plan.zero_copies.get(name)
             if copies is None or not p.requires_grad:
                 plain.append(p)
             else:
