@@ -441,6 +441,12 @@ def _zero_adam_matches(mesh: Any, batch: int, zero: int) -> dict[str, Any]:
     plan = sharded.plan
     assert zero in plan.zero_stage.values(), f"budget below stage {zero - 1}'s least:\n{plan}"
     assert plan.state_bytes_per_rank + plan.activation_bytes_per_rank <= budget * (1 + 1e-9)
+    if zero == 2:  # flat shards need an elementwise optimizer: others are a clear error
+        try:
+            sharded.optimizer(torch.optim.LBFGS)
+            raise AssertionError("LBFGS over ZeRO-2 shards was accepted")
+        except ValueError as e:
+            assert "elementwise optimizer" in str(e), e
     opt = sharded.optimizer(torch.optim.Adam, lr=1e-2, eps=1e-4)
     ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-4)
     torch.manual_seed(7)
