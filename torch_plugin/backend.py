@@ -130,8 +130,9 @@ def recording_calls() -> Iterator[list[tuple[Any, list[Any], Any]]]:
         _CALL_RECORDERS.remove(sink)
 
 
-def _recordable(fn: Any) -> Any:
-    """A boxed graph callable whose calls the recorders see (one list check otherwise)."""
+def _recordable(fn: Any, gm: fx.GraphModule) -> Any:
+    """A boxed graph callable whose calls the recorders see (one list check otherwise). It
+    carries the placed GraphModule, from which the direct call path builds a leaner one."""
 
     def run(args: list[Any]) -> Any:
         if not _CALL_RECORDERS:
@@ -139,10 +140,11 @@ def _recordable(fn: Any) -> Any:
         flat = list(args)  # the boxed callable empties its list
         out = fn(args)
         for sink in _CALL_RECORDERS:
-            sink.append((fn, flat, out))
+            sink.append((run, flat, out))
         return out
 
     run._boxed_call = True  # type: ignore[attr-defined]
+    run.graph_module = gm  # type: ignore[attr-defined]
     return run
 
 
@@ -282,8 +284,9 @@ def torch_plugin_backend(
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
         kinds = input_kinds if n_inputs == len(input_kinds) else None
         real = list(example_inputs) if n_inputs == len(example_inputs) else None
-        fn = boxed_nop(rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real), inputs)
-        return _recordable(fn) if "placement" in opts.passes else fn
+        placed = rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real)
+        fn = boxed_nop(placed, inputs)
+        return _recordable(fn, placed) if "placement" in opts.passes else fn
 
     def backward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         return boxed_nop(rewrite_aten_graph(fx_g, opts, "backward", None, manager), inputs)

@@ -310,6 +310,10 @@ def test_place_calls_its_graph_directly_for_the_recorded_signature(tmp_path) -> 
     opts = {"backends": ["aten", "fused"], "cache_path": str(tmp_path / "p.db"), "samples": 3}
     placed = torch_plugin.place(model, inputs, **opts)
     assert placed.direct is not None
+    # The lean graph takes the user's tensors only; the module's own are bound inside it.
+    lean = placed.direct.lean
+    assert lean is not None
+    assert [n.op for n in lean.graph.nodes].count("placeholder") == len(inputs)
     from torch_plugin.backend import recording_calls
 
     with torch.no_grad():
@@ -319,6 +323,11 @@ def test_place_calls_its_graph_directly_for_the_recorded_signature(tmp_path) -> 
         assert calls == []  # the compiled module (which records its graph's calls) was skipped
         assert torch.equal(got, placed.compiled(*inputs))
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        seen: list[int] = []  # a hook on the placed module runs (Module.__call__ is not skipped)
+        handle = placed.register_forward_hook(lambda *_: seen.append(1))
+        torch.testing.assert_close(placed(*inputs), got, rtol=0, atol=0)
+        handle.remove()
+        assert seen == [1]
         other = tuple(x[:1] for x in inputs)  # another batch: guards and the compiled path
         assert not placed.direct.matches(other, {})
         torch.testing.assert_close(placed(*other), model(*other), rtol=1e-4, atol=1e-4)
