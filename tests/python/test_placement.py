@@ -100,7 +100,40 @@ def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path) -> None:
     )
     assert again.placement.measured == 0 and again.placement.cache_hits > 0
     assert again.placement.evolution.get("cached")
+    # The final pick (measured again, side by side) is replayed, not re-measured.
+    assert again.placement.evolution["final"] == r.evolution["final"]
+    assert again.placement.backend_counts() == r.backend_counts()
     torch.testing.assert_close(again(*inputs), want, rtol=1e-3, atol=1e-3)
+
+
+def test_final_pick_measures_the_finalists_again_and_skips_wrong_numbers() -> None:
+    """The search's result is the fastest finalist measured side by side; one that computes
+    other numbers is never picked, however fast."""
+    import time
+
+    from torch_plugin.placement.planner import Group, _pick_finalist
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) * 2)
+    nodes = [n.name for n in gm.graph.nodes if n.op == "call_function"]
+
+    def finalist(backend: str, fn):  # noqa: ANN001, ANN202
+        group = Group(backend, "region", nodes, ["x"], [nodes[-1]], 0.0)
+        return lambda: ([group], [fn])
+
+    def slow(x: torch.Tensor) -> tuple[torch.Tensor]:
+        time.sleep(0.002)
+        return (torch.relu(x) * 2,)
+
+    finalists = [
+        finalist("slow", slow),
+        finalist("wrong", lambda x: (x,)),
+        finalist("aten", None),
+        finalist("aten", None),  # the same placement again: measured once
+    ]
+    k, seconds, (groups, _) = _pick_finalist(gm, finalists, [torch.randn(64)], samples=3)
+    assert k == 2 and groups[0].backend == "aten"
+    assert seconds[1] < 0 and seconds[3] < 0  # wrong numbers; a duplicate
+    assert seconds[0] > 0.002 > seconds[2] > 0
 
 
 def test_training_graphs_are_placed_forward_and_backward(tmp_path, monkeypatch, caplog) -> None:

@@ -620,7 +620,9 @@ def place_graph(
             result.groups = groups
             result.evolution = evolution
             result.measured_dp_s = evolution["seed_fitness"]
-            result.measured_final_s = evolution["best_fitness"]
+            finalists_s = evolution["finalists_s"]
+            picked = finalists_s[evolution["final"]] if finalists_s else -1.0
+            result.measured_final_s = picked if picked > 0 else evolution["best_fitness"]
         else:
             result.measured_dp_s = time_call(placed, inputs, opts.samples)
             result.measured_final_s = result.measured_dp_s
@@ -791,11 +793,15 @@ def _evolve(
     deadline = time.perf_counter() + opts.time_budget_s
     rounds: list[dict[str, Any]] = []
     cached_rounds = (cached or {}).get("rounds", [])
+    # The seed, then per round the whole graph on its compiler and the round's result, as
+    # thunks: the final pick among them is measured again (a warm compile builds its pick).
+    Built = tuple[list[Group], list[Callable[..., Any] | None]]
+    finalists: list[Callable[[], Built]] = [lambda g=groups, c=compiled: (g, c)]
     for k, backend in enumerate(evolve_backends):
         hit = None
         if k < len(cached_rounds) and cached_rounds[k].get("backend") == backend.name:
             hit = cached_rounds[k]
-        groups, compiled, info = _evolve_round(
+        groups, compiled, info, whole = _evolve_round(
             gm,
             groups,
             compiled,
@@ -808,14 +814,68 @@ def _evolve(
             _frozen_for(backend, frozen),
         )
         rounds.append(info)
+        finalists += [whole, lambda g=groups, c=compiled: (g, c)]
+    cached_all = all(r.get("cached", False) for r in rounds)
+    final = (cached or {}).get("final") if cached_all else None
+    final_s: list[float] = []
+    if isinstance(final, int) and 0 <= final < len(finalists):
+        chosen = finalists[final]()
+    else:
+        final, final_s, chosen = _pick_finalist(gm, finalists, inputs, opts.samples)
     summary = {
         "rounds": rounds,
         "seed_fitness": rounds[0]["seed_fitness"],
         "best_fitness": min(r["best_fitness"] for r in rounds),
         "evaluations": sum(r["evaluations"] for r in rounds),
-        "cached": all(r.get("cached", False) for r in rounds),
+        "cached": cached_all,
+        "final": final,
+        "finalists_s": final_s,
     }
-    return groups, compiled, summary
+    return chosen[0], chosen[1], summary
+
+
+def _pick_finalist(
+    gm: fx.GraphModule,
+    finalists: Sequence[Callable[[], tuple[list[Group], list[Callable[..., Any] | None]]]],
+    inputs: Sequence[Any],
+    samples: int,
+    turns: int = 3,
+) -> tuple[int, list[float], tuple[list[Group], list[Callable[..., Any] | None]]]:
+    """The fastest of the seed and the rounds' results, measured in turns (median of each
+    one's turns). Each round kept its best by one measurement per individual; on a
+    sub-millisecond graph two such measurements differ by up to 10-50% (another runtime's
+    thread pool still spinning, the machine's drift), so a later round's "better" result can
+    be noise, and rounds compound it. Re-measuring a handful of finalists side by side keeps
+    the search from returning a placement slower than one it already held."""
+    built = [make() for make in finalists]
+    # The same placement reached twice (a round that kept its seed) is measured once.
+    first: dict[tuple[Any, ...], int] = {}
+    for k, (gs, _) in enumerate(built):
+        first.setdefault(tuple((g.backend, tuple(g.nodes)) for g in gs), k)
+    distinct = sorted(first.values())
+    medians = [math.inf] * len(built)
+    if len(distinct) > 1:
+        modules = {k: materialize(gm, *built[k]) for k in distinct}
+        times: dict[int, list[float]] = {k: [] for k in distinct}
+        with torch.no_grad():
+            for _ in range(turns):
+                for k, mod in modules.items():
+                    if _outputs_match(mod, gm, inputs, 1e-3):
+                        times[k].append(time_call(mod, inputs, samples))
+        for k, t in times.items():
+            medians[k] = statistics.median(t) if t else math.inf
+    else:
+        medians[distinct[0]] = 0.0
+    best = min(distinct, key=medians.__getitem__)
+    if not math.isfinite(medians[best]):
+        best = 0  # nothing measurable: the seed, which the caller checks against eager
+    log.info(
+        "torch_plugin placement: finalists (seed, then whole graph and result per round) "
+        "%s ms; picked %d",
+        ", ".join("-" if not math.isfinite(m) else f"{m * 1e3:.3f}" for m in medians),
+        best,
+    )
+    return best, [m if math.isfinite(m) else -1.0 for m in medians], built[best]
 
 
 def _evolve_round(
@@ -829,10 +889,16 @@ def _evolve_round(
     cached: dict[str, Any] | None,
     budget_s: float,
     consts: dict[str, torch.Tensor],
-) -> tuple[list[Group], list[Callable[..., Any] | None], dict[str, Any]]:
+) -> tuple[
+    list[Group],
+    list[Callable[..., Any] | None],
+    dict[str, Any],
+    Callable[[], tuple[list[Group], list[Callable[..., Any] | None]]],
+]:
     """Bits over the current groups: set = run by `backend`, with consecutive set groups (a
     contiguous stretch of a topological order, hence convex) merged into one region; a clear
-    bit keeps the group as it is (a group of `backend` goes back to ATen)."""
+    bit keeps the group as it is (a group of `backend` goes back to ATen). Returns the round's
+    result and a thunk that builds the whole graph as one region of `backend`."""
     region_cache: dict[tuple[str, ...], Callable[..., Any] | None] = {}
     seed = [g.backend == backend.name for g in groups]
 
@@ -905,11 +971,14 @@ def _evolve_round(
             log.debug("torch_plugin placement: individual failed (%s)", e)
             return math.inf
 
+    def whole() -> tuple[list[Group], list[Callable[..., Any] | None]]:
+        return build([True] * len(groups))
+
     if cached is not None and len(cached.get("best", [])) == len(groups):
         # A warm compile: this round already ran for this graph, options and machine.
         best = [bool(b) for b in cached["best"]]
         gs, fns = build(best) if best != seed else (groups, compiled)
-        return gs, fns, dict(cached, cached=True)
+        return gs, fns, dict(cached, cached=True), whole
 
     bar = None
     progress = None
@@ -955,9 +1024,9 @@ def _evolve_round(
     info["backend"] = backend.name
     info["offloaded"] = int(sum(r["best"]))
     if r["best"] == seed:
-        return groups, compiled, info
+        return groups, compiled, info, whole
     gs, fns = build(r["best"])
-    return gs, fns, info
+    return gs, fns, info, whole
 
 
 def _region(gm: fx.GraphModule, nodes: Sequence[str]) -> tuple[list[str], list[str]]:
