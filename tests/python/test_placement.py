@@ -152,7 +152,7 @@ def test_training_graphs_are_placed_forward_and_backward(tmp_path, monkeypatch, 
         return Entry(1e-3 if backend.name == "aten" else 1e-5, True, e.note, e.compile_seconds)
 
     monkeypatch.setattr(planner, "_measure", favour_fused)
-    monkeypatch.setattr(planner, "time_call", lambda fn, args, samples: (fn(*args), 1e-3)[1])
+    monkeypatch.setattr(planner, "time_call", lambda fn, args, samples, **_: (fn(*args), 1e-3)[1])
     model, inputs = small_model("gpt2")
     model.eval()  # no dropout; still a training graph (gradients enabled)
     reference = copy.deepcopy(model)

@@ -8,6 +8,7 @@ print(placed.placement.table()); placed.placement.save_png("placement.png")
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -79,6 +80,7 @@ class _DirectCall:
         gm = getattr(graph, "graph_module", None)
         self.lean = _lean_module(gm, sources) if isinstance(gm, fx.GraphModule) else None
         self.input_index = [v for kind, v in sources if kind == "input"]
+        self.single = _single_call(self.lean) if self.lean is not None else None
 
     @staticmethod
     def signature_of(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -98,13 +100,44 @@ class _DirectCall:
             return False
 
     def __call__(self, *args: Any) -> Any:
-        if self.lean is not None:
+        if self.single is not None:  # one compiled region: call it, pick its outputs
+            fn, order = self.single
+            res = fn(*[args[i] for i in self.input_index])
+            outs: Any = [res[k] for k in order]
+        elif self.lean is not None:
             # forward, not __call__: our own module, no hooks to run.
             outs = self.lean.forward(*[args[i] for i in self.input_index])
         else:  # the graph takes its arguments boxed (one list, which it empties)
             outs = self.graph([args[v] if kind == "input" else v for kind, v in self.sources])
         leaves = [outs[v] if kind == "output" else v for kind, v in self.out_leaves]
         return torch.utils._pytree.tree_unflatten(leaves, self.out_spec)
+
+
+def _single_call(lean: fx.GraphModule) -> tuple[Any, list[int]] | None:
+    """(fn, output order) when the lean graph only passes its placeholders, in order, to one
+    compiled group and returns items of its result: the whole model placed as one region,
+    the usual outcome on CPU. Calling fn straight skips the graph's own frame."""
+    nodes = list(lean.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op == "call_function" and n.target is not operator.getitem]
+    if len(calls) != 1 or getattr(calls[0].target, "__name__", "") != "call_group":
+        return None
+    call, out = calls[0], nodes[-1]
+    if list(call.args) != placeholders or call.kwargs:
+        return None
+    order: list[int] = []
+    for o in out.args[0]:
+        if not (
+            isinstance(o, fx.Node)
+            and o.target is operator.getitem
+            and o.args[0] is call
+            and isinstance(o.args[1], int)
+        ):
+            return None
+        order.append(o.args[1])
+    if any(n.op not in ("placeholder", "call_function", "output") for n in nodes):
+        return None
+    return call.target, order
 
 
 def _group_caller(fn: Any) -> Any:
@@ -240,8 +273,13 @@ class PlacedModule(torch.nn.Module):
             and not (_global_forward_pre_hooks or _global_forward_hooks)
             and direct.matches(args, kwargs)
         ):
-            with torch.no_grad():
+            # torch.no_grad() without the context manager object (a microsecond a call).
+            grad = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            try:
                 return direct(*args)
+            finally:
+                torch._C._set_grad_enabled(grad)
         return super().__call__(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -165,8 +165,11 @@ class OnnxRuntimeBackend(_NumpyBackend):
         else:
             keep = list(range(len(inputs)))
 
+        feeds = list(zip(names, keep, strict=False))
+
         def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            feed = {n: args[i].detach().numpy() for n, i in zip(names, keep, strict=False)}
+            # detach(): a training graph's forward gets its parameters, which need grad.
+            feed = {n: args[i].detach().numpy() for n, i in feeds}
             return tuple(torch.from_numpy(r) for r in session.run(None, feed))
 
         return run
