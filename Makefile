@@ -2,46 +2,52 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 CORE_BUILD ?= build/core
-FUZZ_SECONDS ?= 60
+# Per fuzzer, in CI: the corpus in tests/fuzz carries what earlier runs found.
+FUZZ_SECONDS ?= 30
 CUDA_ARCHS ?= 80 90
 CUDA_HOME ?= /usr/local/cuda
+# The GoogleTest suite under ASan + UBSan and the fuzzers share one clang build.
+SANITIZE_BUILD = cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+	  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DTP_FUZZ=ON >/dev/null && \
+	  cmake --build build/sanitize -j2
 CORE_DIRS = csrc/ir csrc/pattern csrc/cost csrc/solver csrc/passes csrc/sim
 
 .PHONY: bootstrap demo test test-cpp test-sanitize fuzz test-py cuda-check check-core-deps lint benchmarks clean
 
 bootstrap:
+	@echo "[$$(date +%T)] make bootstrap"
 	@bash scripts/bootstrap.sh
 
 demo: bootstrap
 	$(PYTHON) examples/quickstart.py
 
 test: bootstrap check-core-deps lint test-cpp test-sanitize fuzz cuda-check test-py
+	@echo "[$$(date +%T)] make test: all passed"
 
 # The torch-free core and its GoogleTest suite.
 test-cpp:
+	@echo "[$$(date +%T)] make test-cpp"
 	cmake -S . -B $(CORE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 	cmake --build $(CORE_BUILD) -j2
 	ctest --test-dir $(CORE_BUILD) --output-on-failure -j2
 
-# The same GoogleTest suite under AddressSanitizer (+LeakSanitizer) and UBSan.
+# The same GoogleTest suite under AddressSanitizer (+LeakSanitizer) and UBSan (clang).
 test-sanitize:
-	cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
-	  -DTP_SANITIZE=ON >/dev/null
-	cmake --build build/sanitize -j2
+	@echo "[$$(date +%T)] make test-sanitize"
+	$(SANITIZE_BUILD)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir build/sanitize --output-on-failure -j2
 
 # A bounded libFuzzer run over the graph builder / verifier / pipeline (clang, ASan, UBSan).
-# Per fuzzer: new inputs go to build/fuzz/corpus-<name>, crashes to build/fuzz/crash-*, seeds and
+# Per fuzzer: new inputs go to build/sanitize/corpus-<name>, crashes to build/sanitize/crash-*, seeds and
 # regressions live in tests/fuzz/corpus-<name>.
 fuzz:
-	cmake -S . -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
-	  -DTP_FUZZ=ON >/dev/null
-	cmake --build build/fuzz -j2
-	for f in build/fuzz/*_fuzzer; do \
-	  name=$$(basename $$f _fuzzer); mkdir -p build/fuzz/corpus-$$name tests/fuzz/corpus-$$name; \
+	@echo "[$$(date +%T)] make fuzz"
+	$(SANITIZE_BUILD)
+	for f in build/sanitize/*_fuzzer; do \
+	  name=$$(basename $$f _fuzzer); mkdir -p build/sanitize/corpus-$$name tests/fuzz/corpus-$$name; \
 	  ASAN_OPTIONS=detect_leaks=1 $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	    -artifact_prefix=build/fuzz/ build/fuzz/corpus-$$name tests/fuzz/corpus-$$name 2>&1 \
+	    -artifact_prefix=build/sanitize/ build/sanitize/corpus-$$name tests/fuzz/corpus-$$name 2>&1 \
 	    | grep -E "^(stat::|#[0-9]+ +DONE|==|SUMMARY|artifact)" ; \
 	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
 	done
@@ -50,6 +56,7 @@ fuzz:
 # is syntax-checked against torch's CUDA headers, so neither can rot without a GPU.
 # (The CPU wheel lacks one generated config header; a one-line stub stands in for it.)
 cuda-check:
+	@echo "[$$(date +%T)] make cuda-check"
 	@if command -v nvcc >/dev/null 2>&1; then \
 	  mkdir -p build/cuda-check; \
 	  for f in kernels/cuda/*.cu; do for a in $(CUDA_ARCHS); do \
@@ -70,6 +77,7 @@ cuda-check:
 	else echo "cuda-check: nvcc not found, skipped"; fi
 
 test-py:
+	@echo "[$$(date +%T)] make test-py"
 	$(PYTHON) -m pytest -q tests/python
 
 # The core must build without LibTorch or Python: only csrc/bindings and kernels/ include them.

@@ -147,7 +147,13 @@ def pipeline_fault(
         if bad and scenario == "dead":
             os._exit(0)  # dies without a word, as a killed process does
         if bad and scenario == "stall":
-            time.sleep(3 * timeout_s)
+            # Stalled until every other rank has given up (at most 3 timeouts): waiting out the
+            # whole stall after they reported would only slow the suite.
+            deadline = time.perf_counter() + 3 * timeout_s
+            while time.perf_counter() < deadline:
+                if len(list(Path(out_dir).glob("rank*.json"))) == world - 1:
+                    break
+                time.sleep(0.2)
             os._exit(0)
         t0 = time.perf_counter()
         pp.step(inputs, target)
@@ -416,9 +422,11 @@ def _sharded_step_matches(
 
 
 def _zero_adam_matches(mesh: Any, batch: int, zero: int) -> dict[str, Any]:
-    """GPT-2 on a (dp, tp) mesh under a memory budget below the least any plan needs with ZeRO
-    stages below `zero`: the ILP shards some optimizer state (ZeRO-1; ZeRO-2 also gradients),
-    and three Adam steps through dist_model.optimizer equal single-process Adam (asserts);
+    """GPT-2 on a (dp, tp) mesh (level="fast": its repeated layers share ILP variables, which
+    keeps four processes on two cores quick) under a memory budget below the least any plan
+    needs with ZeRO stages below `zero`: the ILP shards some optimizer state (ZeRO-1; ZeRO-2
+    also gradients), and three Adam steps through dist_model.optimizer equal single-process
+    Adam (asserts);
     returns the state bytes this rank holds. eps=1e-4: with the default 1e-8, Adam turns the
     rounding noise of a near-zero gradient (an embedding row one token uses) into a whole
     lr-sized step's difference."""
@@ -430,13 +438,15 @@ def _zero_adam_matches(mesh: Any, batch: int, zero: int) -> dict[str, Any]:
     least = {}  # the least memory per rank any plan needs, up to each ZeRO stage
     for stage in (zero - 1, zero):
         try:
-            torch_plugin.parallelize(model, mesh, inputs, memory_budget_gb=1e-9, zero=stage)
+            torch_plugin.parallelize(
+                model, mesh, inputs, memory_budget_gb=1e-9, zero=stage, level="fast"
+            )
         except torch_plugin.PlanError as e:
             least[stage] = e.min_memory_bytes
     assert least[zero] < least[zero - 1], least
     budget = (least[zero - 1] + least[zero]) / 2  # no plan fits with the lower stages only
     sharded = torch_plugin.parallelize(
-        model, mesh, inputs, memory_budget_gb=budget / 1e9, zero=zero
+        model, mesh, inputs, memory_budget_gb=budget / 1e9, zero=zero, level="fast"
     )
     plan = sharded.plan
     assert zero in plan.zero_stage.values(), f"budget below stage {zero - 1}'s least:\n{plan}"
