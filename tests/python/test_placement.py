@@ -68,6 +68,17 @@ def test_fused_kernels_compile_and_match_eager_on_their_groups(name: str, tmp_pa
     reason="openvino/onnxruntime not installed",
 )
 def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path, monkeypatch) -> None:
+    from torch_plugin.placement import planner
+
+    compiles: list[str] = []  # the DP groups compiled, by backend
+    compile_one = planner._LazyCompiled._compile
+
+    def counted(self, g):  # noqa: ANN001, ANN202
+        if g.backend != "aten":
+            compiles.append(g.backend)
+        return compile_one(self, g)
+
+    monkeypatch.setattr(planner._LazyCompiled, "_compile", counted)
     model, inputs = small_model("mlp")
     model.eval()
     with torch.no_grad():
@@ -90,12 +101,18 @@ def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path, monkeypa
     # Warm: every measurement, the evolution's decision and the final check against eager come
     # from the cache (a fresh check of a near tie once flipped the warm result to eager).
     torch._dynamo.reset()
-    from torch_plugin.placement import planner
 
     def no_timing(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("a warm compile measured end to end")
 
     monkeypatch.setattr(planner, "time_end_to_end", no_timing)
+
+    # Nor does it compile every DP group up front: only what the replayed pick runs.
+    def no_compile_all(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a warm compile compiled every DP group")
+
+    monkeypatch.setattr(planner._LazyCompiled, "compile_all", no_compile_all)
+    cold_compiles, compiles[:] = list(compiles), []
     again = torch_plugin.place(
         model,
         inputs,
@@ -110,6 +127,7 @@ def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path, monkeypa
     # The final pick (measured again, side by side) is replayed, not re-measured.
     assert again.placement.evolution["final"] == r.evolution["final"]
     assert again.placement.backend_counts() == r.backend_counts()
+    assert len(compiles) <= len(cold_compiles)
     torch.testing.assert_close(again(*inputs), want, rtol=1e-3, atol=1e-3)
 
 

@@ -609,12 +609,12 @@ def place_graph(
         boundary_s=boundary,
     )
     phase("dp")
-    compiled = _compile_groups(gm, groups, by_name, values, frozen)
-    placed = materialize(gm, groups, compiled)
-    phase("compile")
-
+    # Compiled on first use: a warm compile builds only what its cached pick runs (the pick
+    # is often one whole-graph region, and a wide graph's DP has hundreds of groups).
+    compiled = _LazyCompiled(gm, groups, by_name, values, frozen)
     evolve_backends = _pick_evolve_backends(opts, backends)
     try:
+        cached = None
         if opts.evolve and evolve_backends:
             decision_key = ProfileCache.key(
                 "decision",
@@ -631,6 +631,10 @@ def place_graph(
                 machine,
             )
             cached = cache.get_decision(decision_key)
+        if cached is None:
+            compiled.compile_all()  # a cold search runs the DP's placement first
+        phase("compile")
+        if opts.evolve and evolve_backends:
             groups, compiled, evolution = _evolve(
                 gm, groups, compiled, evolve_backends, values, inputs, opts, cached, frozen
             )
@@ -644,6 +648,7 @@ def place_graph(
             picked = finalists_s[evolution["final"]] if finalists_s else -1.0
             result.measured_final_s = picked if picked > 0 else evolution["best_fitness"]
         else:
+            placed = materialize(gm, groups, compiled)
             result.measured_dp_s = time_end_to_end(placed, inputs, opts.samples)
             result.measured_final_s = result.measured_dp_s
         phase("evolve")
@@ -759,24 +764,49 @@ def _measure_switch_penalty(samples: int) -> float:
     return max(0.0, time_call(via_module, [x], samples) - time_call(inline, [x], samples))
 
 
-def _compile_groups(
-    gm: fx.GraphModule,
-    groups: Sequence[Group],
-    backends: dict[str, Backend],
-    values: dict[str, Any],
-    frozen: dict[str, torch.Tensor],
-) -> list[Callable[..., Any] | None]:
-    """Compiles each non-ATen group; sets its call_inputs (its inputs less frozen ones)."""
-    out: list[Callable[..., Any] | None] = []
-    for g in groups:
+class _LazyCompiled(Sequence):
+    """Each non-ATen group's callable (None for ATen), compiled on first access. Compiling
+    sets the group's call_inputs (its inputs less frozen ones); a group that fails to compile
+    now (it measured fine once) runs on ATen, with a warning."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        groups: Sequence[Group],
+        backends: dict[str, Backend],
+        values: dict[str, Any],
+        frozen: dict[str, torch.Tensor],
+    ) -> None:
+        self._gm, self._groups, self._backends = gm, groups, backends
+        self._values, self._frozen = values, frozen
+        self._fns: dict[int, Callable[..., Any] | None] = {}
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204 - int or slice, as a list's
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        if i not in self._fns:
+            self._fns[i] = self._compile(self._groups[i])
+        return self._fns[i]
+
+    def compile_all(self) -> None:
+        for i in range(len(self)):
+            self[i]
+
+    def _compile(self, g: Group) -> Callable[..., Any] | None:
         if g.backend == "aten":
-            out.append(None)
-            continue
-        consts = _frozen_for(backends[g.backend], frozen)
+            return None
+        consts = _frozen_for(self._backends[g.backend], self._frozen)
         g.call_inputs = [i for i in g.inputs if i not in consts]
-        sub = build_subgraph(gm, g.nodes, g.inputs, g.outputs, consts)
+        sub = build_subgraph(self._gm, g.nodes, g.inputs, g.outputs, consts)
         try:
-            fn = backends[g.backend].compile(sub, [values[i] for i in g.call_inputs], g.rule)
+            args = [self._values[i] for i in g.call_inputs]
+            return self._backends[g.backend].compile(sub, args, g.rule)
         except Exception as e:  # noqa: BLE001 - measured fine once; if not now, ATen runs it
             log.warning(
                 "torch_plugin placement: %s failed to compile group %s (%s); it runs on aten",
@@ -785,9 +815,7 @@ def _compile_groups(
                 e,
             )
             g.backend, g.rule, g.call_inputs = "aten", "op", None
-            fn = None
-        out.append(fn)
-    return out
+            return None
 
 
 def _pick_evolve_backends(opts: PlacementOptions, backends: Sequence[Backend]) -> list[Backend]:
@@ -813,7 +841,7 @@ def _pick_evolve_backends(opts: PlacementOptions, backends: Sequence[Backend]) -
 def _evolve(
     gm: fx.GraphModule,
     groups: list[Group],
-    compiled: list[Callable[..., Any] | None],
+    compiled: Sequence[Callable[..., Any] | None],
     evolve_backends: Sequence[Backend],
     values: dict[str, Any],
     inputs: Sequence[Any],
@@ -915,7 +943,7 @@ def _pick_finalist(
 def _evolve_round(
     gm: fx.GraphModule,
     groups: list[Group],
-    compiled: list[Callable[..., Any] | None],
+    compiled: Sequence[Callable[..., Any] | None],
     backend: Backend,
     values: dict[str, Any],
     inputs: Sequence[Any],
