@@ -409,3 +409,31 @@ def test_place_calls_its_graph_directly_for_the_recorded_signature(tmp_path) -> 
 class _Box:
     def __init__(self, x: torch.Tensor) -> None:
         self.x = x
+
+
+@pytest.mark.parametrize("with_value", [False, True])
+def test_direct_call_matches_only_the_recorded_signature(with_value: bool) -> None:
+    """The direct path's argument check (a fast one for a single tensor, a loop otherwise)
+    accepts the recorded shapes, dtypes, devices, requires_grad and values, and nothing else."""
+    from torch_plugin.placement import _DirectCall
+
+    x = torch.zeros(2, 3)
+    args = (x, 3) if with_value else (x,)
+    spec = torch.utils._pytree.tree_flatten(x)[1]
+    sources = [("input", i) for i in range(len(args))]
+    d = _DirectCall(object(), sources, _DirectCall.signature_of(args), spec, [("output", 0)])
+    assert d.matches(args, {}) and d.matches((torch.ones(2, 3), *args[1:]), {})
+    rest = args[1:]
+    for bad in (
+        (torch.zeros(3, 3), *rest),
+        (torch.zeros(2, 3, dtype=torch.float64), *rest),
+        (torch.zeros(2, 3, requires_grad=True), *rest),
+        (x.numpy(), *rest),
+        (x, *rest, 1),
+        (),
+    ):
+        assert not d.matches(bad, {}), bad
+    assert not d.matches(args, {"y": 1})
+    if with_value:
+        assert not d.matches((x, 4), {}) and not d.matches((x, 3.0), {})
+        assert not d.matches((x, x), {})
