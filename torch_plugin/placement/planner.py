@@ -136,6 +136,10 @@ class Group:
         return self.inputs if self.call_inputs is None else self.call_inputs
 
 
+# A placement ready to run: its groups and, per group, the compiled callable (None: ATen).
+Built = tuple[list[Group], Sequence[Callable[..., Any] | None]]
+
+
 @dataclasses.dataclass
 class PlacementResult:
     """What the placement pass decided for one graph, and the figures behind it."""
@@ -848,7 +852,7 @@ def _evolve(
     opts: PlacementOptions,
     cached: dict[str, Any] | None,
     frozen: dict[str, torch.Tensor],
-) -> tuple[list[Group], list[Callable[..., Any] | None], dict[str, Any]]:
+) -> tuple[list[Group], Sequence[Callable[..., Any] | None], dict[str, Any]]:
     """One evolutionary round per graph-level compiler, each seeded with the previous result
     (the first with the DP's): so the final program can mix regions of several compilers."""
     deadline = time.perf_counter() + opts.time_budget_s
@@ -856,7 +860,6 @@ def _evolve(
     cached_rounds = (cached or {}).get("rounds", [])
     # The seed, then per round the whole graph on its compiler and the round's result, as
     # thunks: the final pick among them is measured again (a warm compile builds its pick).
-    Built = tuple[list[Group], list[Callable[..., Any] | None]]
     finalists: list[Callable[[], Built]] = [lambda g=groups, c=compiled: (g, c)]
     for k, backend in enumerate(evolve_backends):
         hit = None
@@ -897,11 +900,11 @@ def _evolve(
 
 def _pick_finalist(
     gm: fx.GraphModule,
-    finalists: Sequence[Callable[[], tuple[list[Group], list[Callable[..., Any] | None]]]],
+    finalists: Sequence[Callable[[], Built]],
     inputs: Sequence[Any],
     samples: int,
     turns: int = 3,
-) -> tuple[int, list[float], tuple[list[Group], list[Callable[..., Any] | None]]]:
+) -> tuple[int, list[float], Built]:
     """The fastest of the seed and the rounds' results, measured in turns (median of each
     one's turns). Each round kept its best by one measurement per individual; on a
     sub-millisecond graph two such measurements differ by up to 10-50% (another runtime's
@@ -951,12 +954,7 @@ def _evolve_round(
     cached: dict[str, Any] | None,
     budget_s: float,
     consts: dict[str, torch.Tensor],
-) -> tuple[
-    list[Group],
-    list[Callable[..., Any] | None],
-    dict[str, Any],
-    Callable[[], tuple[list[Group], list[Callable[..., Any] | None]]],
-]:
+) -> tuple[list[Group], Sequence[Callable[..., Any] | None], dict[str, Any], Callable[[], Built]]:
     """Bits over the current groups: set = run by `backend`, with consecutive set groups (a
     contiguous stretch of a topological order, hence convex) merged into one region; a clear
     bit keeps the group as it is (a group of `backend` goes back to ATen). Returns the round's
@@ -964,7 +962,7 @@ def _evolve_round(
     region_cache: dict[tuple[str, ...], Callable[..., Any] | None] = {}
     seed = [g.backend == backend.name for g in groups]
 
-    def build(bits: Sequence[bool]) -> tuple[list[Group], list[Callable[..., Any] | None]]:
+    def build(bits: Sequence[bool]) -> Built:
         out_groups: list[Group] = []
         out_fns: list[Callable[..., Any] | None] = []
         i = 0
@@ -1033,7 +1031,7 @@ def _evolve_round(
             log.debug("torch_plugin placement: individual failed (%s)", e)
             return math.inf
 
-    def whole() -> tuple[list[Group], list[Callable[..., Any] | None]]:
+    def whole() -> Built:
         return build([True] * len(groups))
 
     if cached is not None and len(cached.get("best", [])) == len(groups):
