@@ -107,7 +107,7 @@ def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path, monkeypa
 
     monkeypatch.setattr(planner, "time_end_to_end", no_timing)
 
-    # Nor does it compile every DP group up front: only what the replayed pick runs.
+    # Nor does it compile every DP group up front: only what the replayed rounds and pick use.
     def no_compile_all(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("a warm compile compiled every DP group")
 
@@ -414,7 +414,8 @@ class _Box:
 @pytest.mark.parametrize("with_value", [False, True])
 def test_direct_call_matches_only_the_recorded_signature(with_value: bool) -> None:
     """The direct path's argument check (a fast one for a single tensor, a loop otherwise)
-    accepts the recorded shapes, dtypes, devices, requires_grad and values, and nothing else."""
+    accepts the recorded shapes, dtypes, devices, requires_grad and values, and nothing else;
+    an argument it cannot inspect (a nested tensor has no sizes) is not a match, not an error."""
     from torch_plugin.placement import _DirectCall
 
     x = torch.zeros(2, 3)
@@ -429,6 +430,7 @@ def test_direct_call_matches_only_the_recorded_signature(with_value: bool) -> No
         (torch.zeros(2, 3, dtype=torch.float64), *rest),
         (torch.zeros(2, 3, requires_grad=True), *rest),
         (x.numpy(), *rest),
+        (torch.nested.nested_tensor([torch.zeros(2, 3), torch.zeros(1, 3)]), *rest),  # no sizes
         (x, *rest, 1),
         (),
     ):

@@ -96,13 +96,16 @@ class _DirectCall:
                 if kwargs or len(args) != 1:
                     return False
                 a = args[0]
-                return (
-                    isinstance(a, tensor)
-                    and a.shape == shape
-                    and a.dtype == dtype
-                    and a.device == device
-                    and a.requires_grad == requires_grad
-                )
+                try:
+                    return (
+                        isinstance(a, tensor)
+                        and a.shape == shape
+                        and a.dtype == dtype
+                        and a.device == device
+                        and a.requires_grad == requires_grad
+                    )
+                except Exception:  # noqa: BLE001 - a tensor without sizes (nested): not ours
+                    return False
 
             self.matches = matches_one  # type: ignore[method-assign]
 

@@ -14,7 +14,7 @@ import math
 import operator
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -613,8 +613,8 @@ def place_graph(
         boundary_s=boundary,
     )
     phase("dp")
-    # Compiled on first use: a warm compile builds only what its cached pick runs (the pick
-    # is often one whole-graph region, and a wide graph's DP has hundreds of groups).
+    # Compiled on first use: a warm compile builds only the groups its replayed rounds and
+    # pick use (the pick is often one whole-graph region; a wide graph's DP has hundreds).
     compiled = _LazyCompiled(gm, groups, by_name, values, frozen)
     evolve_backends = _pick_evolve_backends(opts, backends)
     try:
@@ -629,7 +629,8 @@ def place_graph(
                         [b.name for b in evolve_backends],
                         opts.max_evaluations,
                         opts.seed,
-                        [(g.backend, g.nodes) for g in groups],
+                        [(g.backend, g.rule, g.nodes) for g in groups],
+                        sorted(frozen),  # frozen weights compile (and run) differently
                     )
                 ),
                 machine,
@@ -662,7 +663,8 @@ def place_graph(
         # cold one did (a fresh re-measurement of a near tie could flip it).
         check_key = ProfileCache.key(
             "final-check",
-            _C.graph_signature(graph) + repr([(g.backend, g.nodes) for g in result.groups]),
+            _C.graph_signature(graph)
+            + repr(([(g.backend, g.rule, g.nodes) for g in result.groups], sorted(frozen))),
             machine,
         )
         verdict = cache.get_decision(check_key)
@@ -797,6 +799,11 @@ class _LazyCompiled(Sequence):
         if i not in self._fns:
             self._fns[i] = self._compile(self._groups[i])
         return self._fns[i]
+
+    def __iter__(self) -> Iterator[Callable[..., Any] | None]:
+        # Explicit: Sequence's own __iter__ would end silently on an IndexError from a compile.
+        for i in range(len(self)):
+            yield self[i]
 
     def compile_all(self) -> None:
         for i in range(len(self)):
