@@ -617,9 +617,10 @@ def place_graph(
     # pick use (the pick is often one whole-graph region; a wide graph's DP has hundreds).
     compiled = _LazyCompiled(gm, groups, by_name, values, frozen)
     evolve_backends = _pick_evolve_backends(opts, backends)
+    evolving = opts.evolve and bool(evolve_backends)
     try:
         cached = None
-        if opts.evolve and evolve_backends:
+        if evolving:
             decision_key = ProfileCache.key(
                 "decision",
                 _C.graph_signature(graph)
@@ -629,8 +630,7 @@ def place_graph(
                         [b.name for b in evolve_backends],
                         opts.max_evaluations,
                         opts.seed,
-                        [(g.backend, g.rule, g.nodes) for g in groups],
-                        sorted(frozen),  # frozen weights compile (and run) differently
+                        _placement_key(groups, frozen),
                     )
                 ),
                 machine,
@@ -639,7 +639,7 @@ def place_graph(
         if cached is None:
             compiled.compile_all()  # a cold search runs the DP's placement first
         phase("compile")
-        if opts.evolve and evolve_backends:
+        if evolving:
             groups, compiled, evolution = _evolve(
                 gm, groups, compiled, evolve_backends, values, inputs, opts, cached, frozen
             )
@@ -663,8 +663,7 @@ def place_graph(
         # cold one did (a fresh re-measurement of a near tie could flip it).
         check_key = ProfileCache.key(
             "final-check",
-            _C.graph_signature(graph)
-            + repr(([(g.backend, g.rule, g.nodes) for g in result.groups], sorted(frozen))),
+            _C.graph_signature(graph) + repr(_placement_key(result.groups, frozen)),
             machine,
         )
         verdict = cache.get_decision(check_key)
@@ -696,6 +695,12 @@ def place_graph(
     result.phase_s = phases
     result.search_s = time.perf_counter() - t_start
     return placed, result
+
+
+def _placement_key(groups: Sequence[Group], frozen: dict[str, torch.Tensor]) -> tuple[Any, ...]:
+    """What a cached decision about a placement depends on: its groups and which weights are
+    frozen (frozen weights compile, and run, differently)."""
+    return [(g.backend, g.rule, g.nodes) for g in groups], sorted(frozen)
 
 
 def _frozen_for(backend: Backend, frozen: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -806,8 +811,8 @@ class _LazyCompiled(Sequence):
             yield self[i]
 
     def compile_all(self) -> None:
-        for i in range(len(self)):
-            self[i]
+        for _ in self:
+            pass
 
     def _compile(self, g: Group) -> Callable[..., Any] | None:
         if g.backend == "aten":
