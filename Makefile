@@ -44,13 +44,20 @@ test-sanitize:
 fuzz:
 	@echo "[$$(date +%T)] make fuzz"
 	$(SANITIZE_BUILD)
+	@# One fuzzer per core, side by side; each one's summary is printed after both finish.
+	pids=(); names=(); \
 	for f in build/sanitize/*_fuzzer; do \
 	  name=$$(basename $$f _fuzzer); mkdir -p build/sanitize/corpus-$$name tests/fuzz/corpus-$$name; \
 	  ASAN_OPTIONS=detect_leaks=1 $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	    -artifact_prefix=build/sanitize/ build/sanitize/corpus-$$name tests/fuzz/corpus-$$name 2>&1 \
-	    | grep -E "^(stat::|#[0-9]+ +DONE|==|SUMMARY|artifact)" ; \
-	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
-	done
+	    -artifact_prefix=build/sanitize/ build/sanitize/corpus-$$name tests/fuzz/corpus-$$name \
+	    > build/sanitize/fuzz-$$name.log 2>&1 & \
+	  pids+=($$!); names+=($$name); \
+	done; \
+	rc=0; for i in "$${!pids[@]}"; do \
+	  wait $${pids[$$i]}; st=$$?; echo "fuzzer $${names[$$i]}: exit $$st"; \
+	  grep -E "^(stat::|#[0-9]+ +DONE|==|SUMMARY|artifact)" build/sanitize/fuzz-$${names[$$i]}.log; \
+	  test $$st -eq 0 || { tail -n 60 build/sanitize/fuzz-$${names[$$i]}.log; rc=1; }; \
+	done; exit $$rc
 
 # CUDA kernels compile to objects for every target arch, and their torch-facing registration
 # is syntax-checked against torch's CUDA headers, so neither can rot without a GPU.
