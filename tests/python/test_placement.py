@@ -63,6 +63,51 @@ def test_fused_kernels_compile_and_match_eager_on_their_groups(name: str, tmp_pa
     assert not [f for f in placed.placement.failures if "numerics" in f]
 
 
+def test_groups_of_a_model_larger_than_the_cache_are_timed_cold(tmp_path, monkeypatch) -> None:
+    """A graph whose tensors outgrow the last-level cache has its groups timed after a flush
+    that evicts the cache and reads back the group's activation inputs, never its weights
+    (inside the model those are cold); a graph that fits is timed hot. Cold figures are cached
+    apart from hot ones."""
+    from torch_plugin.placement import planner
+
+    model, inputs = small_model("bert")
+    model.eval()
+    with torch.no_grad():
+        want = output_tensors(model(*inputs))
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    warmed: list[int] = []
+    flush = planner._CacheFlush.__call__
+
+    def spy(self, warm):  # noqa: ANN001, ANN202
+        warmed.extend(t.untyped_storage().data_ptr() for t in warm)
+        flush(self, warm)
+
+    monkeypatch.setattr(planner._CacheFlush, "__call__", spy)
+    opts = dict(backends=["aten", "fused"], cache_path=str(tmp_path / "p.db"), samples=3)
+    hot = torch_plugin.place(model, inputs, **opts)
+    assert not hot.placement.cold_cache and not warmed
+    monkeypatch.setattr(planner, "last_level_cache_bytes", lambda: 4096)
+    cold = torch_plugin.place(model, inputs, **opts)
+    assert cold.placement.cold_cache and warmed
+    assert cold.placement.measured == hot.placement.measured > 0  # none taken from hot
+    assert not weights & set(warmed)
+    for a, b in zip(output_tensors(cold(*inputs)), want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * max(1.0, float(b.abs().max())))
+    assert "cache cold" in cold.placement.table()
+
+
+def test_footprint_counts_each_storage_once_and_prepare_runs_per_sample() -> None:
+    from torch_plugin.placement import planner
+
+    x = torch.zeros(1000)
+    assert planner.footprint_bytes({"x": x, "view": x[10:], "pair": (x, torch.zeros(10))}) == 4040
+    calls: list[str] = []
+    planner.time_call(lambda: calls.append("call"), [], 4, prepare=lambda: calls.append("prep"))
+    # two untimed calls first, then each sample is one prepared call
+    assert calls == ["call", "call"] + ["prep", "call"] * 4
+    assert planner.last_level_cache_bytes() >= 2**16
+
+
 @pytest.mark.skipif(
     any(get_backends([b])[-1].name != b for b in ("openvino", "onnxruntime")),
     reason="openvino/onnxruntime not installed",
@@ -170,8 +215,8 @@ def test_training_graphs_are_placed_forward_and_backward(tmp_path, monkeypatch, 
 
     measure = planner._measure
 
-    def favour_fused(gm, c, backend, values, samples, frozen):  # noqa: ANN001, ANN202
-        e = measure(gm, c, backend, values, 1, frozen)
+    def favour_fused(gm, c, backend, values, samples, frozen, *rest):  # noqa: ANN001, ANN202
+        e = measure(gm, c, backend, values, 1, frozen, *rest)
         if not e.ok:
             return e
         return Entry(1e-3 if backend.name == "aten" else 1e-5, True, e.note, e.compile_seconds)

@@ -372,5 +372,11 @@ def place(
     compiled = torch.compile(model, backend="torch_plugin", options=opts)
     with record() as results, torch.no_grad():
         compiled(*example_inputs)
+        if not results:
+            # Dynamo served the graph an earlier place() of this model compiled with equal
+            # options (its cache is per code object): compile again, so that this call
+            # measures and reports a placement of its own.
+            torch._dynamo.reset_code(type(model).forward.__code__)
+            compiled(*example_inputs)
     fast = _direct_call(model, compiled, example_inputs) if direct else None
     return PlacedModule(compiled, list(results), fast)

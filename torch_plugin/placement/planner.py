@@ -9,6 +9,7 @@ Python measures and compiles (it has the backends); every decision is made in C+
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
 import math
 import operator
@@ -41,6 +42,7 @@ _VALID_KEYS = (
     "seed",
     "progress",
     "freeze",
+    "cold_cache",
 )
 
 
@@ -64,6 +66,10 @@ class PlacementOptions:
       change, like torch._inductor's freezing: off for torch.compile (weights may be updated
       in place under the compiled model), on in torch_plugin.place() (an inference module).
       Only with real example inputs.
+    cold_cache: time each group right after evicting the last-level cache (its weights
+      cold, its activation inputs warm), as it runs inside a model whose tensors do not fit
+      in that cache: timed hot, ResNet-50's groups measured half what they cost in the model.
+      None = when the graph's tensors outgrow the cache.
     """
 
     backends: tuple[str, ...] = DEFAULT_BACKENDS
@@ -78,6 +84,7 @@ class PlacementOptions:
     freeze: bool = False
     seed: int = 0
     progress: bool = False
+    cold_cache: bool | None = None
 
     @classmethod
     def from_user(cls, value: Any) -> PlacementOptions:
@@ -162,6 +169,7 @@ class PlacementResult:
     switch_penalty_s: float = 0.0
     boundary_s: dict[str, float] = dataclasses.field(default_factory=dict)
     kept_eager: bool = False  # the placement measured slower than the unplaced graph
+    cold_cache: bool = False  # groups were timed with the last-level cache evicted
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)
     kind: str = "inference"  # or a training graph's "forward" / "backward"
 
@@ -187,6 +195,7 @@ class PlacementResult:
             f"DP modelled {self.dp_cost_s * 1e3:.3f} ms ({'exact' if self.dp_exact else 'bounded'}"
             f", {self.dp_states} states); candidates {self.candidates}, measured {self.measured}, "
             f"cache hits {self.cache_hits}, search {self.search_s:.1f} s"
+            + ("; groups timed with the cache cold" if self.cold_cache else "")
         )
         if self.kept_eager:
             lines.append("the placement measured slower than eager end to end: eager kept")
@@ -279,8 +288,11 @@ def time_call(
     samples: int,
     warm_s: float = 0.0,
     min_s: float = 0.0,
+    prepare: Callable[[], None] | None = None,
 ) -> float:
     """Median seconds per call; each sample repeats the call until it lasts >= 0.2 ms.
+
+    prepare: run, untimed, before each sample, which is then a single call (a cache flush).
 
     warm_s / min_s: warm up for at least warm_s, and keep sampling past `samples` until the
     samples last min_s. End-to-end measurements that decide the search use them: on a
@@ -290,13 +302,15 @@ def time_call(
     t0 = time.perf_counter()
     fn(*args)
     once = max(time.perf_counter() - t0, 1e-7)
-    reps = max(1, min(200, math.ceil(2e-4 / once)))
+    reps = 1 if prepare is not None else max(1, min(200, math.ceil(2e-4 / once)))
     t_end = time.perf_counter() + warm_s
     while time.perf_counter() < t_end:
         fn(*args)
     times = []
     t_end = time.perf_counter() + min_s
     while len(times) < samples or time.perf_counter() < t_end:
+        if prepare is not None:
+            prepare()
         t0 = time.perf_counter()
         for _ in range(reps):
             fn(*args)
@@ -307,6 +321,50 @@ def time_call(
 def time_end_to_end(fn: Callable[..., Any], args: Sequence[Any], samples: int) -> float:
     """time_call for a whole placed graph: 10 ms of warm-up, >= 50 ms of samples."""
     return time_call(fn, args, samples, warm_s=0.01, min_s=0.05)
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the CPU's largest cache, from sysfs; 32 MiB where it cannot be read."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            best = max(best, int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+        except (OSError, ValueError, IndexError):
+            continue
+    return best or 32 * 2**20
+
+
+def footprint_bytes(values: dict[str, Any]) -> int:
+    """Bytes of the distinct CPU storages behind a recorded run's values (weights, inputs and
+    every activation): the data one inference touches."""
+    seen: set[int] = set()
+    total = 0
+    for v in values.values():
+        for t in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    total += storage.nbytes()
+    return total
+
+
+class _CacheFlush:
+    """Evicts the last-level cache (writes a buffer 1.5x its size), then reads the given
+    tensors back in: inside a model larger than the cache, a group finds its weights cold (the
+    rest of the model ran since its last call) and its activation inputs warm (just made)."""
+
+    def __init__(self, cache_bytes: int) -> None:
+        self.buf = torch.zeros(cache_bytes * 3 // 2 // 4)
+
+    def __call__(self, warm: Sequence[Any]) -> None:
+        self.buf.add_(1.0)
+        for t in warm:
+            if isinstance(t, torch.Tensor) and t.numel():
+                t.sum()
 
 
 def build_subgraph(
@@ -480,6 +538,27 @@ def place_graph(
         for name, (kind, _), x in zip(placeholders, input_kinds, inputs, strict=False):
             if kind in ("parameter", "buffer") and isinstance(x, torch.Tensor):
                 frozen[name] = x
+    # Weights (and their views, such as a linear's transposed weight): what a group finds cold
+    # inside a model larger than the cache. All graph inputs where their kinds are unknown.
+    weight_names = (
+        {
+            n
+            for n, (kind, _) in zip(placeholders, input_kinds, strict=False)
+            if kind in ("parameter", "buffer")
+        }
+        if input_kinds is not None
+        else set(placeholders)
+    )
+    weights = {
+        values[n].untyped_storage().data_ptr()
+        for n in weight_names
+        if isinstance(values.get(n), torch.Tensor)
+    }
+    cache_bytes = last_level_cache_bytes()
+    cold = opts.cold_cache
+    if cold is None:
+        cold = footprint_bytes(values) > cache_bytes
+    flush = _CacheFlush(cache_bytes) if cold else None
 
     phases: dict[str, float] = {}
     mark = [time.perf_counter()]
@@ -521,7 +600,7 @@ def place_graph(
             if bar is not None:
                 bar.update(1)
             backend = by_name[c["backend"]]
-            signature = c["signature"]
+            signature = c["signature"] + ("|cold" if cold else "")
             if backend.graph_level and frozen:
                 signature += "|frozen:" + ",".join(
                     str(k) for k, i in enumerate(c["inputs"]) if i in frozen
@@ -532,7 +611,7 @@ def place_graph(
             if entry is None:
                 entry = cache.get(key)
             if entry is None:
-                entry = _measure(gm, c, backend, values, opts.samples, frozen)
+                entry = _measure(gm, c, backend, values, opts.samples, frozen, weights, flush)
                 measured += 1
                 cache.put(key, backend.name, signature, entry)
                 if not entry.ok:
@@ -611,6 +690,7 @@ def place_graph(
         failures=failures,
         switch_penalty_s=penalty,
         boundary_s=boundary,
+        cold_cache=cold,
     )
     phase("dp")
     # Compiled on first use: a warm compile builds only the groups its replayed rounds and
@@ -714,9 +794,18 @@ def _measure(
     values: dict[str, Any],
     samples: int,
     frozen: dict[str, torch.Tensor],
+    weights: set[int] | None = None,
+    flush: _CacheFlush | None = None,
 ) -> Entry:
+    """Compiles candidate `c` on `backend`, checks it against eager once and times it.
+    weights: storages that a flush leaves cold; the group's other inputs are read back in."""
     consts = _frozen_for(backend, frozen)
     args = [values[i] for i in c["inputs"] if i not in consts]
+    warm = [
+        a
+        for a in args
+        if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() not in (weights or ())
+    ]
     refs = [values[o] for o in c["outputs"]]
     t0 = time.perf_counter()
     try:
@@ -734,7 +823,8 @@ def _measure(
                 _close(a, b, backend.rtol, backend.atol) for a, b in zip(got, refs, strict=False)
             ):
                 return Entry(None, False, "wrong numerics vs eager", compile_s)
-            seconds = time_call(fn, args, samples)
+            prepare = None if flush is None else (lambda: flush(warm))
+            seconds = time_call(fn, args, samples, prepare=prepare)
         return Entry(seconds, True, "", compile_s)
     except Exception as e:  # noqa: BLE001 - a backend failing on a group only excludes it
         return Entry(None, False, f"{type(e).__name__}: {str(e)[:200]}", time.perf_counter() - t0)
