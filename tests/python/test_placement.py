@@ -8,6 +8,7 @@ import logging
 import multiprocessing as mp
 import os
 import sqlite3
+from typing import Any
 
 import pytest
 import torch
@@ -174,6 +175,47 @@ def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path, monkeypa
     assert again.placement.backend_counts() == r.backend_counts()
     assert len(compiles) <= len(cold_compiles)
     torch.testing.assert_close(again(*inputs), want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None:
+    """OpenVINO's FX frontend converts ATen's flash attention and native_layer_norm, which its
+    TorchScript frontend (ov.convert_model on a GraphModule) cannot: a transformer's whole
+    inference graph compiles as one OpenVINO region, and matches eager."""
+    import openvino as ov
+
+    from torch_plugin.placement import planner
+
+    seen: dict[str, Any] = {}
+
+    def capture(gm, example_inputs, opts, kinds=None):  # noqa: ANN001, ANN202
+        seen["gm"], seen["inputs"] = gm, list(example_inputs)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(planner, "place_graph", capture)
+    model, inputs = small_model(name)
+    model.eval()
+    with pytest.raises(Exception, match="captured"):
+        torch_plugin.place(model, inputs, backends=["aten"], cache_path=":memory:")
+    gm, args = seen["gm"], seen["inputs"]
+    targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert {
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+        "aten.native_layer_norm.default",
+    } <= targets, sorted(targets)
+
+    def no_torchscript(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the TorchScript frontend was used")
+
+    monkeypatch.setattr(ov, "convert_model", no_torchscript)
+    fn = get_backends(["openvino"])[-1].compile(gm, args, "region")
+    with torch.no_grad():
+        want = gm(*args)
+        got = fn(*args)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * max(1.0, float(b.abs().max())))
 
 
 def test_final_pick_measures_the_finalists_again_and_skips_wrong_numbers() -> None:

@@ -27,7 +27,7 @@ from .cache import Entry, ProfileCache, machine_key
 
 log = logging.getLogger("torch_plugin")
 
-PROFILE_VERSION = "2"
+PROFILE_VERSION = "3"
 
 _VALID_KEYS = (
     "backends",
