@@ -1219,7 +1219,15 @@ def _region(gm: fx.GraphModule, nodes: Sequence[str]) -> tuple[list[str], list[s
 def _outputs_match(
     mod: fx.GraphModule, ref: fx.GraphModule, inputs: Sequence[Any], tol: float
 ) -> bool:
-    got = mod(*inputs)
+    try:
+        got = mod(*inputs)
+    except Exception as e:  # noqa: BLE001 - a placement that cannot run is unfit, not fatal
+        log.info(
+            "torch_plugin placement: a candidate placement failed to run (%s: %s)",
+            type(e).__name__,
+            e,
+        )
+        return False
     want = ref(*inputs)
     got_l = list(got) if isinstance(got, (tuple, list)) else [got]
     want_l = list(want) if isinstance(want, (tuple, list)) else [want]
