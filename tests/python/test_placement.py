@@ -218,6 +218,29 @@ def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * max(1.0, float(b.abs().max())))
 
 
+def test_group_outputs_keep_eager_strides_for_the_aten_ops_after_them() -> None:
+    """SDPA's output is laid out so that its transpose is contiguous and GPT-2's `view` after
+    it works; a backend returns it contiguous. The host graph gives such outputs their eager
+    strides back, or the view fails (it did, on full-size GPT-2 and MMT)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_plugin.placement import planner
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor]:
+        y = torch.ops.aten.transpose.int(x, 1, 2)  # the group's (non-contiguous) output
+        return (torch.ops.aten.transpose.int(y, 1, 2).view(-1),)
+
+    x = torch.randn(2, 3, 4)
+    gm = make_fx(f)(x)
+    first, second, view = (n.name for n in gm.graph.nodes if n.op == "call_function")
+    groups = [
+        planner.Group("probe", "op", [first], ["x_1"], [first], 0.0),
+        planner.Group("aten", "op", [second, view], [first], [view], 0.0),
+    ]
+    placed = planner.materialize(gm, groups, [lambda a: (a.transpose(1, 2).contiguous(),), None])
+    torch.testing.assert_close(placed(x)[0], f(x)[0])
+
+
 def test_final_pick_measures_the_finalists_again_and_skips_wrong_numbers() -> None:
     """The search's result is the fastest finalist measured side by side; one that computes
     other numbers is never picked, however fast."""

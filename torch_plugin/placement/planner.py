@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from .. import _C, fx_bridge
 from .backends import DEFAULT_BACKENDS, Backend, BackendError, get_backends
@@ -464,6 +465,32 @@ class _GroupCall(torch.nn.Module):
         return f"backend={self.backend}, nodes={self.num_nodes}"
 
 
+def _eager_stride(n: fx.Node) -> tuple[int, ...] | None:
+    """The strides of a node's eager value where they are not the contiguous ones (None
+    otherwise): ATen ops after it may depend on them. SDPA's output, for one, is laid out so
+    that its transpose is contiguous and the `view` after it works; a backend returns it
+    contiguous, and the view then fails."""
+    val = n.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        stride = tuple(int(s) for s in val.stride())
+        # Only a dense layout can be rebuilt with empty_strided (not an expand's zero strides).
+        dense = is_non_overlapping_and_dense_or_false(val)
+        contiguous = bool(val.is_contiguous())
+    except Exception:  # noqa: BLE001 - symbolic strides: nothing to enforce
+        return None
+    return stride if dense and not contiguous else None
+
+
+def _restride(t: Any, stride: tuple[int, ...]) -> Any:
+    """`t` with the given strides (a copy only where they differ)."""
+    if not isinstance(t, torch.Tensor) or t.stride() == stride:
+        return t
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
 def materialize(
     gm: fx.GraphModule, groups: Sequence[Group], compiled: Sequence[Callable[..., Any] | None]
 ) -> fx.GraphModule:
@@ -503,6 +530,10 @@ def materialize(
         for k, o in enumerate(group.outputs):
             item = g.call_function(operator.getitem, (call, k))
             item.meta = dict(by_name[o].meta)
+            stride = _eager_stride(by_name[o])
+            if stride is not None:
+                item = g.call_function(_restride, (item, stride))
+                item.meta = dict(by_name[o].meta)
             env[o] = item
     out = next(n for n in gm.graph.nodes if n.op == "output")
     g.node_copy(out, lambda a: env[a.name])
