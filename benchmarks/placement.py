@@ -9,7 +9,7 @@ backend measured in the same run.
 
 Default shapes are the zoo's small configurations (2-core CPU budget); --full-size uses the
 zoo's full ones (BERT-base at seq 128, GPT-2-small, ResNet-50, ...). Prints a table; writes
-benchmarks/results/placement.{json,png}.
+benchmarks/results/placement.{json,png} (placement_full.{json,png} with --full-size).
 """
 
 from __future__ import annotations
@@ -227,6 +227,11 @@ def main() -> None:
     _report(rows, args, backends)
 
 
+def _stem(args: argparse.Namespace) -> str:
+    """Full-size runs keep their own files: the small-shape table stays next to them."""
+    return "placement_full" if args.full_size else "placement"
+
+
 def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.2f}"
 
@@ -287,11 +292,11 @@ def _save(
         "geomean_speedup_vs_best_single": geo,
         "geomean_cold_over_warm": warm,
     }
-    (RESULTS / "placement.json").write_text(json.dumps(payload, indent=1, default=str))
-    _plot(ok)
+    (RESULTS / f"{_stem(args)}.json").write_text(json.dumps(payload, indent=1, default=str))
+    _plot(ok, _stem(args))
 
 
-def _plot(rows: list[dict[str, Any]]) -> None:
+def _plot(rows: list[dict[str, Any]], stem: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -317,7 +322,7 @@ def _plot(rows: list[dict[str, Any]]) -> None:
     ax.set_title("Backend placement: whole-model backends vs ours (CPU inference)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "placement.png", dpi=120)
+    fig.savefig(RESULTS / f"{stem}.png", dpi=120)
     plt.close(fig)
 
 
