@@ -332,6 +332,8 @@ def test_bad_options_are_named() -> None:
         torch_plugin.place(model, inputs, budget=3)
     with pytest.raises(ValueError, match="'samples' must be an int >= 1"):
         torch_plugin.place(model, inputs, samples=0)
+    with pytest.raises(ValueError, match="'cold_cache' must be True, False or None"):
+        torch_plugin.place(model, inputs, cold_cache="yes")
     with pytest.raises(ValueError, match="no pattern rules for backend 'tvm'"):
         graph, _ = torch_plugin.fx_bridge.to_ir(torch.fx.symbolic_trace(torch.nn.ReLU()))
         _C.placement_candidates(graph, ["tvm"])

@@ -126,6 +126,12 @@ class PlacementOptions:
             v = kwargs.get(key)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"torch_plugin placement option {key!r} must be an int >= 1")
+        v = kwargs.get("cold_cache")
+        if v is not None and not isinstance(v, bool):
+            raise ValueError(
+                f"torch_plugin placement option 'cold_cache' must be True, False or None "
+                f"(None: when the graph's tensors outgrow the last-level cache), got {v!r}"
+            )
         return cls(**kwargs)
 
 
