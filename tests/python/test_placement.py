@@ -177,6 +177,63 @@ def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path, monkeypa
     torch.testing.assert_close(again(*inputs), want, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.skipif(
+    get_backends(["onnxruntime"])[-1].name != "onnxruntime", reason="no onnxruntime"
+)
+def test_onnxruntime_regions_stop_spinning_when_a_run_returns(tmp_path, monkeypatch) -> None:
+    """A region's pool spins between its ops but stops when its run returns: left spinning,
+    it took a core from the runtime after it (5-12 ms on full-size ResNet-50 splits). Only
+    the whole graph keeps spinning between calls; op-level groups never spin."""
+    from torch_plugin.placement import backends
+
+    ort_backend = get_backends(["onnxruntime"])[-1]
+
+    class MatmulRelu(torch.nn.Module):
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x @ w)
+
+    gm = torch.fx.symbolic_trace(MatmulRelu())
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+
+    def entry(fn, key: str) -> str | None:  # noqa: ANN001
+        try:
+            return fn.session.get_session_options().get_session_config_entry(key)
+        except RuntimeError:  # not set
+            return None
+
+    want = {"op": ("0", None), "region": ("1", "1"), "graph": ("1", None)}
+    for rule, (spin, stop) in want.items():
+        fn = ort_backend.compile(gm, [x, w], rule)
+        torch.testing.assert_close(fn(x, w)[0], torch.relu(x @ w))
+        assert entry(fn, "session.intra_op.allow_spinning") == spin, rule
+        assert entry(fn, "session.force_spinning_stop") == stop, rule
+
+    # The search compiles the whole graph as "graph", any part of it as "region".
+    rules: list[tuple[str, int]] = []
+    compile_one = backends.OnnxRuntimeBackend.compile
+
+    def spy(self, sub, inputs, rule):  # noqa: ANN001, ANN202
+        calls = [n for n in sub.graph.nodes if n.op == "call_function"]
+        rules.append((rule, len(calls)))
+        return compile_one(self, sub, inputs, rule)
+
+    monkeypatch.setattr(backends.OnnxRuntimeBackend, "compile", spy)
+    model, inputs = small_model("mlp")
+    model.eval()
+    torch_plugin.place(
+        model,
+        inputs,
+        backends=["aten", "onnxruntime"],
+        cache_path=str(tmp_path / "p.db"),
+        samples=3,
+        max_evaluations=6,
+        evolve_backend="onnxruntime",
+    )
+    whole = [n for r, n in rules if r == "graph"]
+    assert whole, rules
+    assert all(n < max(whole) for r, n in rules if r == "region"), rules
+
+
 @pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None:

@@ -28,7 +28,7 @@ from .cache import Entry, ProfileCache, machine_key
 
 log = logging.getLogger("torch_plugin")
 
-PROFILE_VERSION = "3"
+PROFILE_VERSION = "4"  # 4: ONNX Runtime regions stop spinning after a run
 
 _VALID_KEYS = (
     "backends",
@@ -1125,10 +1125,10 @@ def _evolve_round(
             call_inputs = [x for x in region[0] if x not in consts]
             if key not in region_cache:
                 sub = build_subgraph(gm, nodes, region[0], region[1], consts)
+                # "graph": the whole graph, with no other runtime between its calls.
+                rule = "graph" if i == 0 and j == len(groups) else "region"
                 try:
-                    region_cache[key] = backend.compile(
-                        sub, [values[x] for x in call_inputs], "region"
-                    )
+                    region_cache[key] = backend.compile(sub, [values[x] for x in call_inputs], rule)
                 except Exception as e:  # noqa: BLE001 - this region keeps its groups
                     log.info(
                         "torch_plugin placement: %s cannot compile a region of %d nodes (%s)",
