@@ -580,6 +580,40 @@ class _Box:
         self.x = x
 
 
+def test_no_direct_path_for_an_argument_compared_by_identity(tmp_path) -> None:
+    """An object argument would match the recorded one by identity, so after the user changed
+    what it holds, the direct path would replay stale numbers: such calls go through the
+    compiled module (whose guards see the change). Plain values still get the direct path."""
+
+    class Config:
+        def __init__(self, scale: float) -> None:
+            self.scale = scale
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = small_model("mlp")[0]
+
+        def forward(self, x: torch.Tensor, cfg: Any) -> torch.Tensor:
+            scale = cfg.scale if isinstance(cfg, Config) else cfg
+            return self.inner(x) * scale
+
+    model = Scaled().eval()
+    x = small_model("mlp")[1][0]
+    opts = {"backends": ["aten", "fused"], "cache_path": str(tmp_path / "p.db"), "samples": 3}
+    cfg = Config(2.0)
+    placed = torch_plugin.place(model, (x, cfg), **opts)
+    assert placed.direct is None
+    cfg.scale = 3.0
+    with torch.no_grad():
+        torch.testing.assert_close(placed(x, cfg), model(x, cfg), rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+    by_value = torch_plugin.place(model, (x, 2.0), **opts)
+    assert by_value.direct is not None
+    with torch.no_grad():
+        torch.testing.assert_close(by_value(x, 2.0), model(x, 2.0), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("with_value", [False, True])
 def test_direct_call_matches_only_the_recorded_signature(with_value: bool) -> None:
     """The direct path's argument check (a fast one for a single tensor, a loop otherwise)

@@ -256,6 +256,13 @@ def _lean_module(gm: fx.GraphModule, sources: list[tuple[str, Any]]) -> fx.Graph
     return fx.GraphModule(root, g)
 
 
+def _immutable(v: Any) -> bool:
+    """None, a number, a string, or a tuple of them: what compares (and replays) by value."""
+    if isinstance(v, tuple):
+        return all(_immutable(x) for x in v)
+    return v is None or type(v) in (bool, int, float, str)
+
+
 def _direct_call(
     model: torch.nn.Module, compiled: Any, example_inputs: Sequence[Any]
 ) -> _DirectCall | None:
@@ -263,6 +270,10 @@ def _direct_call(
     exactly (several graphs, an argument or output of unknown origin, other numbers)."""
     from ..backend import recording_calls
 
+    # A non-tensor argument is compared with the recorded one by value: only immutable values
+    # can be (an object compares by identity, and Dynamo guards on what it holds).
+    if not all(isinstance(a, torch.Tensor) or _immutable(a) for a in example_inputs):
+        return None
     with recording_calls() as calls, torch.no_grad():
         out = compiled(*example_inputs)
     if len(calls) != 1:
@@ -289,7 +300,7 @@ def _direct_call(
             if id(leaf) not in by_id:
                 return None
             out_leaves.append(("output", by_id[id(leaf)]))
-        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+        elif _immutable(leaf):
             out_leaves.append(("const", leaf))
         else:
             return None
