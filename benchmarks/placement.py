@@ -22,6 +22,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 import warnings
@@ -204,6 +205,11 @@ def main() -> None:
     ap.add_argument("--backends", default="aten,fused,openvino,onnxruntime,inductor")
     ap.add_argument("--evals", type=int, default=12, help="evaluations per evolution round")
     ap.add_argument("--budget-s", type=float, default=120.0, help="evolution time budget")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the saved rows of the models and batches this run does not measure",
+    )
     args = ap.parse_args()
     models = args.models.split(",") if args.models else MODELS
     batches = [int(b) for b in args.batches.split(",")]
@@ -212,7 +218,9 @@ def main() -> None:
         batches = [1]
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     backends = args.backends.split(",")
-    rows = []
+    previous = _previous_rows(args) if args.merge else []
+    commit = _commit()
+    rows: list[dict[str, Any]] = []
     for name in models:
         for batch in batches:
             print(f"== {name} batch {batch}", flush=True)
@@ -222,9 +230,45 @@ def main() -> None:
                 )
             except Exception as e:  # noqa: BLE001 - report and go on with the next model
                 rows.append({"model": name, "batch": batch, "error": f"{type(e).__name__}: {e}"})
+            rows[-1]["commit"] = commit
             print(json.dumps(rows[-1], default=str), flush=True)
-            _report(rows, args, backends, final=False)  # partial results survive a kill
-    _report(rows, args, backends)
+            # Partial results survive a kill.
+            _report(_merged(previous, rows), args, backends, final=False)
+    _report(_merged(previous, rows), args, backends)
+
+
+def _commit() -> str | None:
+    """The measured tree's commit (each row names its own: a merged table spans several)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _previous_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    path = RESULTS / f"{_stem(args)}.json"
+    if not path.exists():
+        return []
+    return list(json.loads(path.read_text()).get("rows", []))
+
+
+def _merged(previous: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This run's rows, and the saved ones for other (model, batch) pairs, in zoo order."""
+    measured = {(r["model"], r["batch"]) for r in rows}
+    kept = [r for r in previous if (r["model"], r["batch"]) not in measured]
+
+    def order(r: dict[str, Any]) -> tuple[int, int]:
+        name = r["model"]
+        return (MODELS.index(name) if name in MODELS else len(MODELS), r["batch"])
+
+    return sorted(kept + rows, key=order)
 
 
 def _stem(args: argparse.Namespace) -> str:
