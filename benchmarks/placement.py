@@ -1,7 +1,7 @@
 """Backend placement (issue 4) against every single backend on the whole model, in one run.
 
-For each model and batch size: inference latency of eager, Inductor, OpenVINO and ONNX Runtime
-each on the whole model, and of ours (DP only, and DP + evolutionary search), with the search
+For each model and batch size: inference latency of eager, Inductor, OpenVINO (converted from
+TorchScript, and through its own torch.compile backend) and ONNX Runtime each on the whole model, and of ours (DP only, and DP + evolutionary search), with the search
 time cold (empty profile cache) and warm (same cache). Ratios are against the best single
 backend measured in the same run.
 
@@ -93,6 +93,20 @@ def _openvino(model: torch.nn.Module, inputs: tuple) -> Any:
     return run
 
 
+def _openvino_compile(model: torch.nn.Module, inputs: tuple) -> Any:
+    """OpenVINO's own torch.compile backend: Dynamo, AOTAutograd's ATen graph and the FX
+    frontend that our OpenVINO groups use, without the TorchScript conversion above."""
+    import openvino.torch  # noqa: F401 - registers the "openvino" torch.compile backend
+
+    # dynamic=False: with automatic dynamic shapes its guards fail on ResNet (torch 2.13).
+    return torch.compile(
+        model,
+        backend="openvino",
+        dynamic=False,
+        options={"device": "CPU", "config": {"INFERENCE_PRECISION_HINT": "f32"}},
+    )
+
+
 def _onnxruntime(model: torch.nn.Module, inputs: tuple) -> Any:
     import onnxruntime as ort
 
@@ -112,7 +126,12 @@ def _onnxruntime(model: torch.nn.Module, inputs: tuple) -> Any:
     return run
 
 
-BASELINES = {"inductor": _inductor, "openvino": _openvino, "onnxruntime": _onnxruntime}
+BASELINES = {
+    "inductor": _inductor,
+    "openvino": _openvino,
+    "openvino_tc": _openvino_compile,
+    "onnxruntime": _onnxruntime,
+}
 
 
 def run_one(
@@ -284,7 +303,8 @@ def _report(
     rows: list[dict[str, Any]], args: argparse.Namespace, backends: list[str], final: bool = True
 ) -> None:
     header = (
-        f"{'model':<10} {'b':>2} {'eager':>8} {'inductor':>8} {'openvino':>8} {'ort':>8} "
+        f"{'model':<10} {'b':>2} {'eager':>8} {'inductor':>8} {'openvino':>8} {'ov-tc':>8} "
+        f"{'ort':>8} "
         f"{'DP':>8} {'DP+evo':>8} {'best':>10} {'x best':>6} {'cold s':>7} {'warm s':>7}"
     )
     ok = [r for r in rows if "error" not in r]
@@ -299,6 +319,7 @@ def _report(
         print(
             f"{r['model']:<10} {r['batch']:>2} {_fmt(r['eager_ms']):>8} "
             f"{_fmt(r.get('inductor_ms')):>8} {_fmt(r.get('openvino_ms')):>8} "
+            f"{_fmt(r.get('openvino_tc_ms')):>8} "
             f"{_fmt(r.get('onnxruntime_ms')):>8} {_fmt(r['dp_ms']):>8} {_fmt(r['evo_ms']):>8} "
             f"{r['best_single']:>10} {r['evo_speedup_vs_best']:>6.2f} "
             f"{r['cold_search_s']:>7.1f} {r['warm_search_s']:>7.1f}"
@@ -349,7 +370,7 @@ def _plot(rows: list[dict[str, Any]], stem: str) -> None:
     if not rows:
         return
     labels = [f"{r['model']}\nb{r['batch']}" for r in rows]
-    series = ["inductor", "openvino", "onnxruntime", "dp", "evo"]
+    series = ["inductor", "openvino", "openvino_tc", "onnxruntime", "dp", "evo"]
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(rows)), 4))
     width = 0.8 / len(series)
     for k, s in enumerate(series):
@@ -358,7 +379,11 @@ def _plot(rows: list[dict[str, Any]], stem: str) -> None:
             [i + k * width for i in range(len(rows))],
             vals,
             width,
-            label={"dp": "ours (DP)", "evo": "ours (DP+evo)"}.get(s, s),
+            label={
+                "dp": "ours (DP)",
+                "evo": "ours (DP+evo)",
+                "openvino_tc": "openvino (torch.compile)",
+            }.get(s, s),
         )
     ax.axhline(1.0, color="black", lw=0.7)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], labels)
