@@ -1,9 +1,10 @@
 """Backend placement (issue 4) against every single backend on the whole model, in one run.
 
 For each model and batch size: inference latency of eager, Inductor, OpenVINO (converted from
-TorchScript, and through its own torch.compile backend) and ONNX Runtime each on the whole model, and of ours (DP only, and DP + evolutionary search), with the search
-time cold (empty profile cache) and warm (same cache). Ratios are against the best single
-backend measured in the same run.
+TorchScript, and through its own torch.compile backend) and ONNX Runtime each on the whole
+model, and of ours (DP only, and DP + evolutionary search), with the search time cold (empty
+profile cache) and warm (same cache). Ratios are against the best single backend measured in
+the same run.
 
     python benchmarks/placement.py [--quick] [--models bert,gpt2] [--batches 1,8] [--full-size]
 
