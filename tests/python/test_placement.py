@@ -182,7 +182,7 @@ def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path, monkeypa
 )
 def test_onnxruntime_regions_stop_spinning_when_a_run_returns(tmp_path, monkeypatch) -> None:
     """A region's pool spins between its ops but stops when its run returns: left spinning,
-    it took a core from the runtime after it (5-12 ms on full-size ResNet-50 splits). Only
+    it took a core from the runtime after it (3-14 ms on full-size ResNet-50 splits). Only
     the whole graph keeps spinning between calls; op-level groups never spin."""
     from torch_plugin.placement import backends
 

@@ -189,9 +189,10 @@ class OnnxRuntimeBackend(_NumpyBackend):
         # groups do not spin (a spinning pool starves the ATen ops in between). Regions spin
         # between their ops (waking the pool per op cost ~40% on a whole ResNet region) but
         # stop when a run returns: left spinning, the pool took a core from whatever ran next
-        # (OpenVINO after an ONNX Runtime prefix of ResNet-50: 5-12 ms more, against 0.3-0.8 ms
-        # stopped). Only the whole graph ("graph"), with no other runtime beside it, keeps
-        # spinning between runs (2% on ResNet-50 called back to back).
+        # (OpenVINO after an ONNX Runtime prefix of ResNet-50: 3-14 ms more than the whole
+        # graph, against 0.2-1.3 ms stopped; benchmarks/placement_mix.py). Only the whole graph
+        # ("graph"), with no other runtime beside it, keeps spinning between runs (stopping
+        # cost 2% on ResNet-50 called back to back).
         opts.intra_op_num_threads = torch.get_num_threads()
         opts.inter_op_num_threads = 1
         spin = "1" if rule in ("region", "graph") else "0"
