@@ -80,12 +80,7 @@ class _Splitter:
         with torch.no_grad():
             recorder.run(*self.inputs)
         self.values = recorder.values
-        names = [n.name for n in self.gm.graph.nodes if n.op == "placeholder"]
-        self.frozen = {
-            n: x
-            for n, (kind, _), x in zip(names, seen["kinds"], self.inputs, strict=False)
-            if kind in ("parameter", "buffer") and isinstance(x, torch.Tensor)
-        }
+        self.frozen = planner.frozen_inputs(self.gm, self.inputs, seen["kinds"])
         self.nodes = [
             n.name
             for n in self.gm.graph.nodes
@@ -97,14 +92,12 @@ class _Splitter:
             raise SystemExit(f"placement_mix needs {', '.join(sorted(missing))} installed")
 
     def region(self, backend: str, lo: int, hi: int, rule: str) -> tuple[planner.Group, Any]:
-        nodes = self.nodes[lo:hi]
-        ins, outs = planner._region(self.gm, nodes)
-        call = [x for x in ins if x not in self.frozen]
-        sub = planner.build_subgraph(self.gm, nodes, ins, outs, self.frozen)
+        # The planner's own region compile: what the search would build for these nodes.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fn = self.backends[backend].compile(sub, [self.values[x] for x in call], rule)
-        return planner.Group(backend, "region", nodes, ins, outs, 0.0, [], call), fn
+            return planner.compile_region(
+                self.gm, self.nodes[lo:hi], self.backends[backend], self.values, self.frozen, rule
+            )
 
     def placed(self, parts: list[tuple[str, int, int, str]]) -> fx.GraphModule:
         built = [self.region(*p) for p in parts]

@@ -572,9 +572,7 @@ def place_graph(
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     frozen: dict[str, torch.Tensor] = {}
     if opts.freeze and example_inputs is not None and input_kinds is not None:
-        for name, (kind, _), x in zip(placeholders, input_kinds, inputs, strict=False):
-            if kind in ("parameter", "buffer") and isinstance(x, torch.Tensor):
-                frozen[name] = x
+        frozen = frozen_inputs(gm, inputs, input_kinds)
     # Weights (and their views, such as a linear's transposed weight): what a group finds cold
     # inside a model larger than the cache. All graph inputs where their kinds are unknown.
     weight_names = (
@@ -812,6 +810,37 @@ def place_graph(
     result.phase_s = phases
     result.search_s = time.perf_counter() - t_start
     return placed, result
+
+
+def frozen_inputs(
+    gm: fx.GraphModule, inputs: Sequence[Any], input_kinds: Sequence[tuple[str, str]]
+) -> dict[str, torch.Tensor]:
+    """The graph's parameter and buffer inputs by placeholder name: what graph compilers'
+    subgraphs take as constants when weights are frozen."""
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    return {
+        name: x
+        for name, (kind, _), x in zip(placeholders, input_kinds, inputs, strict=False)
+        if kind in ("parameter", "buffer") and isinstance(x, torch.Tensor)
+    }
+
+
+def compile_region(
+    gm: fx.GraphModule,
+    nodes: Sequence[str],
+    backend: Backend,
+    values: dict[str, Any],
+    consts: dict[str, torch.Tensor],
+    rule: str,
+) -> tuple[Group, Callable[..., Any]]:
+    """`nodes` (a convex stretch of `gm`) as one region of `backend`, compiled with the
+    recorded values of its inputs; `consts` inputs become constants of the region. Raises
+    what the backend raises."""
+    inputs, outputs = _region(gm, nodes)
+    call_inputs = [x for x in inputs if x not in consts]
+    sub = build_subgraph(gm, nodes, inputs, outputs, consts)
+    fn = backend.compile(sub, [values[x] for x in call_inputs], rule)
+    return Group(backend.name, "region", list(nodes), inputs, outputs, 0.0, [], call_inputs), fn
 
 
 def _placement_key(groups: Sequence[Group], frozen: dict[str, torch.Tensor]) -> tuple[Any, ...]:
@@ -1098,7 +1127,7 @@ def _evolve_round(
     contiguous stretch of a topological order, hence convex) merged into one region; a clear
     bit keeps the group as it is (a group of `backend` goes back to ATen). Returns the round's
     result and a thunk that builds the whole graph as one region of `backend`."""
-    region_cache: dict[tuple[str, ...], Callable[..., Any] | None] = {}
+    region_cache: dict[tuple[str, ...], tuple[Group, Callable[..., Any]] | None] = {}
     seed = [g.backend == backend.name for g in groups]
 
     def build(bits: Sequence[bool]) -> Built:
@@ -1120,15 +1149,12 @@ def _evolve_round(
             while j < len(groups) and bits[j]:
                 j += 1
             nodes = [n for g in groups[i:j] for n in g.nodes]
-            region = _region(gm, nodes)
             key = tuple(nodes)
-            call_inputs = [x for x in region[0] if x not in consts]
             if key not in region_cache:
-                sub = build_subgraph(gm, nodes, region[0], region[1], consts)
                 # "graph": the whole graph, with no other runtime between its calls.
                 rule = "graph" if i == 0 and j == len(groups) else "region"
                 try:
-                    region_cache[key] = backend.compile(sub, [values[x] for x in call_inputs], rule)
+                    region_cache[key] = compile_region(gm, nodes, backend, values, consts, rule)
                 except Exception as e:  # noqa: BLE001 - this region keeps its groups
                     log.info(
                         "torch_plugin placement: %s cannot compile a region of %d nodes (%s)",
@@ -1137,21 +1163,17 @@ def _evolve_round(
                         e,
                     )
                     region_cache[key] = None
-            fn = region_cache[key]
-            if fn is None:
+            hit = region_cache[key]
+            if hit is None:
                 out_groups.extend(groups[i:j])
                 out_fns.extend(compiled[i:j])
             else:
+                region, fn = hit
                 out_groups.append(
-                    Group(
-                        backend.name,
-                        "region",
-                        nodes,
-                        region[0],
-                        region[1],
-                        sum(g.seconds for g in groups[i:j]),
-                        [o for g in groups[i:j] for o in g.ops],
-                        call_inputs,
+                    dataclasses.replace(
+                        region,
+                        seconds=sum(g.seconds for g in groups[i:j]),
+                        ops=[o for g in groups[i:j] for o in g.ops],
                     )
                 )
                 out_fns.append(fn)
