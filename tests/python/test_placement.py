@@ -234,6 +234,36 @@ def test_onnxruntime_regions_stop_spinning_when_a_run_returns(tmp_path, monkeypa
     assert all(n < max(whole) for r, n in rules if r == "region"), rules
 
 
+@pytest.mark.skipif(
+    get_backends(["onnxruntime"])[-1].name != "onnxruntime", reason="no onnxruntime"
+)
+def test_onnx_export_with_a_reused_registry_writes_what_torch_onnx_export_writes() -> None:
+    """ONNX Runtime groups are exported through the exporter's core with one translation
+    registry per process (torch.onnx.export rebuilds it per call, most of a small group's
+    export time). The model must stay the public call's, byte for byte, and reuse must hold
+    across calls: a torch upgrade that changes either fails here."""
+    import io
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_plugin.placement import backends
+
+    def block(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor]:
+        h = torch.nn.functional.gelu(torch.addmm(b, x, w.t()))
+        return (torch.nn.functional.layer_norm(h, (h.shape[-1],)).softmax(-1),)
+
+    args = (torch.randn(4, 16), torch.randn(32, 16), torch.randn(32))
+    gm = make_fx(block)(*args)
+    buf = io.BytesIO()
+    torch.onnx.export(gm, args, buf, dynamo=True, verbose=False)
+    backends._torchlib_registry.cache_clear()
+    first = backends._export_onnx(gm, args)
+    again = backends._export_onnx(gm, args)
+    assert backends._torchlib_registry.cache_info().hits >= 1
+    assert first == buf.getvalue()
+    assert again == first
+
+
 @pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None:
