@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include "cpu/bias_gelu.h"
+#include "cpu/flash_attention.h"
 #include "cpu/fused_inference.h"
 #include "cpu/split_kv_attention.h"
 
@@ -25,6 +26,9 @@ TORCH_LIBRARY(torch_plugin, m) {
       "add_layer_norm_stats(Tensor x, Tensor? residual, Tensor weight, Tensor bias, float eps) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def("scaled_masked_softmax(Tensor scores, float scale, Tensor? mask) -> Tensor");
+  m.def(
+      "attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+      "bool is_causal=False, float? scale=None) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
@@ -36,4 +40,5 @@ TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
   m.impl("add_layer_norm", &tp::kernels::AddLayerNormCpu);
   m.impl("add_layer_norm_stats", &tp::kernels::AddLayerNormStatsCpu);
   m.impl("scaled_masked_softmax", &tp::kernels::ScaledMaskedSoftmaxCpu);
+  m.impl("attention", &tp::kernels::FlashAttentionCpu);
 }

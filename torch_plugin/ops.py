@@ -134,3 +134,20 @@ def _scaled_masked_softmax_fake(
     scores: torch.Tensor, scale: float, mask: torch.Tensor | None
 ) -> torch.Tensor:
     return torch.empty_like(scores)
+
+
+@torch.library.register_fake("torch_plugin::attention")
+def _attention_fake(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # The kernel's layouts: out as the query's when the widths agree, lse stored [B, Sq, H].
+    b, h, sq, d = query.shape
+    out = torch.empty_like(query) if value.shape[-1] == d else None
+    if out is None or out.stride(-1) != 1:
+        out = query.new_empty((b, h, sq, value.shape[-1]))
+    return out, query.new_empty((b, sq, h)).transpose(1, 2)

@@ -28,11 +28,14 @@ std::vector<Rule> FusedKernelRules() {
       Alt({IsOp({"aten::add.Tensor"}, {IsOp({"aten::div.Tensor", "aten::mul.Tensor"})}),
            IsOp({"aten::div.Tensor", "aten::mul.Tensor"}), IsOp({"aten::add.Tensor"})});
   const Pattern softmax_of_scores = IsOp({"aten::_softmax"}, {scores});
+  // SDPA as ATen lowers it on CPU (AOT decomposes F.scaled_dot_product_attention to it).
+  const Pattern sdpa = IsOp({"aten::_scaled_dot_product_flash_attention_for_cpu"});
   return {PatternRule("linear_act", HasDType(act_of_linear, {ir::DType::kFloat32})),
           PatternRule("add_layer_norm", HasDType(add_layer_norm, {ir::DType::kFloat32})),
           PatternRule("layer_norm", HasDType(layer_norm, {ir::DType::kFloat32})),
           PatternRule("softmax", HasDType(softmax_of_scores, {ir::DType::kFloat32})),
-          PatternRule("softmax", HasDType(IsOp({"aten::_softmax"}), {ir::DType::kFloat32}))};
+          PatternRule("softmax", HasDType(IsOp({"aten::_softmax"}), {ir::DType::kFloat32})),
+          PatternRule("attention", HasDType(sdpa, {ir::DType::kFloat32}))};
 }
 
 }  // namespace

@@ -14,8 +14,8 @@ namespace tp::pattern {
 // Rule sets: "aten" (every node alone; eager always works), "inductor", "openvino",
 // "onnxruntime" (graph compilers: single compute ops and fusions of a compute op with a chain
 // of elementwise/view ops), "fused" (our kernels in kernels/cpu: linear + activation epilogue,
-// residual add + layer norm, scaled/masked softmax). Throws std::invalid_argument naming the
-// known sets for an unknown name.
+// residual add + layer norm, scaled/masked softmax, attention). Throws std::invalid_argument
+// naming the known sets for an unknown name.
 std::vector<Rule> DefaultRules(const std::string& backend);
 std::vector<std::string> KnownRuleSets();
 

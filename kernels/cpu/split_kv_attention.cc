@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "cpu/vec_math.h"
 
 namespace tp::kernels {
 namespace {
@@ -20,33 +21,12 @@ constexpr int64_t kRowBlock = 64;
 
 }  // namespace
 
-// The inner loops, compiled twice (x86-64-v3, i.e. AVX2+FMA, and baseline) and picked at load
-// time by GCC's target_clones resolver, so the build runs on any x86-64 and uses AVX2 where it
-// exists. ("arch=haswell" would not do: its resolver tests the CPU model, so AMD never gets it.)
-// They take float rows; 16-bit caches are converted a block at a time by the caller.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TP_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define TP_MULTIVERSION
-#endif
-
 namespace detail {
 
-// GCC vector extensions: 8 floats in one register on AVX2, two on SSE, in every clone; loads
-// go through memcpy, so rows need no alignment.
-typedef float V8 __attribute__((vector_size(32), aligned(4)));
-
-inline V8 Load8(const float* p) {
-  V8 v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void Store8(float* p, V8 v) { __builtin_memcpy(p, &v, sizeof(v)); }
-
-inline float Sum8(V8 v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
+using vec::Load8;
+using vec::Store8;
+using vec::Sum8;
+using vec::V8;
 
 // scores[g * stride + j] = q[g] . k[j] for the `group` query heads that share this KV head:
 // each key row is read once for every head of its group (GQA reads the cache once). Dot products
@@ -80,35 +60,6 @@ TP_MULTIVERSION void ScoreRows(const float* q, int64_t group, const float* k, in
       scores[(pi % group) * stride + pi / group] = s;
     }
   }
-}
-
-// x[i] = exp(x[i] - shift) (x[i] <= shift), returning the sum. A branch-free Cephes-style expf
-// (range reduction by ln 2, degree-6 polynomial, exponent by bit shift; ~2 ulp) so the loop
-// vectorises; libm's expf is a call per element.
-TP_MULTIVERSION float ExpShiftedSum(float* x, int64_t n, float shift) {
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i] - shift;
-    v = v < -87.0f ? -87.0f : v;
-    const float fn = std::floor(v * 1.44269504088896341f + 0.5f);
-    const float r = v - fn * 0.693359375f + fn * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(fn) + 127) << 23;
-    float scale;
-    __builtin_memcpy(&scale, &bits, sizeof(scale));
-    x[i] = y * scale;
-  }
-  V8 lanes = {};  // the sum in eight lanes: float addition does not reassociate on its own
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) lanes += Load8(x + i);
-  float total = Sum8(lanes);
-  for (; i < n; ++i) total += x[i];
-  return total;
 }
 
 // acc[g * D + d] += w[g * stride + j] * v[j * D + d] over the rows. Per head, 32 output lanes
@@ -207,7 +158,7 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
               float* sg = scores.data() + g * n;
               float mg = -std::numeric_limits<float>::infinity();
               for (int64_t j = 0; j < n; ++j) mg = std::max(mg, sg[j]);
-              m[g] = mg, sum[g] = detail::ExpShiftedSum(sg, n, mg);
+              m[g] = mg, sum[g] = vec::ExpShiftedSum(sg, n, mg);
             }
             std::fill(acc.begin(), acc.end(), 0.0f);
             for (int64_t j = lo; j < hi; j += kRowBlock) {

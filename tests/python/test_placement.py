@@ -46,8 +46,9 @@ def test_placed_model_equals_eager(name: str, tmp_path) -> None:
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_fused_kernels_compile_and_match_eager_on_their_groups(name: str, tmp_path) -> None:
-    """BERT's residual add + layer norm and linear + gelu (and GPT-2's layer norms) are fused
-    candidates that compile to our kernels and match eager on the real inputs."""
+    """BERT's residual add + layer norm, linear + gelu and attention (and GPT-2's layer norms
+    and masked attention) are fused candidates that compile to our kernels and match eager on
+    the real inputs."""
     model, inputs = small_model(name)
     model.eval()
     placed = torch_plugin.place(
@@ -55,7 +56,10 @@ def test_fused_kernels_compile_and_match_eager_on_their_groups(name: str, tmp_pa
     )
     rules = placed.placement.candidates_by_rule
     fused = {k: v for k, v in rules.items() if k.startswith("fused:")}
-    expected = {"bert": {"fused:add_layer_norm", "fused:linear_act"}, "gpt2": {"fused:layer_norm"}}
+    expected = {
+        "bert": {"fused:add_layer_norm", "fused:linear_act", "fused:attention"},
+        "gpt2": {"fused:layer_norm", "fused:attention"},  # GPT-2's with a float mask
+    }
     assert expected[name] <= set(fused), rules
     for rule in expected[name]:
         assert fused[rule][1] >= 1, (rule, placed.placement.failures)

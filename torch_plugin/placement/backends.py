@@ -416,8 +416,42 @@ def _fused_softmax(gm: fx.GraphModule) -> Compiled:
     return run
 
 
+def _fused_attention(gm: fx.GraphModule) -> Compiled:
+    """ATen's CPU SDPA node (what F.scaled_dot_product_attention lowers to) on our flash
+    kernel, which returns the same (out, logsumexp); a training forward may use both."""
+    ph = _placeholder_index(gm)
+    sdpa = _only(gm, [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default])
+    q, k, v = sdpa.args[:3]
+    dropout = sdpa.args[3] if len(sdpa.args) > 3 else sdpa.kwargs.get("dropout_p", 0.0)
+    causal = sdpa.args[4] if len(sdpa.args) > 4 else sdpa.kwargs.get("is_causal", False)
+    mask, scale = sdpa.kwargs.get("attn_mask"), sdpa.kwargs.get("scale")
+    if dropout != 0.0:
+        raise BackendError("attention with dropout")
+    if not isinstance(causal, bool) or not (scale is None or isinstance(scale, (int, float))):
+        raise BackendError("is_causal or scale is not a constant")
+    iq, ik, iv = (_arg(ph, a) for a in (q, k, v))
+    imask = _arg(ph, mask) if mask is not None else None
+    getitems = {
+        n.args[1]: n for n in gm.graph.nodes if n.target is operator.getitem and n.args[0] is sdpa
+    }
+    outs = _output_nodes(gm)
+    if any(o not in getitems.values() for o in outs):
+        raise BackendError("the attention's outputs are used other than through getitem")
+    order = [next(i for i, n in getitems.items() if n is o) for o in outs]
+    kernel = torch.ops.torch_plugin.attention.default
+    fscale = None if scale is None else float(scale)
+
+    def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        mask_arg = args[imask] if imask is not None else None
+        res = kernel(args[iq], args[ik], args[iv], mask_arg, causal, fscale)
+        return tuple(res[i] for i in order)
+
+    return run
+
+
 class FusedBackend(Backend):
-    """Our CPU kernels (kernels/cpu/fused_inference.cc), one adapter per C++ rule."""
+    """Our CPU kernels (kernels/cpu/fused_inference.cc, flash_attention.cc), one adapter per
+    C++ rule."""
 
     name = rule_set = "fused"
     rtol = atol = 1e-4
@@ -426,6 +460,7 @@ class FusedBackend(Backend):
         "add_layer_norm": _fused_layer_norm,
         "layer_norm": _fused_layer_norm,
         "softmax": _fused_softmax,
+        "attention": _fused_attention,
     }
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:

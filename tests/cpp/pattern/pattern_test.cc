@@ -218,5 +218,43 @@ TEST(BackendRules, FusedRulesFindLinearActAndLayerNormGroups) {
   EXPECT_THROW(DefaultRules("tvm"), std::invalid_argument);
 }
 
+// q, k, v -> SDPA (two outputs: out, logsumexp) -> a transpose of out. The fused "attention"
+// rule takes the SDPA node alone, in float32 only; graph compilers take it too.
+TEST(BackendRules, FusedAttentionRuleTakesTheSdpaNodeInFloat32) {
+  auto build = [](ir::DType dtype, ir::NodeId* sdpa_id) {
+    auto typed = [dtype](std::vector<int64_t> shape) {
+      ir::TensorType t = testing::F32(std::move(shape));
+      t.dtype = dtype;
+      return ir::ValueType::Tensor(t);
+    };
+    ir::GraphBuilder b;
+    auto q = b.AddInput("q", typed({1, 4, 16, 8}), ir::InputKind::kUser);
+    auto k = b.AddInput("k", typed({1, 4, 16, 8}), ir::InputKind::kUser);
+    auto v = b.AddInput("v", typed({1, 4, 16, 8}), ir::InputKind::kUser);
+    ir::NodeSpec spec = Op("sdpa", "aten::_scaled_dot_product_flash_attention_for_cpu.default",
+                           {V(q), V(k), V(v)}, typed({1, 4, 16, 8}));
+    spec.output_types.push_back(typed({1, 4, 16}));
+    spec.tuple_output = true;
+    *sdpa_id = b.AddNode(spec);
+    auto tr = b.AddNode(Op("tr", "aten::transpose.int",
+                           {V(Out(b, *sdpa_id)), ir::Arg::Int(1), ir::Arg::Int(2)},
+                           typed({1, 16, 4, 8})));
+    b.SetOutput(ir::Arg::List({V(Out(b, tr))}, true));
+    return b.Build();
+  };
+  ir::NodeId sdpa = 0;
+  auto g = build(ir::DType::kFloat32, &sdpa);
+  auto set = GenerateCandidates(g, {{"fused", DefaultRules("fused")}});
+  std::vector<std::vector<ir::NodeId>> attention;
+  for (const auto& c : set.candidates) {
+    if (c.rule == "attention") attention.push_back(c.nodes);
+  }
+  EXPECT_EQ(attention, (std::vector<std::vector<ir::NodeId>>{{sdpa}}));
+  auto half = build(ir::DType::kFloat16, &sdpa);
+  for (const auto& c : GenerateCandidates(half, {{"fused", DefaultRules("fused")}}).candidates) {
+    EXPECT_NE(c.rule, "attention");  // our kernel is float32 only
+  }
+}
+
 }  // namespace
 }  // namespace tp::pattern
