@@ -142,22 +142,19 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionCpu(const at::Tensor& q_in,
   at::Tensor lse = at::empty({B, Sq, H}, q.options()).transpose(1, 2);
   if (out.numel() == 0) return {out.zero_(), lse.zero_()};
 
-  // Keys packed once per (batch, KV head) into [Sk16 / 16] panels of [D, 16], zero-padded to
-  // whole panels, for every query block's score tiles.
+  // Keys packed as [Sk16 / 16] panels of [D, 16], zero-padded to whole panels, per thread
+  // and (batch, KV head): a thread's tasks are consecutive, so it packs a head once and its
+  // query blocks (and grouped heads) read it from cache, not from a whole-batch buffer.
   const int64_t Sk16 = RoundUp(std::max<int64_t>(Sk, 1), 16);
-  std::vector<float> kt(static_cast<size_t>(B * Hkv * D * Sk16), 0.0f);
   const float* kp = k.data_ptr<float>();
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const float* src = kp + (bh / Hkv) * k.stride(0) + (bh % Hkv) * k.stride(1);
-      float* dst = kt.data() + bh * D * Sk16;
-      for (int64_t j = 0; j < Sk; ++j) {
-        const float* row = src + j * k.stride(2);
-        float* col = dst + (j / 16) * D * 16 + j % 16;
-        for (int64_t d = 0; d < D; ++d) col[d * 16] = row[d];
-      }
+  auto pack_keys = [&](int64_t b, int64_t hk, float* dst) {
+    const float* src = kp + b * k.stride(0) + hk * k.stride(1);
+    for (int64_t j = 0; j < Sk; ++j) {
+      const float* row = src + j * k.stride(2);
+      float* col = dst + (j / 16) * D * 16 + j % 16;
+      for (int64_t d = 0; d < D; ++d) col[d * 16] = row[d];
     }
-  });
+  };
 
   const float* qp = q.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
@@ -168,6 +165,8 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionCpu(const at::Tensor& q_in,
   at::parallel_for(0, B * H * nqb, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qbuf(kQBlock * D), scores(kQBlock * kKBlock), acc(kQBlock * Dv);
     std::vector<float> mrow(kQBlock), lrow(kQBlock);
+    std::vector<float> kt(static_cast<size_t>(D * Sk16), 0.0f);
+    int64_t packed = -1;  // the (batch, KV head) whose keys kt holds
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (H * nqb), h = task / nqb % H, i0 = task % nqb * kQBlock;
       const int64_t m = std::min(kQBlock, Sq - i0), rows4 = RoundUp(m, 4);
@@ -186,7 +185,11 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionCpu(const at::Tensor& q_in,
       std::fill(lrow.begin(), lrow.end(), 0.0f);
       // Causal: the block's last row sees keys up to its own index; later blocks are skipped.
       const int64_t kend = is_causal ? std::min(Sk, i0 + m) : Sk;
-      const float* ktb = kt.data() + (b * Hkv + hk) * D * Sk16;
+      if (b * Hkv + hk != packed) {
+        pack_keys(b, hk, kt.data());
+        packed = b * Hkv + hk;
+      }
+      const float* ktb = kt.data();
       const float* vb = vp + b * v.stride(0) + hk * v.stride(1);
       for (int64_t j0 = 0; j0 < kend; j0 += kKBlock) {
         const int64_t n = std::min(kKBlock, kend - j0);
