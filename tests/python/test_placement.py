@@ -365,8 +365,8 @@ def test_final_pick_measures_the_finalists_again_and_skips_wrong_numbers() -> No
 def test_training_graphs_are_placed_forward_and_backward(tmp_path, monkeypatch, caplog) -> None:
     """Under torch.compile with gradients, AOTAutograd's forward and backward graphs are both
     placed. The measured costs are skewed towards the fused kernels so that the forward's
-    layer norms (whose mean/rstd the backward saves) must run on them: outputs and gradients
-    still equal eager. With dropout active the forward draws random numbers and stays as is."""
+    layer norms (whose mean/rstd the backward saves) and attention (whose logsumexp it saves)
+    must run on them: outputs and gradients still equal eager. With dropout active the forward draws random numbers and stays as is."""
     from torch_plugin.placement import planner
 
     measure = planner._measure
@@ -404,6 +404,9 @@ def test_training_graphs_are_placed_forward_and_backward(tmp_path, monkeypatch, 
     assert set(kinds) == {"forward", "backward"}, kinds
     assert kinds["forward"].get("fused", 0) > 0, kinds  # layer norms with their statistics
     assert not [f for f in results[0].failures if "layer norm" in f]
+    # The attention too: its logsumexp, which the backward reads, comes from our kernel.
+    rules = {(g.backend, g.rule) for g in results[0].groups}
+    assert ("fused", "attention") in rules, rules
 
     torch._dynamo.reset()
     model.train()  # dropout: the forward graph is left to ATen, the backward placed
