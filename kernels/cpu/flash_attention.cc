@@ -147,17 +147,23 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionCpu(const at::Tensor& q_in,
   // query blocks (and grouped heads) read it from cache, not from a whole-batch buffer.
   const int64_t Sk16 = RoundUp(std::max<int64_t>(Sk, 1), 16);
   const float* kp = k.data_ptr<float>();
-  auto pack_keys = [&](int64_t b, int64_t hk, float* dst) {
-    const float* src = kp + b * k.stride(0) + hk * k.stride(1);
+  // Values are copied to contiguous [Sk, Dv] rows alongside: a head split's layout puts a
+  // head's rows H * Dv apart, and the value tile ran at half speed over such strided rows.
+  const float* vp = v.data_ptr<float>();
+  auto pack_head = [&](int64_t b, int64_t hk, float* kdst, float* vdst) {
+    const float* ksrc = kp + b * k.stride(0) + hk * k.stride(1);
     for (int64_t j = 0; j < Sk; ++j) {
-      const float* row = src + j * k.stride(2);
-      float* col = dst + (j / 16) * D * 16 + j % 16;
+      const float* row = ksrc + j * k.stride(2);
+      float* col = kdst + (j / 16) * D * 16 + j % 16;
       for (int64_t d = 0; d < D; ++d) col[d * 16] = row[d];
+    }
+    const float* vsrc = vp + b * v.stride(0) + hk * v.stride(1);
+    for (int64_t j = 0; j < Sk; ++j) {
+      std::copy(vsrc + j * v.stride(2), vsrc + j * v.stride(2) + Dv, vdst + j * Dv);
     }
   };
 
   const float* qp = q.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
   const float* mp = mask.defined() ? mask.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
@@ -165,8 +171,8 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionCpu(const at::Tensor& q_in,
   at::parallel_for(0, B * H * nqb, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qbuf(kQBlock * D), scores(kQBlock * kKBlock), acc(kQBlock * Dv);
     std::vector<float> mrow(kQBlock), lrow(kQBlock);
-    std::vector<float> kt(static_cast<size_t>(D * Sk16), 0.0f);
-    int64_t packed = -1;  // the (batch, KV head) whose keys kt holds
+    std::vector<float> kt(static_cast<size_t>(D * Sk16), 0.0f), vt(Sk * Dv);
+    int64_t packed = -1;  // the (batch, KV head) whose keys and values kt and vt hold
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (H * nqb), h = task / nqb % H, i0 = task % nqb * kQBlock;
       const int64_t m = std::min(kQBlock, Sq - i0), rows4 = RoundUp(m, 4);
@@ -186,14 +192,12 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionCpu(const at::Tensor& q_in,
       // Causal: the block's last row sees keys up to its own index; later blocks are skipped.
       const int64_t kend = is_causal ? std::min(Sk, i0 + m) : Sk;
       if (b * Hkv + hk != packed) {
-        pack_keys(b, hk, kt.data());
+        pack_head(b, hk, kt.data(), vt.data());
         packed = b * Hkv + hk;
       }
-      const float* ktb = kt.data();
-      const float* vb = vp + b * v.stride(0) + hk * v.stride(1);
       for (int64_t j0 = 0; j0 < kend; j0 += kKBlock) {
         const int64_t n = std::min(kKBlock, kend - j0);
-        ScoreTile(qbuf.data(), rows4, D, ktb + j0 * D, RoundUp(n, 16), scores.data(), kKBlock);
+        ScoreTile(qbuf.data(), rows4, D, kt.data() + j0 * D, RoundUp(n, 16), scores.data(), kKBlock);
         for (int64_t r = 0; r < m; ++r) {
           float* s = scores.data() + r * kKBlock;
           const int64_t qi = i0 + r;
@@ -224,8 +228,8 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionCpu(const at::Tensor& q_in,
         for (int64_t r = m; r < rows4; ++r) {
           std::fill(scores.data() + r * kKBlock, scores.data() + r * kKBlock + n, 0.0f);
         }
-        AccumulateTile(scores.data(), kKBlock, rows4, vb + j0 * v.stride(2), v.stride(2), n, Dv,
-                       acc.data(), Dv);
+        AccumulateTile(scores.data(), kKBlock, rows4, vt.data() + j0 * Dv, Dv, n, Dv, acc.data(),
+                       Dv);
       }
       for (int64_t r = 0; r < m; ++r) {
         const int64_t qi = i0 + r;
