@@ -40,7 +40,7 @@ inline V8 Exp8(V8 v) {
   p = p * r + 5.0000001201e-1f;
   const V8 y = p * r * r + r + 1.0f;
   const V8I bits = (__builtin_convertvector(fn, V8I) + 127) << 23;
-  return y * reinterpret_cast<const V8&>(bits);
+  return y * (V8)bits;  // a cast between same-size vector types keeps the bits
 }
 
 }  // namespace
