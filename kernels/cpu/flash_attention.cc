@@ -211,8 +211,13 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionCpu(const at::Tensor& q_in,
             for (int64_t j = std::max<int64_t>(0, qi - j0 + 1); j < n; ++j) s[j] = kNegInf;
           }
           const float mx = vec::MaxOf(s, n);
-          const float new_m = std::max(mrow[r], mx);
+          const float new_m = std::max(mrow[r], mx);  // NaN once the row has turned NaN
           if (new_m == kNegInf) {  // no key seen yet: this block adds nothing to the row
+            // ...unless it holds NaN, which MaxOf skips: the row becomes NaN, as in ATen.
+            // (Elsewhere NaN scores reach the exp, and through it the sum and the output.)
+            if (std::any_of(s, s + n, [](float x) { return x != x; })) {
+              mrow[r] = lrow[r] = std::numeric_limits<float>::quiet_NaN();
+            }
             std::fill(s, s + n, 0.0f);
             continue;
           }

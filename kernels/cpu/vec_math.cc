@@ -9,8 +9,11 @@ namespace {
 typedef int32_t V8I __attribute__((vector_size(32)));
 
 // Cephes-style expf: range reduction by ln 2, degree-6 polynomial, exponent by bit shift
-// (~2 ulp); v >= -87, so the exponent never underflows.
+// (~2 ulp). Below -87 (where expf is under 1.6e-38) it returns 0, so a -inf mask weighs
+// exactly nothing; NaN stays NaN.
 inline float ExpOne(float v) {
+  if (v != v) return v;  // NaN: the int conversion below would be undefined
+  if (v < -87.0f) return 0.0f;
   const float fn = std::floor(v * 1.44269504088896341f + 0.5f);
   const float r = v - fn * 0.693359375f + fn * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -28,7 +31,9 @@ inline float ExpOne(float v) {
 
 // The same on eight lanes, written with vector types: GCC did not vectorise the scalar loop
 // (its floor and bit cast), which left the exp the costliest part of flash attention.
-inline V8 Exp8(V8 v) {
+__attribute__((always_inline)) inline V8 Exp8(V8 v) {
+  const V8 in = v;
+  v = v < -87.0f ? V8{} - 87.0f : v;  // keeps the exponent in range; those lanes give 0 below
   const V8 fx = v * 1.44269504088896341f + 0.5f;
   V8 fn = __builtin_convertvector(__builtin_convertvector(fx, V8I), V8);  // truncated
   fn += __builtin_convertvector(fn > fx, V8);  // floor: -1 where truncation rounded up
@@ -40,7 +45,8 @@ inline V8 Exp8(V8 v) {
   p = p * r + 5.0000001201e-1f;
   const V8 y = p * r * r + r + 1.0f;
   const V8I bits = (__builtin_convertvector(fn, V8I) + 127) << 23;
-  return y * (V8)bits;  // a cast between same-size vector types keeps the bits
+  const V8 e = y * (V8)bits;  // a cast between same-size vector types keeps the bits
+  return in < -87.0f ? V8{} : e;  // NaN lanes compare false and stay NaN
 }
 
 }  // namespace
@@ -49,16 +55,13 @@ TP_MULTIVERSION float ExpShiftedSum(float* x, int64_t n, float shift) {
   V8 lanes = {};  // the sum in eight lanes: float addition does not reassociate on its own
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    V8 v = Load8(x + i) - shift;
-    v = v < -87.0f ? V8{} - 87.0f : v;
-    const V8 e = Exp8(v);
+    const V8 e = Exp8(Load8(x + i) - shift);
     Store8(x + i, e);
     lanes += e;
   }
   float total = Sum8(lanes);
   for (; i < n; ++i) {
-    const float v = x[i] - shift;
-    x[i] = ExpOne(v < -87.0f ? -87.0f : v);
+    x[i] = ExpOne(x[i] - shift);
     total += x[i];
   }
   return total;
@@ -66,14 +69,21 @@ TP_MULTIVERSION float ExpShiftedSum(float* x, int64_t n, float shift) {
 
 TP_MULTIVERSION float MaxOf(const float* x, int64_t n) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  V8 m = V8{} + kNegInf;
+  V8 m0 = V8{} + kNegInf, m1 = m0;  // two chains: a compare-and-select per step has latency
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const V8 v = Load8(x + i);
-    m = v > m ? v : m;
+  for (; i + 16 <= n; i += 16) {
+    const V8 a = Load8(x + i), b = Load8(x + i + 8);
+    m0 = a > m0 ? a : m0;
+    m1 = b > m1 ? b : m1;
   }
+  if (i + 8 <= n) {
+    const V8 a = Load8(x + i);
+    m0 = a > m0 ? a : m0;
+    i += 8;
+  }
+  m0 = m1 > m0 ? m1 : m0;
   float best = kNegInf;
-  for (int k = 0; k < 8; ++k) best = m[k] > best ? m[k] : best;
+  for (int k = 0; k < 8; ++k) best = m0[k] > best ? m0[k] : best;
   for (; i < n; ++i) best = x[i] > best ? x[i] : best;
   return best;
 }

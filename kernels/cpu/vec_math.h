@@ -21,25 +21,28 @@ namespace tp::kernels::vec {
 // per FMA, 7x slower than ATen's flash attention on BERT's shapes.)
 typedef float V8 __attribute__((vector_size(32)));
 
-inline V8 Load8(const float* p) {
+// always_inline: a 32-byte vector passed by value between an AVX2 clone and a baseline one
+// would not agree on the calling convention.
+__attribute__((always_inline)) inline V8 Load8(const float* p) {
   V8 v;
   __builtin_memcpy(&v, p, sizeof(v));
   return v;
 }
 
-inline void Store8(float* p, V8 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+__attribute__((always_inline)) inline void Store8(float* p, V8 v) { __builtin_memcpy(p, &v, sizeof(v)); }
 
-inline float Sum8(V8 v) {
+__attribute__((always_inline)) inline float Sum8(V8 v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
 // x[i] = exp(x[i] - shift) (x[i] <= shift), returning the sum. A branch-free Cephes-style expf
-// (range reduction by ln 2, degree-6 polynomial, exponent by bit shift; ~2 ulp) so the loop
-// vectorises; libm's expf is a call per element. Inputs below shift - 87 (a -inf mask) give
-// exp(-87) ~ 1.6e-38, not 0.
+// (range reduction by ln 2, degree-6 polynomial, exponent by bit shift; ~2 ulp) on eight lanes;
+// libm's expf is a call per element. Inputs below shift - 87 (a -inf mask) give exactly 0;
+// NaN stays NaN.
 float ExpShiftedSum(float* x, int64_t n, float shift);
 
-// max(x[0..n)), -inf for n == 0; NaNs are not propagated (as a vector max does not).
+// max(x[0..n)) over its non-NaN elements; -inf for n == 0 or all NaN. (Propagating NaN here
+// cost 8% of flash attention; its caller finds NaN where it matters, see there.)
 float MaxOf(const float* x, int64_t n);
 
 }  // namespace tp::kernels::vec

@@ -85,6 +85,96 @@ def test_rows_that_see_no_key_are_zero_as_in_aten() -> None:
     torch.testing.assert_close(got_lse, want_lse, rtol=1e-5, atol=1e-5)
 
 
+def _sdpa_reference(q, k, v, mask=None, causal=False, scale=None):  # type: ignore[no-untyped-def]
+    """SDPA's math path in float64 (grouped heads repeated, causal top-left as an -inf mask)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, 1)
+    v = v.double().repeat_interleave(group, 1)
+    s = q.double() @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if mask is not None:
+        s = s + mask.double()
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return (s.softmax(-1) @ v).float()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_masks_layouts_and_blocks_the_zoo_does_not_reach(threads: int) -> None:
+    """Per-head, 2-D and transposed masks (their strides index the mask), causal together with
+    a mask and with more queries than keys, grouped heads with all of them, one KV head over
+    several batches (the per-thread packed head must change with the batch), a non-unit last
+    stride, and 1 or 2 threads (chunk boundaries between tasks)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(1)
+        q, k, v = qkv(3, 4, 4, 37, 150, 24, transposed=True)
+        per_head = torch.randn(3, 4, 37, 150, generator=g)
+        two_d = torch.randn(37, 150, generator=g)
+        transposed = torch.randn(3, 1, 150, 37, generator=g).transpose(-1, -2)
+        for mask in (per_head, two_d, transposed):
+            for causal in (False, True):
+                got, _ = ours(q, k, v, mask, causal, None)
+                want = _sdpa_reference(q, k, v, mask, causal)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        q, k, v = qkv(2, 6, 2, 200, 70, 32, transposed=True)  # Sq > Sk, grouped heads
+        mask = torch.randn(2, 1, 200, 70, generator=g)
+        got, _ = ours(q, k, v, mask, True, 0.2)
+        torch.testing.assert_close(
+            got, _sdpa_reference(q, k, v, mask, True, 0.2), rtol=1e-5, atol=1e-5
+        )
+        q, k, v = qkv(4, 3, 1, 9, 20, 16)  # one KV head, four batches
+        got, _ = ours(q, k, v)
+        torch.testing.assert_close(got, _sdpa_reference(q, k, v), rtol=1e-5, atol=1e-5)
+        q, k, v = qkv(1, 2, 2, 8, 8, 16)
+        q_strided = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # last stride 8
+        assert q_strided.stride(-1) != 1
+        torch.testing.assert_close(ours(q_strided, k, v)[0], ours(q, k, v)[0])
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_rows_masked_in_early_key_blocks_and_in_all_of_them() -> None:
+    """The online softmax over 128-key blocks: a row that sees nothing in its first blocks
+    and keys later, a row that sees nothing in any block, and -inf only in a later block."""
+    q, k, v = qkv(1, 2, 2, 4, 300, 16)
+    mask = torch.zeros(1, 1, 4, 300)
+    mask[..., 0, :260] = float("-inf")  # sees only keys 260..299 (third block)
+    mask[..., 1, :] = float("-inf")  # sees nothing
+    mask[..., 2, 130:] = float("-inf")  # sees the first block and two keys of the second
+    want_out, want_lse = aten(q, k, v, attn_mask=mask)
+    got_out, got_lse = ours(q, k, v, mask)
+    torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_lse, want_lse, rtol=1e-5, atol=1e-5)
+    assert (got_out[:, :, 1] == 0).all()
+
+
+def test_nan_propagates_as_in_aten() -> None:
+    """A NaN in a query row makes that row NaN (not 0: a max that skips NaN would take the
+    'no key seen' path); a NaN key makes every row that sees it NaN."""
+    q, k, v = qkv(1, 1, 1, 3, 200, 16)
+    q[0, 0, 1, 0] = float("nan")
+    out, lse = ours(q, k, v)
+    assert torch.isnan(out[0, 0, 1]).all() and torch.isnan(lse[0, 0, 1])
+    assert torch.isfinite(out[0, 0, [0, 2]]).all()
+    q, k, v = qkv(1, 1, 1, 3, 200, 16)
+    k[0, 0, 5, 0] = float("nan")  # in the first 128-key block
+    out, _ = ours(q, k, v)
+    want, _ = aten(q, k, v)
+    assert torch.isnan(out).all() and torch.isnan(want).all()
+
+
+@pytest.mark.parametrize("b,sq,sk", [(0, 4, 5), (1, 0, 5), (1, 4, 0)])
+def test_empty_batch_queries_or_keys(b: int, sq: int, sk: int) -> None:
+    """Empty shapes return empty (or, with no keys, zero) results. ATen's kernel stops the
+    process with a floating point exception on no queries or no keys (torch 2.13), so it is
+    not called here."""
+    q, k, v = qkv(b, 2, 2, sq, sk, 16)
+    out, lse = ours(q, k, v)
+    assert out.shape == (b, 2, sq, 16) and lse.shape == (b, 2, sq)
+    assert (out == 0).all() and (lse == 0).all()
+
+
 @pytest.mark.parametrize(
     "make,fragment",
     [
@@ -104,7 +194,17 @@ def test_bad_inputs_name_the_op_and_the_problem(make, fragment: str) -> None:  #
     assert fragment in str(e.value)
 
 
-def test_opcheck() -> None:
-    q, k, v = qkv(1, 2, 2, 5, 7, 16)
+@pytest.mark.parametrize(
+    "layout", ["contiguous", "transposed", "value width", "grouped", "strided last dim"]
+)
+def test_opcheck(layout: str) -> None:
+    """The fake kernel's shapes and strides equal the kernel's for each input layout."""
+    q, k, v = qkv(
+        1, 4, 2 if layout == "grouped" else 4, 5, 7, 16, transposed=layout != "contiguous"
+    )
+    if layout == "value width":
+        v = torch.randn(1, 4, 7, 24)
+    if layout == "strided last dim":
+        q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
     mask = torch.zeros(1, 1, 5, 7)
     torch.library.opcheck(ours, (q, k, v, mask, False, 0.5))

@@ -366,7 +366,8 @@ def test_training_graphs_are_placed_forward_and_backward(tmp_path, monkeypatch, 
     """Under torch.compile with gradients, AOTAutograd's forward and backward graphs are both
     placed. The measured costs are skewed towards the fused kernels so that the forward's
     layer norms (whose mean/rstd the backward saves) and attention (whose logsumexp it saves)
-    must run on them: outputs and gradients still equal eager. With dropout active the forward draws random numbers and stays as is."""
+    must run on them: outputs and gradients still equal eager. With dropout active the
+    forward draws random numbers and stays as is."""
     from torch_plugin.placement import planner
 
     measure = planner._measure

@@ -239,18 +239,20 @@ def _export_onnx(gm: fx.GraphModule, args: tuple[torch.Tensor, ...]) -> bytes:
         from torch.onnx._internal.exporter import _constants as _exporter_constants
         from torch.onnx._internal.exporter import _core
 
-        if "registry" not in inspect.signature(_core.export).parameters:
-            raise ImportError("torch.onnx's exporter core takes no registry")
-    except ImportError:
+        opset = _constants.ONNX_DEFAULT_OPSET  # what the public call uses when given none
+        registry_opset = max(opset, _exporter_constants.TORCHLIB_OPSET)
+        params = inspect.signature(_core.export).parameters
+        if not {"registry", "opset_version", "verbose"} <= params.keys():
+            raise ImportError("torch.onnx's exporter core has another signature")
+    except (ImportError, AttributeError):
         buf = io.BytesIO()
         torch.onnx.export(gm, args, buf, dynamo=True, verbose=False)
         return buf.getvalue()
-    opset = _constants.ONNX_DEFAULT_OPSET  # what the public call uses when given none
     program = _core.export(
         gm,
         args,
         None,
-        registry=_torchlib_registry(max(opset, _exporter_constants.TORCHLIB_OPSET)),
+        registry=_torchlib_registry(registry_opset),
         opset_version=opset,
         verbose=False,
     )
@@ -431,6 +433,8 @@ def _fused_attention(gm: fx.GraphModule) -> Compiled:
         raise BackendError("is_causal or scale is not a constant")
     iq, ik, iv = (_arg(ph, a) for a in (q, k, v))
     imask = _arg(ph, mask) if mask is not None else None
+    if mask is not None and getattr(mask.meta.get("val"), "dtype", None) != torch.float32:
+        raise BackendError("attention mask is not an additive float32 mask")
     getitems = {
         n.args[1]: n for n in gm.graph.nodes if n.target is operator.getitem and n.args[0] is sdpa
     }
