@@ -197,7 +197,8 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionCpu(const at::Tensor& q_in,
       }
       for (int64_t j0 = 0; j0 < kend; j0 += kKBlock) {
         const int64_t n = std::min(kKBlock, kend - j0);
-        ScoreTile(qbuf.data(), rows4, D, kt.data() + j0 * D, RoundUp(n, 16), scores.data(), kKBlock);
+        ScoreTile(qbuf.data(), rows4, D, kt.data() + j0 * D, RoundUp(n, 16), scores.data(),
+                  kKBlock);
         for (int64_t r = 0; r < m; ++r) {
           float* s = scores.data() + r * kKBlock;
           const int64_t qi = i0 + r;

@@ -29,7 +29,9 @@ __attribute__((always_inline)) inline V8 Load8(const float* p) {
   return v;
 }
 
-__attribute__((always_inline)) inline void Store8(float* p, V8 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+__attribute__((always_inline)) inline void Store8(float* p, V8 v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
 
 __attribute__((always_inline)) inline float Sum8(V8 v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
