@@ -81,6 +81,11 @@ def extension():
     cflags = pkg_config("--cflags")
     libs = pkg_config("--libs")
     cxx = ["-O0" if debug else "-O3", "-fvisibility=hidden"] + cflags  # torch picks the -std
+    # at::parallel_for is inline OpenMP in torch's CPU builds: without -fopenmp its pragma is
+    # ignored and every kernel of ours ran on one thread. The link resolves libgomp.so.1 to
+    # the copy torch already loaded (same soname), so there is one OpenMP runtime.
+    cxx.append("-fopenmp")
+    libs = libs + ["-fopenmp"]
     if debug:
         cxx.append("-g")
     cxx += cpu_capability_flags()

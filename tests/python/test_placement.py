@@ -211,6 +211,10 @@ def test_onnxruntime_regions_stop_spinning_when_a_run_returns(tmp_path, monkeypa
         torch.testing.assert_close(fn(x, w)[0], torch.relu(x @ w))
         assert entry(fn, "session.intra_op.allow_spinning") == spin, rule
         assert entry(fn, "session.force_spinning_stop") == stop, rule
+        # Op-level groups keep no arena: hundreds of them held a second copy of the model's
+        # activations (full-size NasNet at batch 8 ran out of memory).
+        arena = fn.session.get_session_options().enable_cpu_mem_arena
+        assert arena == (rule != "op"), rule
 
     # The search compiles the whole graph as "graph", any part of it as "region".
     rules: list[tuple[str, int]] = []

@@ -28,7 +28,8 @@ from .cache import Entry, ProfileCache, machine_key
 
 log = logging.getLogger("torch_plugin")
 
-PROFILE_VERSION = "4"  # 4: ONNX Runtime regions stop spinning after a run
+# 5: op-level ONNX Runtime groups without an arena; the fused kernels on all threads.
+PROFILE_VERSION = "5"
 
 _VALID_KEYS = (
     "backends",
