@@ -684,3 +684,37 @@ def test_direct_call_matches_only_the_recorded_signature(with_value: bool) -> No
     if with_value:
         assert not d.matches((x, 4), {}) and not d.matches((x, 3.0), {})
         assert not d.matches((x, x), {})
+
+
+def test_compiles_after_measuring_get_shapes_not_the_recorded_activations(tmp_path) -> None:
+    """After the measurements, the recorded intermediates of 1 MiB or more are replaced by
+    untouched buffers of the same shape and strides (full-size NasNet at batch 8 held its
+    activations twice and ran out of memory). Groups compiled from them must still be right:
+    a model whose activations are 2 MiB, placed on ONNX Runtime, equals eager."""
+    from torch_plugin.placement import planner
+
+    big = torch.randn(2048, 256)
+    t = big.t()
+    small = torch.randn(4, 4)
+    out = planner._shapes_only({"x": big, "t": t, "s": small, "n": 3}, keep={"x"})
+    assert out["x"] is big and out["s"] is small and out["n"] == 3
+    assert out["t"] is not t
+    assert (out["t"].shape, out["t"].stride(), out["t"].dtype) == (t.shape, t.stride(), t.dtype)
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.GELU()
+    ).eval()
+    x = torch.randn(2048, 256)
+    with torch.no_grad():
+        want = model(x)
+    placed = torch_plugin.place(
+        model,
+        (x,),
+        backends=["aten", "onnxruntime"],
+        cache_path=str(tmp_path / "p.db"),
+        samples=3,
+        max_evaluations=4,
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(placed(x), want, rtol=1e-4, atol=1e-4)
+    assert placed.placement.backend_counts().get("onnxruntime", 0) > 0
