@@ -201,8 +201,8 @@ class OnnxRuntimeBackend(_NumpyBackend):
         if rule not in ("region", "graph"):
             # An op-level group's arena keeps its output buffers after each run: ~29 MB held
             # per session for one batch-8 convolution with a 24.5 MB output, 9 MB without.
-            # Hundreds of such groups held the model's activations a second time, and
-            # full-size NasNet at batch 8 (8.3 GB of module outputs) ran out of 24 GiB.
+            # Hundreds of such groups hold a model's activations again (full-size NasNet at
+            # batch 8 has 8.3 GB of module outputs; its search ran out of 24 GiB).
             opts.enable_cpu_mem_arena = False
         if rule == "region":
             opts.add_session_config_entry("session.force_spinning_stop", "1")
