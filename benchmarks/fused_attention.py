@@ -22,7 +22,7 @@ import json
 import math
 import os
 import statistics
-import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +31,9 @@ from typing import Any
 import torch
 
 import torch_plugin  # noqa: F401 - registers torch.ops.torch_plugin
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from placement import _commit  # noqa: E402 - the sibling script's, one way to name a commit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OURS = torch.ops.torch_plugin.attention.default
@@ -132,20 +135,6 @@ def run(threads: list[int], rounds: int) -> list[dict[str, Any]]:
                 flush=True,
             )
     return rows
-
-
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def _geomean(values: list[float]) -> float:
