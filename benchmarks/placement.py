@@ -16,8 +16,9 @@ benchmarks/results/placement.{json,png} (placement_full.{json,png} with --full-s
 from __future__ import annotations
 
 import argparse
-import copy
+import ctypes
 import datetime
+import gc
 import io
 import json
 import math
@@ -72,6 +73,17 @@ def _round_robin(fns: dict[str, Any], inputs: tuple, rounds: int = 5) -> dict[st
                     times.append(time.perf_counter() - t0)
                 per[key].append(statistics.median(times))
     return {k: statistics.median(v) for k, v in per.items()}
+
+
+def _release_freed_memory() -> None:
+    """Collects garbage and hands glibc's free heap pages back to the system. Without the trim,
+    the freed intermediates of an export or a conversion (gigabytes at full size) stay resident
+    and the next build stacks on top of them."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def _inductor(model: torch.nn.Module, inputs: tuple) -> Any:
@@ -184,14 +196,17 @@ def run_one(
             elif key == "dp":
                 fns["dp"] = placed
                 row["dp_backends"] = result.backend_counts()
-    # The baselines are built after our searches: with them alive during a search (each a
-    # copy of the model and its compiled artifacts), full-size MMT at batch 8 (1.55 GB of
-    # weights) ran out of 24 GiB. Every latency is measured at the end, in turns.
+    # The baselines are built after our searches and share the eager model's weights (none of
+    # them writes to the module), and freed memory goes back to the system after each build:
+    # with a deep copy per baseline, all alive during a search, full-size MMT at batch 8 (1.55 GB
+    # of weights) ran out of 24 GiB. Every latency is measured at the end, in turns.
+    del placed, result
+    _release_freed_memory()
     for base, make in BASELINES.items():
         torch._dynamo.reset()
         try:
             t0 = time.perf_counter()
-            fn = make(copy.deepcopy(model), inputs)
+            fn = make(model, inputs)
             with torch.no_grad():
                 got = fn(*inputs)
             row[f"{base}_compile_s"] = time.perf_counter() - t0
@@ -203,6 +218,7 @@ def run_one(
         except Exception as e:  # noqa: BLE001 - a backend that cannot take the model is a result
             row[f"{base}_ms"] = None
             row[f"{base}_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        _release_freed_memory()
     for key, seconds in _round_robin(fns, inputs).items():
         row[f"{key}_ms"] = seconds * 1e3
     for base in BASELINES:
