@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -20,3 +21,31 @@ def _fresh_state():
     torch.manual_seed(0)
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def fixed_profile(monkeypatch) -> Callable[[dict[str, float]], None]:
+    """A stub measurer for the placement search, so no test depends on this machine's speed.
+
+    fixed_profile({"onnxruntime": 1e-5}) makes every group that compiles and matches eager on
+    that backend cost 1e-5 s (ATen's and any backend not named: 1e-3 s). Groups are still
+    compiled and checked against eager; every end-to-end timing (evolution, finalists, the
+    check against eager) returns the same figure, so the DP's pick is what runs."""
+    from torch_plugin.placement import planner
+    from torch_plugin.placement.cache import Entry
+
+    measure = planner._measure
+
+    def apply(seconds: dict[str, float]) -> None:
+        def stub(gm, c, backend, values, samples, frozen, *rest):  # noqa: ANN001, ANN202
+            e = measure(gm, c, backend, values, 1, frozen, *rest)
+            if not e.ok:
+                return e
+            return Entry(seconds.get(backend.name, 1e-3), True, e.note, e.compile_seconds)
+
+        monkeypatch.setattr(planner, "_measure", stub)
+        monkeypatch.setattr(
+            planner, "time_call", lambda fn, args, samples, **_: (fn(*args), 1e-3)[1]
+        )
+
+    return apply

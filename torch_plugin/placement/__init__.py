@@ -362,7 +362,7 @@ class PlacedModule(torch.nn.Module):
 
 def place(
     model: torch.nn.Module,
-    example_inputs: Sequence[Any],
+    example_inputs: Sequence[Any] | dict[str, Any],
     on_error: str = "raise",
     direct: bool = True,
     **placement_options: Any,
@@ -371,23 +371,32 @@ def place(
     inputs (which triggers the search). Options: see PlacementOptions. The weights are frozen
     into graph compilers' subgraphs unless freeze=False: update them and place again.
 
+    example_inputs: the positional arguments, or a dict of keyword arguments as an HF model
+    is called (`place(model, {"input_ids": ids, "attention_mask": mask})`).
+
     direct: calls with the example inputs' shapes, dtypes and devices skip Dynamo's guards and
     AOTAutograd's wrapper and call the placed graph itself (see _DirectCall), when the model
-    compiled to one graph whose arguments and outputs could all be traced to their origin."""
+    compiled to one graph whose arguments and outputs could all be traced to their origin
+    (positional example inputs only)."""
     placement_options.setdefault("freeze", True)
     opts = {
         "passes": ["placement"],
         "placement": PlacementOptions.from_user(placement_options),
         "on_error": on_error,
     }
+    if isinstance(example_inputs, dict):
+        args: tuple[Any, ...] = ()
+        kwargs = dict(example_inputs)
+    else:
+        args, kwargs = tuple(example_inputs), {}
     compiled = torch.compile(model, backend="torch_plugin", options=opts)
     with record() as results, torch.no_grad():
-        compiled(*example_inputs)
+        compiled(*args, **kwargs)
         if not results:
             # Dynamo served the graph an earlier place() of this model compiled with equal
             # options (its cache is per code object): compile again, so that this call
             # measures and reports a placement of its own.
             torch._dynamo.reset_code(type(model).forward.__code__)
-            compiled(*example_inputs)
-    fast = _direct_call(model, compiled, example_inputs) if direct else None
+            compiled(*args, **kwargs)
+    fast = _direct_call(model, compiled, args) if direct and not kwargs else None
     return PlacedModule(compiled, list(results), fast)
