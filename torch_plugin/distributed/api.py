@@ -19,7 +19,7 @@ from .sharding import ShardedModule, shard_model
 def parallelize(
     model: nn.Module | DeviceMesh | int | None = None,
     mesh: int | DeviceMesh | None = None,
-    example_inputs: tuple[Any, ...] | Callable[[nn.Module], tuple[Any, ...]] = (),
+    example_inputs: tuple[Any, ...] | dict[str, Any] | Callable[[nn.Module], Any] = (),
     *,
     strategy: str | None = None,
     constraints: dict[str, str] | None = None,

@@ -169,6 +169,23 @@ class _ReplicatedOutput(torch.autograd.Function):
         return grad / ctx.world, None
 
 
+class _BatchLoss(torch.autograd.Function):
+    """A scalar of one dp replica's batch slice (its loss) made the whole batch's:
+    sum over replicas of weight * x. The weight is 1 when the model divided by the whole
+    batch's label count (HF's num_items_in_batch), the slice's share of the labels when its
+    loss is a mean over them, 1/dp without labels. Every rank seeds the same gradient and the
+    dp gradient sync sums the replicas, so the backward scales as the forward did."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, handle: int, weight: float) -> torch.Tensor:
+        ctx.weight = weight
+        return _group(handle).all_reduce(x.detach() * weight, "batch loss")
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad * ctx.weight, None, None
+
+
 def reshard(x: torch.Tensor, src: str, dst: str, group: int) -> torch.Tensor:
     return _Reshard.apply(x, src, dst, group)
 
@@ -292,31 +309,88 @@ class ShardingPlan:
 
 @dataclasses.dataclass
 class _Captured:
-    graph: _C.Graph  # over (parameters, buffers, flat inputs)
+    graph: _C.Graph  # over (parameters, buffers, tensor leaves of the call)
     ctx: fx_bridge.BridgeContext
     pnames: list[str]
     bnames: list[str]
-    in_spec: pytree.TreeSpec
+    in_spec: pytree.TreeSpec  # of the call's (args, kwargs)
+    constants: dict[int, Any]  # leaf index -> a non-tensor argument, fixed in the graph
     out_spec: pytree.TreeSpec
+    unused_inputs: set[str]  # keyword arguments the graph does not read
 
 
-def _capture(model: nn.Module, example_inputs: tuple[Any, ...]) -> _Captured:
-    """ATen forward graph of model(*inputs) over (params, buffers, flat inputs), on fake tensors,
-    as the planner's IR."""
+def as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) of a call: a dict of example inputs is the keyword arguments (as HF
+    models are called), anything else the positional ones. Keywords are sorted so that the
+    order a caller writes them in does not matter."""
+    if isinstance(example_inputs, dict):
+        return (), dict(sorted(example_inputs.items()))
+    return tuple(example_inputs), {}
+
+
+def _label_counter(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+    """For data parallelism over a batch with ignored labels (-100, padding): a function
+    counting the labels the model's loss averages over, so that replicas whose slices hold
+    different shares of padding combine into one process's loss exactly. None without
+    `labels`."""
+    labels = call[1].get("labels")
+    if not isinstance(labels, torch.Tensor):
+        return None
+    # Causal LMs predict token t+1 from t: their loss sees the labels shifted by one.
+    shifted = getattr(model, "loss_type", None) == "ForCausalLM" or type(model).__name__.endswith(
+        ("ForCausalLM", "LMHeadModel")
+    )
+
+    def count(labels: torch.Tensor) -> torch.Tensor:
+        seen = labels[..., 1:] if shifted and labels.dim() > 1 else labels
+        return (seen != -100).sum()
+
+    return count
+
+
+def _takes_loss_kwargs(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
+    """Whether HF's num_items_in_batch can be passed (as HF's Trainer decides)."""
+    import inspect
+
+    if "num_items_in_batch" in call[1]:
+        return False
+    params = inspect.signature(model.forward).parameters.values()
+    return any(p.kind is p.VAR_KEYWORD or p.name == "num_items_in_batch" for p in params)
+
+
+def _describe(spec: pytree.TreeSpec) -> str:
+    """A call structure in a user's words: its positional count and keyword names."""
+    try:
+        args, kwargs = pytree.tree_unflatten([0] * spec.num_leaves, spec)
+        return f"{len(args)} positional argument(s) and keywords {sorted(kwargs) or '[]'}"
+    except Exception:  # noqa: BLE001 - only a message
+        return str(spec)
+
+
+def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> _Captured:
+    """ATen forward graph of model(*args, **kwargs) over (params, buffers, the call's tensors),
+    on fake tensors, as the planner's IR. Non-tensor arguments (return_loss=True, a mode
+    string) are constants of the graph."""
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     pnames, bnames = list(params), list(buffers)
-    flat, in_spec = pytree.tree_flatten(tuple(example_inputs))
+    leaves, in_spec = pytree.tree_flatten(call)
+    tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    constants = {i: x for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor)}
+    flat = [leaves[i] for i in tensor_at]
     out_spec: list[pytree.TreeSpec] = []
     n_state = len(pnames) + len(bnames)
 
     def forward(*args: Any) -> tuple[Any, ...]:
         state = dict(zip(pnames + bnames, args[:n_state], strict=True))
-        inputs = pytree.tree_unflatten(list(args[n_state:]), in_spec)
-        out = torch.func.functional_call(model, state, tuple(inputs))
-        leaves, spec = pytree.tree_flatten(out)
+        call = list(leaves)
+        for i, x in zip(tensor_at, args[n_state:], strict=True):
+            call[i] = x
+        cargs, ckwargs = pytree.tree_unflatten(call, in_spec)
+        out = torch.func.functional_call(model, state, tuple(cargs), ckwargs)
+        out_leaves, spec = pytree.tree_flatten(out)
         out_spec.append(spec)
-        return tuple(leaves)
+        return tuple(out_leaves)
 
     args = [*params.values(), *buffers.values(), *flat]
     if any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
@@ -334,20 +408,37 @@ def _capture(model: nn.Module, example_inputs: tuple[Any, ...]) -> _Captured:
                 a = mode.from_tensor(a)
             converted.append(a)
         args = converted
-    gm = make_fx(forward, tracing_mode="fake")(*args)
+    try:
+        gm = make_fx(forward, tracing_mode="fake")(*args)
+    except Exception as e:
+        raise RuntimeError(
+            f"torch_plugin: the forward of {type(model).__name__} could not be captured as one "
+            f"graph for {_describe(in_spec)} ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}). Data-dependent "
+            "control flow (a Python branch on a tensor's values) cannot be sharded: make the "
+            "branch static, or keep that module out of the sharded model"
+        ) from e
     kinds = (
         [("parameter", n) for n in pnames]
         + [("buffer", n) for n in bnames]
         + [("user", "")] * len(flat)
     )
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][n_state:]
+    paths = [pytree.keystr(k) for k, _ in pytree.tree_flatten_with_path(call)[0]]
+    unused = {
+        paths[i].split("'")[1]
+        for i, node in zip(tensor_at, placeholders, strict=True)
+        if not node.users and paths[i].startswith("[1]['")
+    }
     graph, ctx = fx_bridge.to_ir(gm, kinds)
-    return _Captured(graph, ctx, pnames, bnames, in_spec, out_spec[-1])
+    return _Captured(graph, ctx, pnames, bnames, in_spec, constants, out_spec[-1], unused)
 
 
-def capture_graph(model: nn.Module, example_inputs: Sequence[Any]) -> _C.Graph:
+def capture_graph(model: nn.Module, example_inputs: Any) -> _C.Graph:
     """The ATen forward graph the sharding planner sees (no process group needed; a model on
-    the `meta` device works, so plans of models too big for this machine can be modelled)."""
-    return _capture(model, tuple(example_inputs)).graph
+    the `meta` device works, so plans of models too big for this machine can be modelled).
+    example_inputs: positional arguments, or a dict of keyword arguments."""
+    return _capture(model, as_call(example_inputs)).graph
 
 
 def _init_blocks_like_constructor(
@@ -392,7 +483,7 @@ class ShardedModule(nn.Module):
         self,
         model: nn.Module,
         mesh: DeviceMesh,
-        example_inputs: Sequence[Any],
+        example_inputs: Sequence[Any] | dict[str, Any],
         *,
         constraints: dict[str, str] | None = None,
         memory_budget_gb: float | None = None,
@@ -409,7 +500,7 @@ class ShardedModule(nn.Module):
                 f"{mesh}: a 2-D mesh must have axes ('dp', 'tp'): data parallel over 'dp', the "
                 "planned tensor parallelism over 'tp'"
             )
-        example_inputs = tuple(example_inputs)
+        call = as_call(example_inputs)
         self.mesh = mesh
         tp_axis = "tp" if len(mesh.shape) == 2 else mesh.axis_names[0]
         self.world = mesh.size(tp_axis)
@@ -423,17 +514,30 @@ class ShardedModule(nn.Module):
             dp_comm = Collectives(mesh.group("dp"), self.dp, self.dp_rank, "torch_plugin sharding")
             self._dp_handle = _register_group(dp_comm)
             self.dp_comm = dp_comm
-        full_inputs = example_inputs
-        example_inputs = tuple(pytree.tree_map(self._dp_slice, example_inputs))
+        # dp replicas over labels with padding: the whole batch's label count goes in as HF's
+        # num_items_in_batch, so each replica's loss is its share of one process's loss.
+        self._count_labels = _label_counter(model, call) if self.dp > 1 else None
+        self._pass_count = self._count_labels is not None and _takes_loss_kwargs(model, call)
+        if self._pass_count:
+            call = (
+                call[0],
+                dict(sorted({**call[1], "num_items_in_batch": torch.tensor(0)}.items())),
+            )
+        full_call = call
+        call = pytree.tree_map(self._dp_slice, call)
         training = model.training if training is None else training
         comm = Collectives(mesh.group(tp_axis), self.world, self.rank, "torch_plugin sharding")
         self.comm = comm
         self._handle = _register_group(comm)
 
-        captured = _capture(model, example_inputs)
+        captured = _capture(model, call)
         graph, ctx = captured.graph, captured.ctx
         pnames, bnames = captured.pnames, captured.bnames
         self._in_spec, self._out_spec = captured.in_spec, captured.out_spec
+        self._constants = captured.constants
+        # The model's loss read the count (a sum over the batch); otherwise its loss is a
+        # mean, and so is the replicas' combination.
+        self._summed_loss = self._pass_count and "num_items_in_batch" not in captured.unused_inputs
         budget = 0.0 if memory_budget_gb is None else memory_budget_gb * 1e9
         log.info(
             "torch_plugin sharding: planning %d ATen nodes on %d ranks (%s level, %.0f s limit)",
@@ -505,14 +609,25 @@ class ShardedModule(nn.Module):
                 n: self.shard(t.detach(), specs[n]).clone()
                 for n, t in [*all_params.items(), *all_buffers.items()]
             }
-        self.local_params = nn.ParameterList(
+        # The blocks live under the model's own names (model.layers.0.mlp.up_proj.weight), so
+        # named_parameters(), state_dict() and name-based optimizer groups read as the model's.
+        self.local_params = [
             nn.Parameter(blocks[n], requires_grad=all_params[n].requires_grad) for n in pnames
-        )
-        for i, n in enumerate(bnames):
-            self.register_buffer(f"_buffer{i}", blocks[n])
+        ]
+        for n, p in zip(pnames, self.local_params, strict=True):
+            owner, attr = self._owner(n)
+            owner.register_parameter(attr, p)
+        self._buffer_slots = []
+        for n in bnames:
+            owner, attr = self._owner(n)
+            owner.register_buffer(attr, blocks[n])
+            self._buffer_slots.append((owner, attr))
+        self.config = getattr(model, "config", None)
+        self._captured_training = training
+        self.train(training)
         self._input_shapes = [
             tuple(x.shape) if isinstance(x, torch.Tensor) else None
-            for x in pytree.tree_leaves(full_inputs)
+            for x in pytree.tree_leaves(full_call)
         ]
         self.plan = ShardingPlan(
             world=self.world,
@@ -552,6 +667,24 @@ class ShardedModule(nn.Module):
             result["grad_syncs"],
         )
 
+    def _owner(self, name: str) -> tuple[nn.Module, str]:
+        """The (sub)module of this one that holds `name` under the model's path, made as
+        needed; a path whose first part is one of this module's own attributes goes under
+        `.module` instead (as DDP names it)."""
+        *path, attr = name.split(".")
+        owner: nn.Module = self
+        if path and path[0] in self.__dict__ and path[0] not in self._modules:
+            path = ["module", *path]
+        elif not path and (attr in self.__dict__ or hasattr(type(self), attr)):
+            path = ["module"]
+        for part in path:
+            child = owner._modules.get(part)
+            if child is None:
+                child = nn.Module()
+                owner.add_module(part, child)
+            owner = child
+        return owner, attr
+
     def shard(self, full: torch.Tensor, spec: str) -> torch.Tensor:
         """This rank's block of a whole tensor held as `spec` (R and P: the whole tensor)."""
         kind, dim, sections = _parse(spec)
@@ -576,23 +709,41 @@ class ShardedModule(nn.Module):
     def local_parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.local_params)
 
-    def forward(self, *args: Any) -> Any:
-        flat, spec = pytree.tree_flatten(tuple(args))
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        labels = kwargs.get("labels") if self._count_labels is not None else None
+        if self._pass_count and isinstance(labels, torch.Tensor):
+            kwargs["num_items_in_batch"] = self._count_labels(labels)
+        leaves, spec = pytree.tree_flatten((args, dict(sorted(kwargs.items()))))
         if spec != self._in_spec:
             raise ValueError(
-                f"inputs are structured as {spec}, the sharded program was captured for "
-                f"{self._in_spec}; call parallelize with example inputs like these"
+                f"called with {_describe(spec)}; the sharded program was captured for "
+                f"{_describe(self._in_spec)}: call parallelize with example inputs like these"
             )
-        for i, (x, shape) in enumerate(zip(flat, self._input_shapes, strict=True)):
+        flat = []
+        for i, (x, shape) in enumerate(zip(leaves, self._input_shapes, strict=True)):
+            if i in self._constants:
+                if x is not self._constants[i] and x != self._constants[i]:
+                    raise ValueError(
+                        f"argument {i} is {x!r}; the sharded program was captured with "
+                        f"{self._constants[i]!r} (non-tensor arguments are fixed per plan)"
+                    )
+                continue
             if shape is not None and tuple(x.shape) != shape:
                 raise ValueError(
                     f"input {i} has shape {tuple(x.shape)}; the sharded program was captured for "
                     f"{shape} (shapes are static per plan): call parallelize with example inputs "
                     "of this shape"
                 )
+            flat.append(x)
         if self._random_ops and self.world > 1:
             self._share_rng_state()
-        buffers = [getattr(self, f"_buffer{i}") for i in range(len(self.buffer_names))]
+        if self._random_ops and self.training != self._captured_training:
+            raise ValueError(
+                "the sharded program was captured in "
+                f"{'train' if self._captured_training else 'eval'} mode and has random ops "
+                "(dropout): call parallelize on the model in the mode it runs in"
+            )
+        buffers = [owner._buffers[attr] for owner, attr in self._buffer_slots]
         params: list[torch.Tensor] = list(self.local_params)
         if self.dp == 1:
             outs = self.graph_module(*params, *buffers, *flat)
@@ -611,9 +762,18 @@ class ShardedModule(nn.Module):
                 params[i] = t
         local = [self._dp_slice(x) for x in flat]
         outs = self.graph_module(*params, *buffers, *local)
+        weight = 1.0 / self.dp
+        if isinstance(labels, torch.Tensor):
+            total = int(self._count_labels(labels))
+            if self._summed_loss:
+                weight = 1.0
+            elif total > 0:
+                weight = int(self._count_labels(self._dp_slice(labels))) / total
         whole = [
             replicated_output(reshard(o, "S(0)", "R", self._dp_handle), self._dp_handle)
             if isinstance(o, torch.Tensor) and o.dim() > 0 and o.is_floating_point()
+            else _BatchLoss.apply(o, self._dp_handle, weight)
+            if isinstance(o, torch.Tensor) and o.is_floating_point()
             else o
             for o in outs
         ]
@@ -769,7 +929,7 @@ class ShardedOptimizer:
 def search_mesh_shape(
     model: nn.Module,
     world: int,
-    example_inputs: Sequence[Any],
+    example_inputs: Sequence[Any] | dict[str, Any],
     *,
     constraints: dict[str, str] | None = None,
     memory_budget_gb: float | None = None,
@@ -783,7 +943,8 @@ def search_mesh_shape(
     ILP (one dp replica's batch slice, the dp axis's gradient sync and ZeRO-1 inside it):
     [{"dp", "tp", "objective" (modelled step s, None if no plan fits), "why"}], fastest first.
     Pure data parallelism is the (world, 1) shape; no process group is needed."""
-    flat = [x for x in pytree.tree_leaves(tuple(example_inputs)) if isinstance(x, torch.Tensor)]
+    call = as_call(example_inputs)
+    flat = [x for x in pytree.tree_leaves(call) if isinstance(x, torch.Tensor)]
     batch = next((int(x.shape[0]) for x in flat if x.dim() > 0), 1)
     training = model.training if training is None else training
     budget = 0.0 if memory_budget_gb is None else memory_budget_gb * 1e9
@@ -793,7 +954,7 @@ def search_mesh_shape(
             lambda x, dp=dp: (
                 x[: x.shape[0] // dp] if isinstance(x, torch.Tensor) and x.dim() > 0 else x
             ),
-            tuple(example_inputs),
+            call,
         )
         graph = _capture(model, sliced).graph
         row: dict[str, Any] = {"dp": dp, "tp": world // dp, "objective": None, "why": ""}
@@ -822,7 +983,7 @@ def search_mesh_shape(
 def shard_model(
     model: nn.Module,
     mesh: DeviceMesh,
-    example_inputs: Sequence[Any],
+    example_inputs: Sequence[Any] | dict[str, Any],
     *,
     constraints: dict[str, str] | None = None,
     memory_budget_gb: float | None = None,
