@@ -227,6 +227,11 @@ def check_shard(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     whole = sum(p.numel() * p.element_size() for p in model.parameters())
     mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
     sharded = torch_plugin.parallelize(model, mesh, inputs)
+    names = [n for n, _ in model.named_parameters()]
+    if [n for n, _ in sharded.named_parameters()] != names:
+        raise Mismatch("the sharded module does not keep the model's parameter names")
+    if getattr(sharded, "config", None) is not getattr(model, "config", None):
+        raise Mismatch("the sharded module does not keep the model's .config")
     got = _train(sharded, inputs, lambda: sharded.optimizer(torch.optim.AdamW, lr=LR))
     diff = _compare_losses(got, want)
     return {
@@ -463,6 +468,23 @@ def _commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def _save(cells: dict[str, dict[str, dict[str, Any]]], out: Path) -> dict[str, Any]:
+    from torch_plugin.models import hf_suite
+
+    cells = {n: cells[n] for n in hf_suite.names() if n in cells}
+    report = {
+        "transformers": __import__("transformers").__version__,
+        "torch": torch.__version__,
+        "entries": ENTRIES,
+        "pass_rates": pass_rates(cells),
+        "cells": cells,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    save_png(cells, out.with_suffix(".png"))
+    return cells
+
+
 def main() -> None:
     from torch_plugin.models import hf_suite
 
@@ -488,18 +510,8 @@ def main() -> None:
             cells.setdefault(name, {})[entry] = cell
             status = cell["status"] + (f" ({cell['error']})" if "error" in cell else "")
             print(f"[{time.perf_counter() - t_run:7.1f} s] {name} / {entry}: {status}", flush=True)
-    order = [n for n in hf_suite.names() if n in cells]
-    cells = {n: cells[n] for n in order}
-    report = {
-        "transformers": __import__("transformers").__version__,
-        "torch": torch.__version__,
-        "entries": ENTRIES,
-        "pass_rates": pass_rates(cells),
-        "cells": cells,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1, sort_keys=False))
-    save_png(cells, out.with_suffix(".png"))
+        _save(cells, out)  # after each model: a long run that is stopped keeps what it measured
+    cells = _save(cells, out)
     print(table(cells))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 

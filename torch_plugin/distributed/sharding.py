@@ -16,6 +16,7 @@ on the local graph exact.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -367,6 +368,31 @@ def _describe(spec: pytree.TreeSpec) -> str:
         return str(spec)
 
 
+@contextlib.contextmanager
+def _static_experts(model: nn.Module) -> Iterator[None]:
+    """HF mixture-of-experts layers traced with static shapes. Their default grouped matmul
+    has no float32 fake kernel (capture failed with "Expected inputs of BF16 type") and the
+    eager loop indexes tokens by their routing (data-dependent shapes): `batched_mm` gathers
+    each token's experts with fixed shapes, the same numbers."""
+    config = getattr(model, "config", None)
+    setter = getattr(model, "set_experts_implementation", None)
+    current = getattr(config, "_experts_implementation", None)
+    if setter is None or current not in (None, "grouped_mm"):
+        yield
+        return
+    try:
+        setter("batched_mm")
+    except Exception as e:  # noqa: BLE001 - a model without experts: nothing to switch
+        log.debug("torch_plugin sharding: no experts implementation to set (%s)", e)
+        yield
+        return
+    log.info("torch_plugin sharding: %s's experts captured as batched_mm", type(model).__name__)
+    try:
+        yield
+    finally:
+        setter(current if current is not None else "grouped_mm")
+
+
 def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> _Captured:
     """ATen forward graph of model(*args, **kwargs) over (params, buffers, the call's tensors),
     on fake tensors, as the planner's IR. Non-tensor arguments (return_loss=True, a mode
@@ -409,7 +435,8 @@ def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> 
             converted.append(a)
         args = converted
     try:
-        gm = make_fx(forward, tracing_mode="fake")(*args)
+        with _static_experts(model):
+            gm = make_fx(forward, tracing_mode="fake")(*args)
     except Exception as e:
         raise RuntimeError(
             f"torch_plugin: the forward of {type(model).__name__} could not be captured as one "

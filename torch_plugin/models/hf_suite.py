@@ -696,7 +696,7 @@ def build(
 
 def loss_of(output: Any) -> torch.Tensor:
     """The loss an HF model computed from its labels (ModelOutput, dict or tuple)."""
-    loss = output["loss"] if isinstance(output, dict) else getattr(output, "loss", None)
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     if loss is None and isinstance(output, (tuple, list)):
         loss = output[0]
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:

@@ -1,0 +1,85 @@
+"""The HF model suite (torch_plugin.models.hf_suite) called the HF way, `model(**inputs).loss`,
+through the entry points of benchmarks/hf_suite.py: CI's cross-section (the full table is
+`python benchmarks/hf_suite.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import hf_suite as runner
+from torch_plugin.models import hf_suite
+
+
+def test_the_suite_covers_the_architectures_users_train() -> None:
+    assert len(hf_suite.ARCHS) >= 40
+    families = {a.family for a in hf_suite.ARCHS.values()}
+    assert families == {"decoder", "moe", "encoder", "encoder-decoder", "vision", "multimodal"}
+    assert set(hf_suite.CI_SUBSET) <= set(hf_suite.ARCHS)
+    with pytest.raises(ValueError, match="unknown HF suite architecture 'nope'"):
+        hf_suite.build("nope")
+
+
+@pytest.mark.parametrize("name", hf_suite.names())
+def test_every_architecture_trains_from_its_labels(name: str) -> None:
+    """Each model computes its loss from `labels` in its keyword inputs, and the padded
+    positions of row 1 carry no label."""
+    model, inputs = hf_suite.build(name)
+    out = model(**inputs)
+    loss = hf_suite.loss_of(out)
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert any(p.grad is not None for p in model.parameters())
+    if "attention_mask" in inputs and "labels" in inputs and inputs["labels"].dim() == 2:
+        mask = inputs["attention_mask"]
+        if inputs["labels"].shape == mask.shape:
+            assert (inputs["labels"][mask == 0] == -100).all()
+
+
+@pytest.mark.parametrize("name", hf_suite.CI_SUBSET)
+def test_roundtrip_is_bit_exact_on_hf_calls(name: str) -> None:
+    runner.check_roundtrip(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "entry"),
+    [("t5", "shard2"), ("bert", "shard2x2"), ("llama", "shard2x2")],
+)
+def test_sharded_hf_models_train_as_one_process(name: str, entry: str) -> None:
+    """parallelize(model, mesh, inputs_dict) then model(**inputs).loss, 3 AdamW steps on gloo:
+    losses equal one process within 1e-5, the model's parameter names and .config are kept.
+    On the (dp, tp) mesh the two replicas' slices hold different numbers of labels (row 1 is
+    padded): Llama takes num_items_in_batch, BERT's loss is a mean weighted by each slice."""
+    cell = runner.run_distributed(entry, name, deadline_s=240)
+    assert cell["status"] == "pass", cell.get("error")
+    assert cell["figures"]["max_loss_diff"] <= runner.LOSS_RTOL
+
+
+def test_uncapturable_forward_is_named_with_what_to_do() -> None:
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:  # data-dependent control flow
+                return self.fc(x)
+            return x
+
+    from torch_plugin.distributed.sharding import capture_graph
+
+    with pytest.raises(RuntimeError, match="forward of Branchy could not be captured"):
+        capture_graph(Branchy(), {"x": torch.randn(2, 4)})
+
+
+def test_keyword_capture_sees_every_tensor_argument() -> None:
+    """A dict of example inputs is the keyword call: the graph takes its tensors (labels
+    included) and the loss is computed inside."""
+    from torch_plugin.distributed.sharding import capture_graph
+
+    model, inputs = hf_suite.build("llama")
+    graph = capture_graph(model, inputs)
+    n_params = len(dict(model.named_parameters())) + len(dict(model.named_buffers()))
+    assert len(graph.records()[0]) - n_params == 3  # input_ids, attention_mask, labels
+    with pytest.raises(TypeError, match="no scalar loss"):
+        hf_suite.loss_of(model(input_ids=inputs["input_ids"]))
