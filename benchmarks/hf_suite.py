@@ -75,6 +75,7 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "shard2x2": (4, (2, 2)),
     "pipeline4": (4, None),
     "cp_decode": (2, (2,)),
+    "recipe2x2": (4, (2, 2)),  # accumulation + clipping (tests; not a column of the table)
 }
 DECODER_ONLY = {"pipeline4", "cp_decode"}
 
@@ -240,6 +241,58 @@ def check_shard(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
+def check_recipe(name: str, mesh_shape: tuple[int, ...], micro: int = 4) -> dict[str, Any]:
+    """Gradient accumulation and clipping as a training loop writes them: `micro` micro-steps
+    of 2 rows, all but the last under `no_sync()`, then `clip_grad_norm_` and an AdamW step,
+    against one process on the whole batch (no padding: each micro-batch's mean is then
+    1/micro of the whole batch's). The norm equals one process's within 1e-6 relative, the
+    loss after the step within 1e-5, and the micro-steps under no_sync() run no dp
+    collective."""
+    import contextlib
+
+    import torch_plugin
+    from torch_plugin.models import hf_suite
+
+    model, inputs = hf_suite.build(name, batch=2 * micro, pad=0)
+    chunks = [{k: v[2 * j : 2 * j + 2] for k, v in inputs.items()} for j in range(micro)]
+    ref = copy.deepcopy(model)
+    hf_suite.loss_of(ref(**inputs)).backward()
+    want_norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5))
+    torch.optim.AdamW(ref.parameters(), lr=LR).step()
+    with torch.no_grad():
+        want_next = float(hf_suite.loss_of(ref(**inputs)))
+
+    mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
+    sharded = torch_plugin.parallelize(model, mesh, chunks[0])
+    opt = sharded.optimizer(torch.optim.AdamW, lr=LR)
+    dp_comm = getattr(sharded, "dp_comm", None)
+
+    def syncs() -> int:  # gradient collectives over dp (outputs are still assembled per step)
+        return 0 if dp_comm is None else dp_comm.calls["grad_sync"] + dp_comm.calls["zero2_grad"]
+
+    quiet = 0
+    for j, chunk in enumerate(chunks):
+        last = j == micro - 1
+        before = syncs()
+        with contextlib.nullcontext() if last else sharded.no_sync():
+            (hf_suite.loss_of(sharded(**chunk)) / micro).backward()
+        if not last and syncs() != before:
+            raise Mismatch(f"micro-step {j} under no_sync() synced gradients over dp")
+        if last and syncs() == before:
+            raise Mismatch("the micro-step after no_sync() did not sync gradients over dp")
+        quiet += not last
+    norm = float(sharded.clip_grad_norm_(0.5))
+    opt.step()
+    opt.zero_grad()
+    with torch.no_grad():
+        got_next = sum(float(hf_suite.loss_of(sharded(**c))) for c in chunks) / micro
+    norm_diff = abs(norm - want_norm) / want_norm
+    if norm_diff > 1e-6:
+        raise Mismatch(f"clip_grad_norm_ gives {norm}, one process {want_norm}")
+    diff = _compare_losses([got_next], [want_next])
+    return {"norm_rel_diff": norm_diff, "max_loss_diff": diff, "quiet_micro_steps": quiet}
+
+
 def check_pipeline(name: str, world: int) -> dict[str, Any]:
     import torch_plugin
     from torch_plugin.models import hf_suite
@@ -301,6 +354,8 @@ def _rank_main(rank: int, world: int, port: int, entry: str, name: str, out: str
         mesh = DISTRIBUTED[entry][1]
         if entry.startswith("shard"):
             figures = check_shard(name, mesh)
+        elif entry == "recipe2x2":
+            figures = check_recipe(name, mesh)
         elif entry == "pipeline4":
             figures = check_pipeline(name, world)
         else:

@@ -142,19 +142,26 @@ class _GradSync(torch.autograd.Function):
     ranks in one flat all-reduce (one bucket rather than a collective per parameter)."""
 
     @staticmethod
-    def forward(ctx: Any, handle: int, *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(
+        ctx: Any, handle: int, pending: list[Any] | None, *params: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         ctx.handle = handle
+        ctx.pending = pending
         return tuple(p.view_as(p) for p in params)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        if ctx.pending is not None:  # gradients accumulated under no_sync() join this sum
+            grads = tuple(
+                g if q is None else g + q for g, q in zip(grads, ctx.pending, strict=True)
+            )
         flat = torch.cat([g.reshape(-1) for g in grads])
         summed = _group(ctx.handle).all_reduce(flat, "grad_sync")
         out, at = [], 0
         for g in grads:
             out.append(summed[at : at + g.numel()].view(g.shape).to(g.dtype))
             at += g.numel()
-        return (None, *out)
+        return (None, None, *out)
 
 
 class _ReplicatedOutput(torch.autograd.Function):
@@ -191,8 +198,12 @@ def reshard(x: torch.Tensor, src: str, dst: str, group: int) -> torch.Tensor:
     return _Reshard.apply(x, src, dst, group)
 
 
-def grad_sync(params: list[torch.Tensor], group: int) -> tuple[torch.Tensor, ...]:
-    return _GradSync.apply(group, *params)
+def grad_sync(
+    params: list[torch.Tensor], group: int, pending: list[Any] | None = None
+) -> tuple[torch.Tensor, ...]:
+    """pending: per parameter, a gradient accumulated locally (under no_sync) to add to this
+    backward's before the sum over ranks, or None."""
+    return _GradSync.apply(group, pending, *params)
 
 
 def replicated_output(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -682,10 +693,12 @@ class ShardedModule(nn.Module):
         )
         # ZeRO-2 blocks: each keeps a flat 1/dp shard (a view of the block) whose gradient the
         # backward reduce-scatters into as soon as the block's own is accumulated (then freed).
+        self._syncing = True  # False inside no_sync()
+        self._unsynced = False  # .grad holds micro-steps not yet summed over dp
         self._zero2: dict[str, _Zero2Shard] = {}
         for name, p in zip(pnames, self.local_params, strict=True):
             if result["zero_stage"].get(name) == 2 and p.requires_grad:
-                self._zero2[name] = _Zero2Shard(p, self.dp_comm, name)
+                self._zero2[name] = _Zero2Shard(p, self.dp_comm, name, lambda: self._syncing)
         self._zero2_ids = {id(z.param) for z in self._zero2.values()}
         self.mesh_search: list[dict[str, Any]] = []  # shard_model(mesh_shape="auto") fills it
         log.info(
@@ -732,6 +745,78 @@ class ShardedModule(nn.Module):
         plain `optimizer_class`. Use it in place of `optimizer_class(dist_model.parameters())`;
         without ZeRO choices it is exactly that."""
         return ShardedOptimizer(self, optimizer_class, **defaults)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation without a collective per micro-step, as with DDP / FSDP:
+        backwards inside the block sum gradients locally; the first backward after it sums
+        them over the dp replicas with its own. Tensor-parallel collectives are part of the
+        computation and still run. A no-op without a dp axis."""
+        previous = self._syncing
+        self._syncing = False
+        try:
+            yield
+        finally:
+            self._syncing = previous
+
+    def clip_grad_norm_(
+        self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
+    ) -> torch.Tensor:
+        """torch.nn.utils.clip_grad_norm_ for the whole model: the norm over every parameter's
+        whole gradient, each block and each replica counted exactly once (tp-replicated
+        blocks on tp rank 0 only, dp replicas once, ZeRO-2 shards summed over dp); every rank
+        gets the same norm and scales its blocks by the same factor. Returns the norm."""
+        p = float(norm_type)
+        inf = p == float("inf")
+        local: list[torch.Tensor] = []
+        zero2: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        for name, param, spec in self.named_local_parameters():
+            z = self._zero2.get(name)
+            g = z.shard.grad if z is not None else param.grad
+            if g is None:
+                continue
+            grads.append(g)
+            if spec.startswith("S") or self.rank == 0 or inf:
+                part = g.detach().float().abs()
+                part = part.max() if inf else part.pow(p).sum()
+                (zero2 if z is not None else local).append(part)
+
+        def reduce(parts: list[torch.Tensor], comm: Collectives | None) -> torch.Tensor:
+            t = (
+                torch.stack(parts).max()
+                if inf and parts
+                else torch.stack(parts).sum()
+                if parts
+                else torch.zeros(())
+            )
+            if comm is None or comm.world == 1:
+                return t
+            t = t.clone()
+            try:
+                dist.all_reduce(
+                    t, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=comm.group
+                )
+            except (RuntimeError, dist.DistBackendError) as e:
+                raise comm._fail("all_reduce", "grad_norm", e) from e
+            return t
+
+        part = reduce(local, None)
+        if zero2:
+            z = reduce(zero2, self.dp_comm)
+            part = torch.maximum(part, z) if inf else part + z
+        total = reduce([part], self.comm)
+        norm = total if inf else total.pow(1.0 / p)
+        if error_if_nonfinite and not torch.isfinite(norm):
+            raise RuntimeError(
+                f"the total norm of order {norm_type} of the gradients is non-finite; set "
+                "error_if_nonfinite=False to clip anyway"
+            )
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        with torch.no_grad():
+            for g in grads:
+                g.mul_(coef.to(g.dtype))
+        return norm
 
     def local_parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.local_params)
@@ -783,10 +868,20 @@ class ShardedModule(nn.Module):
         trainable = [
             i for i, p in enumerate(params) if p.requires_grad and id(p) not in self._zero2_ids
         ]
-        if trainable and torch.is_grad_enabled():
-            synced = grad_sync([params[i] for i in trainable], self._dp_handle)
+        if trainable and torch.is_grad_enabled() and self._syncing:
+            pending = None
+            if self._unsynced:
+                # Micro-steps under no_sync() left local sums in .grad: this backward's
+                # all-reduce carries them, and .grad receives the whole batch's gradient.
+                pending = [params[i].grad for i in trainable]
+                for i in trainable:
+                    params[i].grad = None
+                self._unsynced = False
+            synced = grad_sync([params[i] for i in trainable], self._dp_handle, pending)
             for i, t in zip(trainable, synced, strict=True):
                 params[i] = t
+        elif trainable and torch.is_grad_enabled():
+            self._unsynced = True
         local = [self._dp_slice(x) for x in flat]
         outs = self.graph_module(*params, *buffers, *local)
         weight = 1.0 / self.dp
@@ -839,8 +934,11 @@ class _Zero2Shard:
     rank keeps 1/dp of this block's gradient and optimizer state; `gather` rebuilds the block
     from every rank's updated shard after the step."""
 
-    def __init__(self, param: nn.Parameter, comm: Collectives, name: str) -> None:
+    def __init__(
+        self, param: nn.Parameter, comm: Collectives, name: str, syncing: Callable[[], bool]
+    ) -> None:
         self.param, self.comm, self.name = param, comm, name
+        self.syncing = syncing
         n = param.numel()
         self.chunk = -(-n // comm.world)  # ceil: the last rank's part is zero-padded
         lo = min(n, comm.rank * self.chunk)
@@ -853,6 +951,8 @@ class _Zero2Shard:
         return F.pad(flat, (0, extra)) if extra else flat
 
     def _reduce_scatter(self, param: torch.Tensor) -> None:
+        if not self.syncing():  # no_sync(): the whole block's gradient accumulates here
+            return
         grad = param.grad
         param.grad = None
         mine = self.comm.reduce_scatter(self._padded(grad.reshape(-1)), 0, "zero2_grad")

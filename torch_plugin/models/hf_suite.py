@@ -681,11 +681,12 @@ def make_inputs(
 
 
 def build(
-    name: str, batch: int = BATCH, seed: int = 0, dtype: torch.dtype | None = None
+    name: str, batch: int = BATCH, seed: int = 0, dtype: torch.dtype | None = None, pad: int = 3
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """(model, keyword inputs with labels): `model(**inputs).loss` is the training loss."""
+    """(model, keyword inputs with labels): `model(**inputs).loss` is the training loss.
+    pad: padded positions at the end of row 1 (0: none)."""
     model = build_model(name, seed=seed, dtype=dtype)
-    inputs = make_inputs(name, batch=batch, seed=seed + 1)
+    inputs = make_inputs(name, batch=batch, seed=seed + 1, pad=pad)
     if dtype is not None:
         inputs = {
             k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
