@@ -36,8 +36,10 @@ def test_every_architecture_trains_from_its_labels(name: str) -> None:
             assert (inputs["labels"][mask == 0] == -100).all()
 
 
-@pytest.mark.parametrize("name", hf_suite.CI_SUBSET)
+@pytest.mark.parametrize("name", ["llama", "mixtral", "bert", "vit"])
 def test_roundtrip_is_bit_exact_on_hf_calls(name: str) -> None:
+    """A decoder, MoE, an encoder and a vision model (the full suite: `python
+    benchmarks/hf_suite.py --entries roundtrip`)."""
     runner.check_roundtrip(name)
 
 
