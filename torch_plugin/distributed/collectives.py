@@ -74,13 +74,16 @@ class Collectives:
         self._count(kind, (self.world - 1) * t.numel() * t.element_size())
         return torch.stack(parts)
 
-    def all_reduce(self, t: torch.Tensor, kind: str) -> torch.Tensor:
-        """The sum of every rank's t (a new tensor; a ring all-reduce sends 2(w-1)/w of t)."""
+    def all_reduce(
+        self, t: torch.Tensor, kind: str, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> torch.Tensor:
+        """The sum (or `op`) of every rank's t (a new tensor; a ring all-reduce sends 2(w-1)/w
+        of t)."""
         out = t.contiguous().clone()
         if self.world == 1:
             return out
         try:
-            dist.all_reduce(out, group=self.group)
+            dist.all_reduce(out, op=op, group=self.group)
         except (RuntimeError, dist.DistBackendError) as e:
             raise self._fail("all_reduce", kind, e) from e
         self._count(kind, 2 * (self.world - 1) / self.world * t.numel() * t.element_size())

@@ -426,7 +426,8 @@ def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> 
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     pnames, bnames = list(params), list(buffers)
-    leaves, in_spec = pytree.tree_flatten(call)
+    with_paths, in_spec = pytree.tree_flatten_with_path(call)
+    leaves = [x for _, x in with_paths]
     tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     constants = {i: x for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor)}
     flat = [leaves[i] for i in tensor_at]
@@ -477,11 +478,10 @@ def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> 
         + [("user", "")] * len(flat)
     )
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][n_state:]
-    paths = [pytree.keystr(k) for k, _ in pytree.tree_flatten_with_path(call)[0]]
-    unused = {
-        paths[i].split("'")[1]
+    unused = {  # keyword leaves sit at path (SequenceKey(1), MappingKey(name), ...)
+        with_paths[i][0][1].key
         for i, node in zip(tensor_at, placeholders, strict=True)
-        if not node.users and paths[i].startswith("[1]['")
+        if not node.users and with_paths[i][0][0].idx == 1
     }
     graph, ctx = fx_bridge.to_ir(gm, kinds)
     return _Captured(graph, ctx, pnames, bnames, in_spec, constants, out_spec[-1], unused)
@@ -799,30 +799,18 @@ class ShardedModule(nn.Module):
                 part = part.max() if inf else part.pow(p).sum()
                 (zero2 if z is not None else local).append(part)
 
-        def reduce(parts: list[torch.Tensor], comm: Collectives | None) -> torch.Tensor:
-            t = (
-                torch.stack(parts).max()
-                if inf and parts
-                else torch.stack(parts).sum()
-                if parts
-                else torch.zeros(())
-            )
-            if comm is None or comm.world == 1:
-                return t
-            t = t.clone()
-            try:
-                dist.all_reduce(
-                    t, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=comm.group
-                )
-            except (RuntimeError, dist.DistBackendError) as e:
-                raise comm._fail("all_reduce", "grad_norm", e) from e
-            return t
+        op = dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM
 
-        part = reduce(local, None)
+        def combine(parts: list[torch.Tensor]) -> torch.Tensor:
+            if not parts:
+                return torch.zeros(())
+            stacked = torch.stack(parts)
+            return stacked.max() if inf else stacked.sum()
+
+        part = combine(local)
         if zero2:
-            z = reduce(zero2, self.dp_comm)
-            part = torch.maximum(part, z) if inf else part + z
-        total = reduce([part], self.comm)
+            part = combine([part, self.dp_comm.all_reduce(combine(zero2), "grad_norm", op)])
+        total = self.comm.all_reduce(part, "grad_norm", op)
         norm = total if inf else total.pow(1.0 / p)
         if error_if_nonfinite and not torch.isfinite(norm):
             raise RuntimeError(
@@ -840,8 +828,11 @@ class ShardedModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         labels = kwargs.get("labels") if self._count_labels is not None else None
-        if self._pass_count and isinstance(labels, torch.Tensor):
-            kwargs["num_items_in_batch"] = self._count_labels(labels)
+        if not isinstance(labels, torch.Tensor):
+            labels = None
+        total = None if labels is None else self._count_labels(labels)
+        if self._pass_count and total is not None:
+            kwargs["num_items_in_batch"] = total
         leaves, spec = pytree.tree_flatten((args, dict(sorted(kwargs.items()))))
         if spec != self._in_spec:
             raise ValueError(
@@ -902,12 +893,11 @@ class ShardedModule(nn.Module):
         local = [self._dp_slice(x) for x in flat]
         outs = self.graph_module(*params, *buffers, *local)
         weight = 1.0 / self.dp
-        if isinstance(labels, torch.Tensor):
-            total = int(self._count_labels(labels))
+        if total is not None:
             if self._summed_loss:
                 weight = 1.0
-            elif total > 0:
-                weight = int(self._count_labels(self._dp_slice(labels))) / total
+            elif int(total) > 0:
+                weight = int(self._count_labels(self._dp_slice(labels))) / int(total)
         whole = [
             replicated_output(reshard(o, "S(0)", "R", self._dp_handle), self._dp_handle)
             if isinstance(o, torch.Tensor) and o.dim() > 0 and o.is_floating_point()
