@@ -13,6 +13,7 @@ from ._C import GraphError, PassError, PlanError
 from .backend import register, torch_plugin_backend
 from .distributed import (
     CacheParallel,
+    CheckpointError,
     DeviceMesh,
     KVCacheManager,
     PipelineParallel,
@@ -20,8 +21,10 @@ from .distributed import (
     ShardedModule,
     ShardedOptimizer,
     cache_parallel,
+    load_checkpoint,
     parallelize,
     plan_pipeline,
+    save_checkpoint,
 )
 from .options import Options
 from .placement import PlacedModule, place
@@ -29,6 +32,7 @@ from .schedule import Schedule, ScheduleError, build, create_schedule
 
 __all__ = [
     "CacheParallel",
+    "CheckpointError",
     "DeviceMesh",
     "ShardedModule",
     "ShardedOptimizer",
@@ -48,7 +52,9 @@ __all__ = [
     "distributed",
     "models",
     "parallelize",
+    "load_checkpoint",
     "place",
+    "save_checkpoint",
     "placement",
     "plan_pipeline",
     "torch_plugin_backend",

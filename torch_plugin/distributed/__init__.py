@@ -2,6 +2,13 @@
 
 from .api import parallelize
 from .cache_parallel import CacheParallel, cache_parallel
+from .checkpoint import (
+    CheckpointError,
+    SaveHandle,
+    complete_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from .graph import TracedModel, cost_records, trace_module_level
 from .kv_cache import CacheCapacityError, KVCacheManager
 from .mesh import DeviceMesh
@@ -11,6 +18,11 @@ from .sharding import ShardedModule, ShardedOptimizer, ShardingPlan, shard_model
 __all__ = [
     "CacheCapacityError",
     "CacheParallel",
+    "CheckpointError",
+    "SaveHandle",
+    "complete_checkpoints",
+    "load_checkpoint",
+    "save_checkpoint",
     "DeviceMesh",
     "ShardedModule",
     "ShardedOptimizer",

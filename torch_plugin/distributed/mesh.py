@@ -188,6 +188,12 @@ def _init_from_env(backend: str, timeout_s: float) -> None:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # Under torchrun the agent hosts the store; its rendezvous knows the prefixes.
             store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+            # The agent's store outlives a restart (torchrun --max-restarts): keys the dead
+            # attempt wrote (gloo's peer addresses) would be read as this attempt's. Every
+            # worker of an attempt joins once, so the join count numbers the attempts alike
+            # on every node, where TORCHELASTIC_RESTART_COUNT is per agent.
+            joined = store.add("torch_plugin/joined", 1)
+            store = dist.PrefixStore(f"torch_plugin/attempt{(joined - 1) // world}", store)
         else:
             # Plain env:// launch: rank 0 hosts the store without waiting for the others there
             # (torch's wait adds a second to the timeout); the handshake below waits and names.

@@ -368,6 +368,13 @@ class PipelineParallel:
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n.removeprefix("m."), p) for n, p in self.module.named_parameters()]
 
+    def full_state_dict(self, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+        """Every stage's parameters and buffers under the model's names, on rank 0 (or on
+        every rank with rank0_only=False)."""
+        from .checkpoint import full_state_dict
+
+        return full_state_dict(self, rank0_only)
+
     # ---- sample ranges -----------------------------------------------------------------------
 
     def _range(self, s: int, j: int, r: int) -> tuple[int, int]:

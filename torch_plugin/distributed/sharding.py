@@ -677,6 +677,17 @@ class ShardedModule(nn.Module):
             owner, attr = self._owner(n)
             owner.register_buffer(attr, blocks[n])
             self._buffer_slots.append((owner, attr))
+        # Checkpoints and exports speak of whole tensors under the model's state_dict keys
+        # (tied aliases such as lm_head.weight -> model.embed_tokens.weight included).
+        self.global_shapes = {
+            n: tuple(t.shape) for n, t in [*all_params.items(), *all_buffers.items()]
+        }
+        canonical = {id(t): n for n, t in [*all_params.items(), *all_buffers.items()]}
+        self.state_keys = [
+            (k, canonical[id(t)])
+            for k, t in model.state_dict(keep_vars=True).items()
+            if id(t) in canonical
+        ]
         self.config = getattr(model, "config", None)
         self._captured_training = training
         self.train(training)
@@ -822,6 +833,14 @@ class ShardedModule(nn.Module):
             for g in grads:
                 g.mul_(coef.to(g.dtype))
         return norm
+
+    def full_state_dict(self, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+        """The unwrapped model's state_dict (its own keys, whole tensors), gathered tensor by
+        tensor; on rank 0 only unless rank0_only=False. model.load_state_dict(...) and HF
+        save_pretrained take it."""
+        from .checkpoint import full_state_dict
+
+        return full_state_dict(self, rank0_only)
 
     def local_parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.local_params)
@@ -980,7 +999,7 @@ class _Zero2Shard:
 _ELEMENTWISE_OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "RMSprop", "NAdam", "RAdam")
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(torch.optim.Optimizer):
     """One step over a ShardedModule's blocks: a plain optimizer for the blocks whose state
     stays whole, one ZeroRedundancyOptimizer per group of ranks that share copies of the
     other blocks (the whole mesh for tp-replicated blocks, the dp axis for tp-sharded ones).
@@ -988,7 +1007,11 @@ class ShardedOptimizer:
     grad_sync and the dp bucket), so each ZeRO rank steps its part of the blocks and broadcasts
     the result: ZeRO-1. ZeRO-2 blocks step their flat 1/dp shards (gradients reduce-scattered
     by the backward) with a plain `optimizer_class`, then all-gather the blocks; that needs an
-    elementwise optimizer (SGD, Adam, AdamW, ...)."""
+    elementwise optimizer (SGD, Adam, AdamW, ...).
+
+    It is a torch.optim.Optimizer whose `param_groups` are its parts' own group dicts, so LR
+    schedulers (CosineAnnealingLR, LambdaLR, ...) drive every part; its state is checkpointed
+    by torch_plugin.save_checkpoint (each rank its part), not by state_dict()."""
 
     def __init__(
         self,
@@ -1037,12 +1060,32 @@ class ShardedOptimizer:
                     params, optimizer_class=optimizer_class, process_group=group, **defaults
                 )
             )
+        # The base class's bookkeeping (hooks, defaults) over every local block; then its
+        # groups become the parts' (a scheduler's lr edits reach them).
+        local = [p for _, p, _ in module.named_local_parameters()]
+        local += [z.shard for z in self.zero2]
+        super().__init__(local, dict(defaults))
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError(
+            "a ShardedOptimizer's state is split over ranks: save it with "
+            "torch_plugin.save_checkpoint(path, model, optimizer) (each rank writes its part; "
+            "it loads into any mesh)"
+        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        raise NotImplementedError(
+            "load a ShardedOptimizer with torch_plugin.load_checkpoint(path, model, optimizer)"
+        )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.optimizers:
             o.zero_grad(set_to_none=set_to_none)
 
-    def step(self) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("ShardedOptimizer.step takes no closure (its parts step separately)")
         for o in self.optimizers:
             o.step()
         for z in self.zero2:
