@@ -94,7 +94,7 @@ check-core-deps:
 	else echo "check-core-deps: core is torch- and Python-free"; fi
 
 lint:
-	$(PYTHON) -m ruff check torch_plugin tests/python benchmarks examples
+	$(PYTHON) -m ruff check torch_plugin tests/python benchmarks examples scripts
 
 benchmarks: bootstrap
 	$(PYTHON) benchmarks/compile_overhead.py

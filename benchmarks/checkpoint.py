@@ -34,6 +34,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "llama"
+PIPELINE_MODEL = "mmt"  # a multi-branch zoo model GraphPipe splits into 4 stages
 STEPS = 6
 SAVE_AT = 3
 BATCH = 4
@@ -58,8 +59,10 @@ def _build(kind: str, mesh_shape: tuple[int, ...], zero: int, timeout_s: float) 
 
         from torch_plugin import models
 
-        model, inputs = models.build("gpt", small=True, batch=8)
-        pp = torch_plugin.PipelineParallel(model, inputs, loss_fn=F.mse_loss, schedule="1f1b")
+        model, inputs = models.build(PIPELINE_MODEL, small=True, batch=8)
+        pp = torch_plugin.PipelineParallel(
+            model, inputs, loss_fn=F.mse_loss, strategy="gpp", micro_batch_sizes=[2]
+        )
         opt = torch.optim.AdamW(pp.parameters(), lr=LR)
         return pp, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
     model = hf_suite.build_model(MODEL, seed=0)
@@ -87,7 +90,7 @@ def _step(kind: str, model: Any, opt: Any, sched: Any, step: int) -> float:
     if kind == "pipeline":
         from torch_plugin import models
 
-        _, inputs = models.build("gpt", small=True, batch=8)
+        _, inputs = models.build(PIPELINE_MODEL, small=True, batch=8)
         gen = torch.Generator().manual_seed(step)
         x = tuple(
             torch.randn(t.shape, generator=gen) if t.is_floating_point() else t for t in inputs
@@ -108,7 +111,7 @@ def _step(kind: str, model: Any, opt: Any, sched: Any, step: int) -> float:
 def _pipeline_out_shape() -> tuple[int, ...]:
     from torch_plugin import models
 
-    model, inputs = models.build("gpt", small=True, batch=8)
+    model, inputs = models.build(PIPELINE_MODEL, small=True, batch=8)
     with torch.no_grad():
         return tuple(model(*inputs).shape[1:])
 
@@ -155,10 +158,13 @@ def phase(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
                 model,
                 opt,
                 extra={"step": done, "scheduler": sched.state_dict()},
+                async_save=cfg.get("async", True),
             )
+            out["save_blocking_s"] = time.perf_counter() - t0  # training waits this long
             handle.wait()
             out["save_s"] = time.perf_counter() - t0
             out["bytes_written"] = handle.bytes_written
+            out["payload_bytes"] = handle.payload_bytes
             out["local_state_bytes"] = _local_state_bytes(model, opt)
     return out
 
@@ -254,8 +260,10 @@ def resume(
     return {
         "loss_diff": _diff(loaded[0]["losses"], saved[0]["losses"]),
         "save_s": max(r["save_s"] for r in saved),
+        "save_blocking_s": max(r["save_blocking_s"] for r in saved),
         "load_s": max(r["load_s"] for r in loaded),
         "bytes_written": [r["bytes_written"] for r in saved],
+        "payload_bytes": [r["payload_bytes"] for r in saved],
         "local_state_bytes": [r["local_state_bytes"] for r in saved],
     }
 
@@ -305,10 +313,13 @@ def damaged(how: str) -> dict[str, Any]:
     return {"error": errors[0].splitlines()[0][:200], "fail_s": seconds}
 
 
-def torchrun(nnodes: int, kill: bool, out: Path, steps: int = 8) -> list[dict[str, Any]]:
+def torchrun(
+    nnodes: int, kill: bool, out: Path, steps: int = 8, export: bool = False
+) -> tuple[list[dict[str, Any]], str]:
     """examples/train_with_checkpoints.py under torchrun (--max-restarts 1), on one agent or
     `nnodes` agents meeting at a c10d rendezvous as real clusters do; with `kill` one rank
-    SIGKILLs itself in the middle of step 5 on the first attempt. Rank 0's per-step log."""
+    SIGKILLs itself in the middle of step 5 on the first attempt. Rank 0's per-step log and
+    the first agent's output."""
     port = _free_port()
     nproc = 2 // nnodes
     cmd = [
@@ -317,7 +328,7 @@ def torchrun(nnodes: int, kill: bool, out: Path, steps: int = 8) -> list[dict[st
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ckpt",
         str(ROOT / "examples/train_with_checkpoints.py"),
         "--steps", str(steps), "--save-every", "2", "--out", str(out),
-        "--export", "none",
+        "--export", str(out / "hf") if export else "none",
     ]  # fmt: skip
     if kill:
         cmd += ["--kill-rank", "1", "--kill-step", "5"]
@@ -335,18 +346,21 @@ def torchrun(nnodes: int, kill: bool, out: Path, steps: int = 8) -> list[dict[st
     logs = [a.communicate(timeout=600)[0] for a in agents]
     if any(a.returncode for a in agents):
         raise RuntimeError(f"torchrun failed:\n{logs[0][-3000:]}")
-    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return rows, logs[0]
 
 
 def elastic(nnodes: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
-        whole = torchrun(nnodes, False, Path(d, "whole"))
-        killed = torchrun(nnodes, True, Path(d, "killed"))
+        whole, _ = torchrun(nnodes, False, Path(d, "whole"))
+        killed, log = torchrun(nnodes, True, Path(d, "killed"), export=nnodes == 1)
     final = {}
     for row in killed:  # the restart replays the steps after the last checkpoint
         final[row["step"]] = row["loss"]
     want = {row["step"]: row["loss"] for row in whole}
+    export = [line for line in log.splitlines() if "from_pretrained logits differ by" in line]
     return {
+        "hf_export_logits_diff": float(export[0].split()[-1]) if export else None,
         "loss_diff": max(abs(final[k] - want[k]) for k in want),
         "restarts": max(row["restart"] for row in killed),
         "replayed_steps": len(killed) - len(whole),
@@ -422,7 +436,15 @@ def main() -> None:
             rows[key] = {"title": title, "status": "error", "error": str(e)[:2000]}
         rows[key]["seconds"] = time.perf_counter() - t0
         f = rows[key].get("figures", {})
-        if key in EXACT and f.get("loss_diff", 0.0) != 0.0:
+        over = [
+            (p, s)
+            for p, s in zip(f.get("payload_bytes", []), f.get("local_state_bytes", []), strict=True)
+            if p > s
+        ]
+        if over:
+            rows[key]["status"] = "mismatch"
+            rows[key]["error"] = f"a rank wrote more tensor bytes than it holds: {over}"
+        elif key in EXACT and f.get("loss_diff", 0.0) != 0.0:
             rows[key]["status"] = "mismatch"
         elif f.get("loss_diff", 0.0) > 1e-5:
             rows[key]["status"] = "mismatch"

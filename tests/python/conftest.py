@@ -31,21 +31,9 @@ def fixed_profile(monkeypatch) -> Callable[[dict[str, float]], None]:
     that backend cost 1e-5 s (ATen's and any backend not named: 1e-3 s). Groups are still
     compiled and checked against eager; every end-to-end timing (evolution, finalists, the
     check against eager) returns the same figure, so the DP's pick is what runs."""
-    from torch_plugin.placement import planner
-    from torch_plugin.placement.cache import Entry
-
-    measure = planner._measure
+    import stub_profile
 
     def apply(seconds: dict[str, float]) -> None:
-        def stub(gm, c, backend, values, samples, frozen, *rest):  # noqa: ANN001, ANN202
-            e = measure(gm, c, backend, values, 1, frozen, *rest)
-            if not e.ok:
-                return e
-            return Entry(seconds.get(backend.name, 1e-3), True, e.note, e.compile_seconds)
-
-        monkeypatch.setattr(planner, "_measure", stub)
-        monkeypatch.setattr(
-            planner, "time_call", lambda fn, args, samples, **_: (fn(*args), 1e-3)[1]
-        )
+        stub_profile.install(seconds, monkeypatch.setattr)
 
     return apply

@@ -822,6 +822,9 @@ def schedule_pipeline_composition(
         # data-parallel stage: cheaper for a model this small).
         options: dict[str, Any] = {}
         if placement:
+            import stub_profile
+
+            stub_profile.install({"fused": 1e-5})  # decisions must not hang on this CPU's speed
             options["placement"] = {
                 "backends": ["aten", "fused"],
                 "cache_path": str(Path(out_dir, "profile.db")),  # one file, 4 writers

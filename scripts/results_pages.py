@@ -1,0 +1,187 @@
+"""Writes docs/results/<name>.md from benchmarks/results/<name>.json, so the figures in the docs
+are the figures of the last run: `python scripts/results_pages.py` (after any benchmark).
+
+Each page names the command that produced it, renders the JSON's scalars as a list and its
+tables (lists of records, records of records) as Markdown tables, and shows the PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks/results"
+DOCS = ROOT / "docs/results"
+MAX_ROWS = 60
+MAX_COLS = 14
+
+# name -> (title, the benchmark that writes it (under benchmarks/), its notes page under docs/)
+PLACE, PIPE, OVERHEAD = (
+    "features/backend_placement",
+    "features/graph_pipeline_parallelism",
+    ("features/roundtrip_and_compile_overhead"),
+)
+PAGES = {
+    "hf_suite": ("HF model suite", "hf_suite.py", None),
+    "checkpoint": ("Checkpoints and restarts", "checkpoint.py", "reliability"),
+    "placement": ("Backend placement", "placement.py", PLACE),
+    "placement_full": ("Backend placement, published shapes", "placement.py --full-size", PLACE),
+    "placement_mix": ("Placement across graph compilers", "placement_mix.py", PLACE),
+    "placement_reruns": ("Placement reruns", "placement.py", PLACE),
+    "fused_attention": ("Fused attention kernel", "fused_attention.py", "features/fused_attention"),
+    "sharding": ("Automatic sharding", "sharding.py", "features/automatic_sharding"),
+    "graphpipe_search": ("Graph pipelines: search", "graphpipe_search.py", PIPE),
+    "graphpipe_throughput": ("Graph pipelines: throughput", "graphpipe_throughput.py", PIPE),
+    "cache_parallel": ("Cache parallelism", "cache_parallel.py", "features/cache_parallelism"),
+    "schedule": ("Schedule language", "schedule.py", "features/schedule_language"),
+    "compile_overhead": ("Compile overhead", "compile_overhead.py", OVERHEAD),
+    "compile_overhead_small": ("Compile overhead, small shapes", "compile_overhead.py", OVERHEAD),
+}
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return str(v)
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e6):
+            return f"{v:.3g}"
+        return f"{v:.4g}"
+    if isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v):
+        text = ", ".join(fmt(x) for x in v[:8]) + (" ..." if len(v) > 8 else "")
+        return text
+    if isinstance(v, (dict, list)):
+        return "…"
+    return str(v).replace("|", "/").replace("\n", " ")[:160]
+
+
+def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """One level of nesting as "a.b" columns; deeper values are left out."""
+    out: dict[str, Any] = {}
+    for k, v in record.items():
+        if isinstance(v, dict) and not prefix:
+            out.update(flatten(v, f"{k}."))
+        elif not isinstance(v, dict):
+            out[prefix + k] = v
+    return out
+
+
+def table(rows: list[dict[str, Any]], key: str | None = None) -> str:
+    flat = [flatten(r) for r in rows[:MAX_ROWS]]
+    cols: list[str] = []
+    for r in flat:
+        cols += [c for c in r if c not in cols and c not in ("trace", "__key__")]
+    cols = cols[:MAX_COLS]
+    head = ([key] if key else []) + cols
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r, orig in zip(flat, rows, strict=False):
+        cells = ([fmt(orig.get("__key__", ""))] if key else []) + [fmt(r.get(c, "")) for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(rows) > MAX_ROWS:
+        lines.append(f"\n({len(rows) - MAX_ROWS} more rows in the JSON)")
+    return "\n".join(lines) + "\n"
+
+
+def is_records(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
+def is_keyed_records(v: Any) -> bool:
+    return isinstance(v, dict) and len(v) > 1 and all(isinstance(x, dict) for x in v.values())
+
+
+def render(name: str, data: Any, depth: int = 1) -> str:
+    """Scalars first, then one table per list/record of records, recursively by key."""
+    if is_records(data):
+        return table(data)
+    if not isinstance(data, dict):
+        return f"{fmt(data)}\n"
+    out = []
+    scalars = {k: v for k, v in data.items() if not isinstance(v, (dict, list)) or fmt(v) != "…"}
+    for k, v in scalars.items():
+        out.append(f"- **{k}**: {fmt(v)}")
+    if scalars:
+        out.append("")
+    for k, v in data.items():
+        if k in scalars:
+            continue
+        out.append(f"{'#' * min(depth + 1, 6)} {k}\n")
+        if is_keyed_records(v):
+            out.append(table([{"__key__": rk, **rv} for rk, rv in v.items()], key="name"))
+        else:
+            out.append(render(k, v, depth + 1))
+    return "\n".join(out)
+
+
+def hf_suite_page(data: dict[str, Any]) -> str:
+    """The suite's status grid: one row per architecture, one column per entry point."""
+    entries = data["entries"]
+    lines = ["| architecture | " + " | ".join(entries) + " |", "|---|" + "---|" * len(entries)]
+    for arch, cells in data["cells"].items():
+        row = [cells.get(e, {}).get("status", "") for e in entries]
+        lines.append(f"| {arch} | " + " | ".join(row) + " |")
+    rates = data.get("pass_rates", {})
+    summary = [
+        f"- **{e}**: {fmt(r.get('passed'))} of {fmt(r.get('ran'))}"
+        if isinstance(r, dict)
+        else f"- **{e}**: {fmt(r)}"
+        for e, r in rates.items()
+    ]
+    first_errors = {}
+    for cells in data["cells"].values():
+        for e, c in cells.items():
+            if c.get("status") not in ("pass", "n/a", None) and e not in first_errors:
+                first_errors[e] = fmt(c.get("error", ""))
+    errs = [f"- **{e}**: {msg}" for e, msg in first_errors.items()]
+    return (
+        f"- **transformers**: {data.get('transformers')}, **torch**: {data.get('torch')}\n\n"
+        "## Pass rates\n\n"
+        + "\n".join(summary)
+        + "\n\n## Every cell\n\n"
+        + "\n".join(lines)
+        + "\n\n## First failure per entry point\n\n"
+        + ("\n".join(errs) or "none")
+        + "\n"
+    )
+
+
+def main(out: Path = DOCS) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    index = [
+        "# Results",
+        "",
+        "Generated by `python scripts/results_pages.py` from `benchmarks/results/*.json`; "
+        "each page names the benchmark that wrote its JSON. Do not edit by hand.",
+        "",
+        "| page | produced by |",
+        "|---|---|",
+    ]
+    for path in sorted(RESULTS.glob("*.json")):
+        name = path.stem
+        title, script, notes = PAGES.get(name, (name, f"{name}.py", None))
+        command = f"python benchmarks/{script}"
+        data = json.loads(path.read_text())
+        body = hf_suite_page(data) if name == "hf_suite" else render(name, data)
+        png = RESULTS / f"{name}.png"
+        parts = [
+            f"# {title}",
+            "",
+            f"Produced by `{command}` (`benchmarks/results/{name}.json`); generated page, do "
+            "not edit.",
+        ]
+        if notes:
+            parts.append(
+                f"What the figures mean and how they were measured: [notes](../{notes}.md)."
+            )
+        if png.exists():
+            parts += ["", f"![{title}](../../benchmarks/results/{name}.png)"]
+        parts += ["", body]
+        (out / f"{name}.md").write_text("\n".join(parts))
+        index.append(f"| [{title}]({name}.md) | `{command}` |")
+    (out / "README.md").write_text("\n".join(index) + "\n")
+    print(f"wrote {len(index) - 6} pages under {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""A stub measurer for the placement search (the `fixed_profile` fixture, and spawned ranks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def install(seconds: dict[str, float], setattr_: Callable[..., Any] = setattr) -> None:
+    """Every group that compiles and matches eager on a backend named in `seconds` costs that
+    many seconds (ATen and unnamed backends: 1e-3 s); groups are still compiled and checked
+    (one sample); every end-to-end timing returns the same figure, so the DP's pick runs.
+    `setattr_`: monkeypatch.setattr in tests (undone after), plain setattr in a spawned rank."""
+    from torch_plugin.placement import planner
+    from torch_plugin.placement.cache import Entry
+
+    measure = planner._measure
+
+    def stub(gm, c, backend, values, samples, frozen, *rest):  # noqa: ANN001, ANN202
+        e = measure(gm, c, backend, values, 1, frozen, *rest)
+        if not e.ok:
+            return e
+        return Entry(seconds.get(backend.name, 1e-3), True, e.note, e.compile_seconds)
+
+    setattr_(planner, "_measure", stub)
+    setattr_(planner, "time_call", lambda fn, args, samples, **_: (fn(*args), 1e-3)[1])

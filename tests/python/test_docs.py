@@ -1,0 +1,35 @@
+"""The docs' figures are the last runs' figures: docs/results is what scripts/results_pages.py
+makes of benchmarks/results/*.json (regenerate it after a benchmark), and the README stays a
+five-minute read."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_results_pages_are_generated_from_the_results_json(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "results_pages", ROOT / "scripts/results_pages.py"
+    )
+    assert spec is not None and spec.loader is not None
+    pages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pages)
+    pages.main(tmp_path)
+    made = {p.name: p.read_text() for p in tmp_path.glob("*.md")}
+    kept = {p.name: p.read_text() for p in (ROOT / "docs/results").glob("*.md")}
+    assert set(made) == set(kept), "run python scripts/results_pages.py"
+    stale = [name for name in made if made[name] != kept[name]]
+    assert not stale, f"{stale} differ from their JSON: run python scripts/results_pages.py"
+
+
+def test_readme_is_short_and_its_links_resolve() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 12 * 1024
+    import re
+
+    for link in re.findall(r"\]\(([^)#]+)\)", readme):
+        if not link.startswith("http"):
+            assert (ROOT / link).exists(), link
