@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -289,6 +290,7 @@ class SaveHandle:
         self.path = path
         self.seconds = 0.0
         self.bytes_written = 0
+        self.payload_bytes = 0
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -384,7 +386,7 @@ def _write(
 ) -> None:
     rank, world = _group_info(group)
     writer = dcp.FileSystemWriter(str(partial), sync_files=True, single_file_per_rank=True)
-    dcp.save(
+    metadata = dcp.save(
         state,
         storage_writer=writer,
         planner=_SavePlanner(flatten_state_dict=False, flatten_sharded_tensors=False),
@@ -392,6 +394,14 @@ def _write(
         no_dist=not dist.is_initialized(),
     )
     _write_durable(partial / f"extra_{rank}.pt", blob)
+    # Tensor bytes this rank wrote (its files also hold torch.save's per-item headers).
+    for fqn, md in metadata.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            size = md.properties.dtype.itemsize
+            for c in md.chunks:
+                info = metadata.storage_data.get(MetadataIndex(fqn, c.offsets))
+                if info is not None and info.relative_path.startswith(f"__{rank}_"):
+                    handle.payload_bytes += math.prod(c.sizes) * size
     mine = sorted(p for p in partial.glob(f"__{rank}_*") if p.is_file())
     mine.append(partial / f"extra_{rank}.pt")
     files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p), "rank": rank} for p in mine}
