@@ -103,3 +103,28 @@ def test_torchrun_launch_builds_the_mesh(tmp_path: Path) -> None:
     port = ["--master-port", str(dist_workers.free_port())]
     subprocess.run([*cmd, *port, str(script), str(tmp_path)], timeout=120, check=True)
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == ["2", "2"]
+
+
+def test_cache_parallel_takes_our_mesh_or_one_of_its_axes(tmp_path: Path) -> None:
+    """Issue 28 item 4: torch_plugin.DeviceMesh (1-D, or mesh['axis'] of a 2-D one) is taken
+    where a torch DeviceMesh or a ProcessGroup is; a 2-D mesh is refused naming the fix."""
+    import torch.distributed as dist
+
+    import torch_plugin
+    from torch_plugin.distributed.cache_parallel import group_of
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = torch_plugin.DeviceMesh(1)
+        assert group_of(mesh) is dist.group.WORLD
+        grid = torch_plugin.DeviceMesh((1, 1), ("dp", "tp"))
+        line = grid["tp"]
+        assert line.shape == (1,) and line.axis_names == ("tp",)
+        assert group_of(line) is grid.group("tp")
+        with pytest.raises(ValueError, match=r"pass mesh\['tp'\]"):
+            group_of(grid)
+        model, _ = torch_plugin.models.build("llama", small=True, batch=1)
+        assert torch_plugin.cache_parallel(model.eval(), mesh) is not None
+    finally:
+        dist.destroy_process_group()

@@ -73,9 +73,19 @@ def _(
 
 
 def group_of(mesh: Any) -> Any:
-    """The process group of a 1-D torch DeviceMesh, a ProcessGroup, or None (default group)."""
+    """The process group of a 1-D torch_plugin or torch DeviceMesh, a ProcessGroup, or None
+    (the default group)."""
+    from .mesh import DeviceMesh
+
     if mesh is None or isinstance(mesh, dist.ProcessGroup):
         return mesh
+    if isinstance(mesh, DeviceMesh):
+        if len(mesh.shape) != 1:
+            raise ValueError(
+                f"torch_plugin cache parallelism splits the KV cache over one axis; {mesh} has "
+                f"{len(mesh.shape)}: pass mesh[{mesh.axis_names[-1]!r}] (the axis to split over)"
+            )
+        return mesh.group()
     get_group = getattr(mesh, "get_group", None)
     if get_group is not None:
         if getattr(mesh, "ndim", 1) != 1:
@@ -85,7 +95,8 @@ def group_of(mesh: Any) -> Any:
             )
         return get_group()
     raise TypeError(
-        "torch_plugin: `mesh` must be a 1-D torch.distributed DeviceMesh, a ProcessGroup or "
+        "torch_plugin: `mesh` must be a 1-D torch_plugin.DeviceMesh or torch DeviceMesh, a "
+        "ProcessGroup or "
         f"None (the default group), got {type(mesh).__name__}"
     )
 

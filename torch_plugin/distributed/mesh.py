@@ -117,6 +117,17 @@ class DeviceMesh:
             shape = dist.get_world_size()
         return cls(shape, axis_names, timeout_s=timeout_s)
 
+    def __getitem__(self, axis: str) -> DeviceMesh:
+        """The 1-D mesh of this rank's line along `axis` (as torch's mesh["tp"]): for the entry
+        points that split over one axis (cache_parallel, the compile option)."""
+        i = self._axis(axis)
+        line = object.__new__(DeviceMesh)
+        line.shape, line.axis_names = (self.shape[i],), (axis,)
+        line.timeout_s, line.backend, line.rank = self.timeout_s, self.backend, self.rank
+        line.coordinate = (self.coordinate[i],)
+        line._groups = {axis: self._groups[axis]}
+        return line
+
     def _release_groups(self) -> None:
         self._groups.clear()
 
