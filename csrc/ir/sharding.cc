@@ -452,6 +452,28 @@ std::vector<ShardStrategy> ShardingStrategies(const Graph& g, const Node& n, int
       if (at < 0) at += t->rank() + 1;
       AddDimMapStrategies(g, n, world, [at](int d) { return d >= at ? d + 1 : d; }, 1.0, &out);
     }
+  } else if (IsOp(n, "aten::slice.Tensor")) {
+    // x[..., a:b] along one dim (rotary halves, a causal mask cut to the keys): every other
+    // dim passes through unchanged.
+    const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
+    if (t != nullptr) {
+      int64_t at = IntArg(n, 1, 0);
+      if (at < 0) at += t->rank();
+      AddDimMapStrategies(
+          g, n, world, [at](int d) { return d == at ? -1 : d; }, 1.0 / world, &out);
+    }
+  } else if (IsOp(n, "aten::expand.default")) {
+    // Broadcasting new or size-1 dims (GQA's repeat_kv): a dim whose size is kept maps to the
+    // same dim, counted from the right; the size list is rewritten when materialised.
+    const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
+    const TensorType* o = TensorOf(g, n.outputs[0]);
+    if (t != nullptr && o != nullptr && o->rank() >= t->rank()) {
+      const int shift = o->rank() - t->rank();
+      AddDimMapStrategies(
+          g, n, world,
+          [&](int d) { return Size(*o, d + shift) == Size(*t, d) ? d + shift : -1; }, 1.0,
+          &out);
+    }
   } else if (IsOp(n, "aten::t.default") || IsOp(n, "aten::transpose.int")) {
     const TensorType* t = ins.size() == 1 ? TensorOf(g, ins[0]) : nullptr;
     if (t != nullptr) {

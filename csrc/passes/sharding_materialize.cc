@@ -197,7 +197,8 @@ class Materializer {
     ns.tuple_output = n.tuple_output;
     ns.scope = n.scope;
     ns.attrs = n.attrs;
-    if (IsReshape(n.op) && !st.outputs.empty() && st.outputs[0].kind == Kind::kShard)
+    if ((IsReshape(n.op) || n.op == "aten::expand.default") && !st.outputs.empty() &&
+        st.outputs[0].kind == Kind::kShard)
       RewriteViewSize(n, st.outputs[0].dim, &ns);
     if (st.name == "packed") RewriteSplitSizes(n, &ns);
     if (st.name == "vocab" && n.op == "aten::embedding.default") VocabEmbedding(n, local, &ns);

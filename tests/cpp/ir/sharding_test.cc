@@ -82,6 +82,35 @@ TEST(ShardingRules, UnsqueezeShiftsTheShardedDim) {
   EXPECT_EQ(s.at("partial"), "P -> P");
 }
 
+TEST(ShardingRules, SliceKeepsEveryOtherDim) {
+  // rotate_half's x[..., :4] on [B, H, S, D]: heads (and batch, sequence) pass through.
+  auto s = Strategies(OneNode("aten::slice.Tensor", {Tensor({2, 4, 6, 8})},
+                              {Arg::Int(3), Arg::Int(0), Arg::Int(4)}, Tensor({2, 4, 6, 4})),
+                      2);
+  EXPECT_EQ(s.at("dim1"), "S(1) -> S(1)");
+  EXPECT_EQ(s.at("dim0"), "S(0) -> S(0)");
+  EXPECT_EQ(s.count("dim3"), 0u);  // the sliced dim never splits
+  EXPECT_EQ(s.at("partial"), "P -> P");
+}
+
+TEST(ShardingRules, ExpandKeepsOnlyDimsItDoesNotBroadcast) {
+  // repeat_kv: [B, KV, 1, S, D] -> [B, KV, 3, S, D]; the broadcast dim never splits.
+  auto s = Strategies(
+      OneNode("aten::expand.default", {Tensor({2, 4, 1, 6, 8})},
+              {Arg::List({Arg::Int(2), Arg::Int(4), Arg::Int(3), Arg::Int(6), Arg::Int(8)})},
+              Tensor({2, 4, 3, 6, 8})),
+      2);
+  EXPECT_EQ(s.at("dim1"), "S(1) -> S(1)");
+  EXPECT_EQ(s.count("dim2"), 0u);
+  // A new leading dim shifts the kept ones.
+  auto t = Strategies(OneNode("aten::expand.default", {Tensor({4, 6})},
+                              {Arg::List({Arg::Int(2), Arg::Int(4), Arg::Int(6)})},
+                              Tensor({2, 4, 6})),
+                      2);
+  EXPECT_EQ(t.at("dim0"), "S(0) -> S(1)");
+  EXPECT_EQ(t.at("dim1"), "S(1) -> S(2)");
+}
+
 TEST(ShardingRules, NoSplitOutputWithoutASplitInput) {
   // x [1, 8] broadcast against y [8, 8] can split dim 0 only through y.
   auto s = Strategies(
