@@ -170,6 +170,23 @@ def _optimizers(optimizer: Any) -> list[tuple[Any, torch.optim.Optimizer]]:
     return out
 
 
+def _held(
+    optimizer: Any, layouts: dict[int, tuple[str, Layout]]
+) -> Iterator[tuple[torch.optim.Optimizer, nn.Parameter, str, Layout]]:
+    """(optimizer holding state, parameter, its name, its layout) for every parameter the
+    optimizer's state-holding parts step on this rank."""
+    for _, states_of in _optimizers(optimizer):
+        for group in states_of.param_groups:
+            for p in group["params"]:
+                if id(p) not in layouts:
+                    raise CheckpointError(
+                        f"the optimizer holds a {tuple(p.shape)} tensor that is not one of the "
+                        "model's parameters: build it over model.parameters() or with "
+                        "model.optimizer(...)"
+                    )
+                yield (states_of, p, *layouts[id(p)])
+
+
 _HPARAMS_SKIP = ("params",)
 
 
@@ -179,34 +196,26 @@ def _optimizer_entries(
     """State tensors as Chunks under optim.state.<param>.<key>; hyperparameters per param."""
     state: dict[str, Chunks] = {}
     hparams: dict[str, dict[str, Any]] = {}
-    for groups_of, states_of in _optimizers(optimizer):
+    for groups_of, _ in _optimizers(optimizer):
         for group in groups_of.param_groups:
             for p in group["params"]:
                 if id(p) in layouts:
                     hparams[layouts[id(p)][0]] = {
                         k: v for k, v in group.items() if k not in _HPARAMS_SKIP
                     }
-        for group in states_of.param_groups:
-            for p in group["params"]:
-                if id(p) not in layouts:
+    for states_of, p, name, lay in _held(optimizer, layouts):
+        for k, v in states_of.state.get(p, {}).items():
+            if not isinstance(v, torch.Tensor):
+                if v is not None:
                     raise CheckpointError(
-                        f"the optimizer holds a {tuple(p.shape)} tensor that is not one of the "
-                        "model's parameters: build it over model.parameters() or with "
-                        "model.optimizer(...)"
+                        f"optimizer state {name}.{k} is a {type(v).__name__}; only tensors "
+                        "are checkpointed per parameter"
                     )
-                name, lay = layouts[id(p)]
-                for k, v in states_of.state.get(p, {}).items():
-                    if not isinstance(v, torch.Tensor):
-                        if v is not None:
-                            raise CheckpointError(
-                                f"optimizer state {name}.{k} is a {type(v).__name__}; only "
-                                "tensors are checkpointed per parameter"
-                            )
-                        continue
-                    scalar = v.dim() == 0
-                    state[f"optim.state.{name}.{k}"] = Chunks(
-                        () if scalar else lay.shape, Layout(()) if scalar else lay, v
-                    )
+                continue
+            scalar = v.dim() == 0
+            state[f"optim.state.{name}.{k}"] = Chunks(
+                () if scalar else lay.shape, Layout(()) if scalar else lay, v
+            )
     return state, hparams
 
 
@@ -546,35 +555,21 @@ def load_checkpoint(
     if optimizer is not None:
         if extra["param_groups"] is None:
             raise CheckpointError(f"checkpoint {chosen} was saved without an optimizer")
-        for _, states_of in _optimizers(optimizer):
-            for group_ in states_of.param_groups:
-                for p in group_["params"]:
-                    if id(p) not in layouts:
-                        raise CheckpointError(
-                            f"the optimizer holds a {tuple(p.shape)} tensor that is not one of "
-                            "the model's parameters: build it over model.parameters() or with "
-                            "model.optimizer(...)"
-                        )
-                    name, lay = layouts[id(p)]
-                    prefix = f"optim.state.{name}."
-                    for key, md in saved.items():
-                        rest = key[len(prefix) :]
-                        if not key.startswith(prefix) or "." in rest:
-                            continue
-                        assert isinstance(md, TensorStorageMetadata)
-                        scalar = len(md.size) == 0
-                        shape = (
-                            ()
-                            if scalar
-                            else lay.block_shape()
-                            if lay.flat is None
-                            else (lay.flat[1] - lay.flat[0],)
-                        )
-                        t = torch.zeros(shape, dtype=md.properties.dtype)
-                        state[key] = Chunks(
-                            () if scalar else lay.shape, Layout(()) if scalar else lay, t
-                        )
-                        slots.append((states_of, p, rest, t))
+        for states_of, p, name, lay in _held(optimizer, layouts):
+            prefix = f"optim.state.{name}."
+            for key, md in saved.items():
+                rest = key[len(prefix) :]
+                if not key.startswith(prefix) or "." in rest:
+                    continue
+                assert isinstance(md, TensorStorageMetadata)
+                scalar = len(md.size) == 0
+                flat = lay.flat
+                shape = (
+                    () if scalar else lay.block_shape() if flat is None else (flat[1] - flat[0],)
+                )
+                t = torch.zeros(shape, dtype=md.properties.dtype)
+                state[key] = Chunks(() if scalar else lay.shape, Layout(()) if scalar else lay, t)
+                slots.append((states_of, p, rest, t))
     with torch.no_grad():
         dcp.load(
             state,
