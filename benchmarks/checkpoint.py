@@ -135,6 +135,9 @@ def phase(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     model, opt, sched = _build(kind, tuple(cfg["mesh"]), cfg.get("zero", 1), cfg["timeout_s"])
     root = Path(cfg["root"])
     start, out = 0, {"losses": {}}
+    if kind != "pipeline":  # what the checkpoint had to describe: specs and ZeRO stages
+        out["specs"] = sorted(set(model.param_specs))
+        out["zero_stages"] = sorted(set(model.plan.zero_stage.values()))
     if cfg.get("load"):
         t0 = time.perf_counter()
         extra = torch_plugin.load_checkpoint(root, model, opt)
@@ -265,6 +268,9 @@ def resume(
         "bytes_written": [r["bytes_written"] for r in saved],
         "payload_bytes": [r["payload_bytes"] for r in saved],
         "local_state_bytes": [r["local_state_bytes"] for r in saved],
+        "specs_saved": saved[0].get("specs"),
+        "specs_loaded": loaded[0].get("specs"),
+        "zero_stages_saved": saved[0].get("zero_stages"),
     }
 
 
