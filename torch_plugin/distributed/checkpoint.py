@@ -361,18 +361,22 @@ def save_checkpoint(
     if not async_save:
         _write(*args, group)
         return handle
-    if not hasattr(model, "_tp_checkpoint_group"):
+    comm = getattr(model, "_tp_checkpoint_comm", None)
+    if comm is None:
         # A group of its own: the writer thread's collectives must not interleave with the
-        # training step's on the model's groups.
-        model._tp_checkpoint_group = (
-            dist.new_group(backend="gloo") if dist.is_initialized() else None
-        )
+        # training step's on the model's groups. Held by a Collectives, so it is released
+        # before the interpreter shuts down (see collectives.hold_groups).
+        from .collectives import Collectives
+
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        pg = dist.new_group(ranks=ranks, backend="gloo") if dist.is_initialized() else None
+        comm = model._tp_checkpoint_comm = Collectives(pg, world, rank, "torch_plugin checkpoint")
     staged = {k: v.staged() if isinstance(v, Chunks) else v for k, v in state.items()}
     args = (partial, path, staged, blob.getvalue(), keep, t0, handle)
 
     def run() -> None:
         try:
-            _write(*args, model._tp_checkpoint_group)
+            _write(*args, comm.group)
         except BaseException as e:  # handed to wait()
             handle._error = e
 
