@@ -151,8 +151,6 @@ def _param_layouts(model: Any) -> dict[int, tuple[str, Layout]]:
                 block.shape, block.spec, block.world, block.rank, (lo, lo + z.shard.numel())
             )
             out[id(z.shard)] = (name, flat)
-    elif _is_pipeline(model):
-        out.update((id(p), (n, Layout(tuple(p.shape)))) for n, p in model.named_parameters())
     else:
         out.update((id(p), (n, Layout(tuple(p.shape)))) for n, p in model.named_parameters())
     return out
@@ -615,17 +613,9 @@ def full_state_dict(model: Any, rank0_only: bool = True) -> dict[str, torch.Tens
         from .sharding import _parse, _whole
 
         rank = dist.get_rank() if dist.is_initialized() else 0
-        local = {n: t for n, t, _ in _model_tensors(model)}
-        specs = dict(
-            zip(
-                model.param_names + model.buffer_names,
-                model.param_specs + model.buffer_specs,
-                strict=True,
-            )
-        )
         whole: dict[str, torch.Tensor] = {}
-        for name, t in local.items():
-            kind, dim, sections = _parse(specs[name])
+        for name, t, lay in _model_tensors(model):
+            kind, dim, sections = _parse(lay.spec)
             t = t.detach()
             if kind == "S" and model.world > 1:
                 blocks = model.comm.all_gather(t.contiguous(), "export")

@@ -21,14 +21,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
-
-def _parse(spec: str) -> tuple[str, int, int]:
-    # The same grammar as sharding._parse; kept here so that layouts import no runtime.
-    if spec in ("R", "P"):
-        return spec, -1, 1
-    close = spec.index(")")
-    sections = int(spec[close + 2 :]) if spec[close + 1 :].startswith("x") else 1
-    return "S", int(spec[2:close]), sections
+from .sharding import _parse
 
 
 def rank_range(size: int, world: int, rank: int) -> tuple[int, int]:
