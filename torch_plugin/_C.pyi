@@ -107,6 +107,13 @@ def place_op_level(
     max_states: int = 20000,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]: ...
+def search_whole_graph_first(
+    backends: list[str],
+    compile: Callable[[str], bool],
+    time: Callable[[str], float],
+    elapsed: Callable[[], float],
+    options: dict[str, Any] = ...,
+) -> dict[str, Any]: ...
 def evolve_placement(
     seed: list[bool],
     fitness: Callable[[list[bool]], float],

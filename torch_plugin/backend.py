@@ -10,6 +10,7 @@ the unrewritten graph with one log line (or re-raises with on_error="raise").
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -25,6 +26,13 @@ from .options import PYTHON_PASSES, Options
 log = logging.getLogger("torch_plugin")
 BACKEND_NAME = "torch_plugin"
 
+
+def _remove_sink(sinks: list[Any], sink: Any) -> None:
+    """Removes `sink` itself: list.remove would take the first equal one (two sinks holding
+    equal records, or both empty, compare equal)."""
+    del sinks[next(i for i, x in enumerate(sinks) if x is sink)]
+
+
 # Stats sinks opened by collect_stats(); each compiled ATen graph appends one record per sink.
 _STATS_SINKS: list[list[dict[str, Any]]] = []
 
@@ -37,7 +45,7 @@ def collect_stats() -> Iterator[list[dict[str, Any]]]:
     try:
         yield sink
     finally:
-        _STATS_SINKS.remove(sink)
+        _remove_sink(_STATS_SINKS, sink)
 
 
 def _dynamo_input_kinds(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[tuple[str, str]]:
@@ -127,7 +135,7 @@ def recording_calls() -> Iterator[list[tuple[Any, list[Any], Any]]]:
     try:
         yield sink
     finally:
-        _CALL_RECORDERS.remove(sink)
+        _remove_sink(_CALL_RECORDERS, sink)
 
 
 def _recordable(fn: Any, gm: fx.GraphModule) -> Any:
@@ -172,6 +180,7 @@ def _place(
         record["placement"] = None
         return gm
     from .placement.planner import PlacementOptions, place_graph
+    from .placement.whole_graph import place_whole_graph_first
 
     placement_opts = opts.placement or PlacementOptions()
     real = None
@@ -185,14 +194,55 @@ def _place(
 
     # AOTAutograd calls its compilers under its fake mode and the Python dispatcher; measuring
     # needs real tensors and ops at their normal speed (the dispatcher costs ~5 us per op).
+    search = place_graph
+    if opts.auto:
+        placement_opts = _auto_placement_options(placement_opts, kind, real is not None)
+        search = functools.partial(place_whole_graph_first, kind=kind)
     with unset_fake_temporarily(), no_python_dispatcher():
-        placed, result = place_graph(gm, real, placement_opts, input_kinds)
+        placed, result = search(gm, real, placement_opts, input_kinds)
     result.kind = kind
     record["placement"] = result.backend_counts()
-    log.info("torch_plugin placement:\n%s", result.table())
+    record["summary"] = result.summary()
+    record["frozen"] = getattr(result, "frozen", 0)
+    if opts.auto:
+        log.info("torch_plugin: %s", result.summary())
+    else:
+        log.info("torch_plugin placement:\n%s", result.table())
     for sink in _PLACEMENT_SINKS:
         sink.append(result)
     return placed
+
+
+def _auto_placement_options(base: Any, kind: str, real_inputs: bool) -> Any:
+    """The default backend's placement: whole graphs first; weights frozen into inference
+    graphs (a guard re-places when they change); training graphs choose between eager and
+    Inductor only, whose gradients match eager's to float32 rounding."""
+    import dataclasses
+
+    if kind == "inference":
+        return dataclasses.replace(base, search="whole_graph_first", freeze=real_inputs)
+    return dataclasses.replace(
+        base,
+        search="whole_graph_first",
+        freeze=False,
+        backends=tuple(b for b in base.backends if b in ("aten", "inductor")),
+        allow_refine=False,
+    )
+
+
+def _symbolic(gm: fx.GraphModule) -> bool:
+    """Whether a graph input has a symbolic size (a dynamic-shape graph), which the default
+    placement does not measure: measuring needs concrete sizes, and reading a symbol's hint
+    would specialise the graph."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            return True
+        if isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape):
+            return True
+    return False
 
 
 def rewrite_aten_graph(
@@ -215,14 +265,31 @@ def rewrite_aten_graph(
         pass_opts: dict[str, str] = {}
         if cache_manager is not None:
             pass_opts = _cache_parallel_options(graph, cache_manager, kind)
-        cpp_passes = [p for p in opts.passes if p not in PYTHON_PASSES]
+        cpp_passes = [p for p in opts.passes or () if p not in PYTHON_PASSES]
+        if opts.auto and cache_manager is not None:
+            cpp_passes = ["cache_parallel"]
         new_graph, report = _C.run_pipeline(graph, cpp_passes, opts.verify_each, log_fn, pass_opts)
         t2 = time.perf_counter()
         _dump(opts, f"{tag}.after", str(new_graph))
         new_gm = fx_bridge.from_ir(new_graph, ctx)
-        if "placement" in opts.passes:
+        if opts.runs("placement") or (opts.auto and cache_manager is None):
             has_random = fx_bridge.has_random_ops(new_graph)
-            new_gm = _place(new_gm, opts, kind, example_inputs, record, input_kinds, has_random)
+            if opts.auto and _symbolic(new_gm):
+                log.info(
+                    "torch_plugin: %s graph with symbolic sizes (dynamic shapes) runs as "
+                    "aot_eager would; compile with dynamic=False to have it placed",
+                    kind,
+                )
+            elif opts.auto and fx_bridge.mutates_inputs(new_gm):
+                # Measuring would run its writes again on the caller's tensors, and the
+                # numpy runtimes would return the new values instead of writing them.
+                log.info(
+                    "torch_plugin: %s graph writes into its inputs (a KV cache, a running "
+                    "statistic); it runs as aot_eager would",
+                    kind,
+                )
+            else:
+                new_gm = _place(new_gm, opts, kind, example_inputs, record, input_kinds, has_random)
         t3 = time.perf_counter()
         estimates = new_graph.estimate() if _STATS_SINKS else []
         record.update(
@@ -252,6 +319,77 @@ def rewrite_aten_graph(
     return new_gm
 
 
+class FrozenWeightsGuard:
+    """An inference graph whose weights were frozen into its compiled regions, guarded: each
+    call checks that every frozen argument is the tensor it was frozen from (by storage) and
+    unchanged since (its version counter), and re-places the graph with the new weights when
+    not. Re-placing twice means the weights keep changing: the graph is then placed once more
+    without freezing and runs that way from then on."""
+
+    _boxed_call = True
+
+    def __init__(
+        self,
+        fn: Any,
+        args: Sequence[Any],
+        kinds: Sequence[tuple[str, str]],
+        replace: Any,
+    ) -> None:
+        self.index = [i for i, (k, _) in enumerate(kinds) if k in ("parameter", "buffer")]
+        self.fn = fn
+        self.replace = replace
+        self.replaced = 0
+        self._snapshot(args)
+
+    def _snapshot(self, args: Sequence[Any]) -> None:
+        self.expect = [(i, args[i], args[i].data_ptr(), args[i]._version) for i in self.index]
+
+    def __call__(self, args: list[Any]) -> Any:
+        for i, t, ptr, version in self.expect:
+            a = args[i]
+            # The same tensor object, unchanged: one identity test and one counter read.
+            if a is not t and a.data_ptr() != ptr or a._version != version:
+                return self._changed(args, i)
+        return self.fn(args)
+
+    def _changed(self, args: list[Any], i: int) -> Any:
+        self.replaced += 1
+        freeze = self.replaced < 3
+        log.info(
+            "torch_plugin: weight argument %d of a frozen inference graph was replaced or "
+            "changed in place; placing the graph again%s",
+            i,
+            "" if freeze else " without freezing (its weights keep changing)",
+        )
+        self.fn = self.replace(list(args) if freeze else None)
+        if freeze:
+            self._snapshot(args)
+        else:
+            self.expect = []
+        return self.fn(args)
+
+
+def _replace_frozen(
+    fx_g: fx.GraphModule,
+    opts: Options,
+    kinds: Sequence[tuple[str, str]],
+    manager: Any,
+    args: list[Any] | None,
+) -> Any:
+    """The inference graph placed again: with `args`' weights frozen, or (None) unfrozen."""
+    import dataclasses
+
+    from .placement.planner import PlacementOptions
+
+    if args is None:
+        base = opts.placement or PlacementOptions()
+        opts = dataclasses.replace(opts, placement=dataclasses.replace(base, freeze=False))
+    placed = rewrite_aten_graph(fx_g, opts, "inference", kinds if args else None, manager, args)
+    from torch._dynamo.backends.debugging import boxed_nop
+
+    return boxed_nop(placed, args or [])
+
+
 def torch_plugin_backend(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -273,20 +411,33 @@ def torch_plugin_backend(
     from torch._dynamo.backends.debugging import boxed_nop
 
     input_kinds = _dynamo_input_kinds(gm, example_inputs)
-    manager = _manager_for_compile(options, opts) if "cache_parallel" in opts.passes else None
+    wants_cache_parallel = opts.runs("cache_parallel") or (opts.auto and opts.mesh is not None)
+    manager = _manager_for_compile(options, opts) if wants_cache_parallel else None
 
     def forward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
         kinds = input_kinds if n_inputs == len(input_kinds) else None
-        return boxed_nop(rewrite_aten_graph(fx_g, opts, "forward", kinds, manager), inputs)
+        real = list(example_inputs) if opts.auto and n_inputs == len(example_inputs) else None
+        return boxed_nop(rewrite_aten_graph(fx_g, opts, "forward", kinds, manager, real), inputs)
 
     def inference_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
         kinds = input_kinds if n_inputs == len(input_kinds) else None
         real = list(example_inputs) if n_inputs == len(example_inputs) else None
-        placed = rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real)
+        with collect_stats() as stats:
+            placed = rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real)
         fn = boxed_nop(placed, inputs)
-        return _recordable(fn, placed) if "placement" in opts.passes else fn
+        if (
+            opts.auto
+            and real is not None
+            and kinds is not None
+            and stats
+            and stats[0].get("frozen")
+        ):
+            fn = FrozenWeightsGuard(
+                fn, real, kinds, lambda args: _replace_frozen(fx_g, opts, kinds, manager, args)
+            )
+        return _recordable(fn, placed) if opts.runs("placement") or opts.auto else fn
 
     def backward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         return boxed_nop(rewrite_aten_graph(fx_g, opts, "backward", None, manager), inputs)

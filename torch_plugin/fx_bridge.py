@@ -86,6 +86,20 @@ def has_random_ops(graph: _C.Graph) -> bool:
     return any(cls == "random" for _, _, cls, *_ in graph.estimate())
 
 
+def mutates_inputs(gm: fx.GraphModule) -> bool:
+    """Whether a node writes into a graph input (AOTAutograd keeps an inference graph's input
+    mutations, such as a KV cache's copy_, as ops on its placeholders)."""
+    placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        schema = n.target._schema
+        for arg, value in zip(schema.arguments, n.args, strict=False):
+            if arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
+                return True
+    return False
+
+
 def _dim(d: Any) -> Any:
     if isinstance(d, torch.SymInt):
         as_int = d.node.maybe_as_int()

@@ -26,7 +26,10 @@ def registered_passes() -> dict[str, str]:
 class Options:
     """Options of `torch.compile(model, backend="torch_plugin", options={...})`.
 
-    passes: C++ passes to run, in order; [] is the identity pipeline (verify only).
+    passes: None (the default) decides per graph: inference graphs are placed whole-graph-first
+      with their weights frozen, training graphs run on the measured-best of eager and
+      Inductor, and with a mesh the cache_parallel pass runs. Otherwise the passes to run, in
+      order; [] is the identity pipeline (verify only), bit-identical to aot_eager.
     on_error: "fallback" runs the unrewritten graph and logs one line; "raise" re-raises.
     verify_each: verify the IR after every pass.
     dump_ir: directory to write the IR text before and after the pipeline, per graph.
@@ -38,7 +41,7 @@ class Options:
     placement: options of the placement pass (see placement.PlacementOptions), a dict.
     """
 
-    passes: tuple[str, ...] = ()
+    passes: tuple[str, ...] | None = None
     on_error: str = "fallback"
     verify_each: bool = True
     dump_ir: str | None = None
@@ -46,6 +49,15 @@ class Options:
     mesh: Any = None
     cache_parallel: Any = None
     placement: Any = None
+
+    @property
+    def auto(self) -> bool:
+        """No passes named: the backend decides per graph (see `passes`)."""
+        return self.passes is None
+
+    def runs(self, name: str) -> bool:
+        """Whether the pass `name` was asked for by name."""
+        return self.passes is not None and name in self.passes
 
     @classmethod
     def from_user(cls, options: Mapping[str, Any] | Options | None) -> Options:
@@ -66,20 +78,23 @@ class Options:
                 f"valid options: {', '.join(sorted(valid))}"
             )
         kwargs = dict(options)
-        passes = kwargs.get("passes", ())
-        if isinstance(passes, str) or not isinstance(passes, (list, tuple)):
+        passes = kwargs.get("passes")
+        if passes is None:
+            kwargs["passes"] = None
+        elif isinstance(passes, str) or not isinstance(passes, (list, tuple)):
             raise TypeError(
                 "torch_plugin option 'passes' must be a list of pass names, "
                 f"got {passes!r}; valid passes: {', '.join(registered_passes())}"
             )
-        known = registered_passes()
-        bad = [p for p in passes if p not in known]
-        if bad:
-            raise ValueError(
-                f"torch_plugin: unknown pass(es) {', '.join(map(repr, bad))}; "
-                f"valid passes: {', '.join(known)}"
-            )
-        kwargs["passes"] = tuple(passes)
+        if passes is not None:
+            known = registered_passes()
+            bad = [p for p in passes if p not in known]
+            if bad:
+                raise ValueError(
+                    f"torch_plugin: unknown pass(es) {', '.join(map(repr, bad))}; "
+                    f"valid passes: {', '.join(known)}"
+                )
+            kwargs["passes"] = tuple(passes)
         if "placement" in kwargs:
             from .placement.planner import PlacementOptions
 

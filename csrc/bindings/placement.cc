@@ -10,6 +10,7 @@
 
 #include "passes/placement_dp.h"
 #include "passes/placement_evolve.h"
+#include "passes/placement_search.h"
 #include "pattern/backend_rules.h"
 #include "pattern/candidates.h"
 
@@ -173,6 +174,61 @@ void BindPlacement(py::module_& m) {
       py::arg("max_states") = 20000, py::arg("log") = nullptr,
       "Op-level DP. options: (candidate id, node ids, seconds, backend). Returns the chosen "
       "candidate ids in execution order, the modelled cost, states expanded, exactness.");
+
+  m.def(
+      "search_whole_graph_first",
+      [](const std::vector<std::string>& backends, std::function<bool(const std::string&)> compile,
+         std::function<double(const std::string&)> time, std::function<double()> elapsed,
+         const py::dict& options) {
+        passes::WholeGraphSearchOptions o;
+        for (auto item : options) {
+          auto key = item.first.cast<std::string>();
+          auto v = item.second;
+          if (key == "turns")
+            o.turns = v.cast<int>();
+          else if (key == "budget_s")
+            o.budget_s = v.cast<double>();
+          else if (key == "budget_factor")
+            o.budget_factor = v.cast<double>();
+          else if (key == "reference")
+            o.reference = v.cast<std::string>();
+          else if (key == "fallback_budget_s")
+            o.fallback_budget_s = v.cast<double>();
+          else if (key == "keep_eager_margin")
+            o.keep_eager_margin = v.cast<double>();
+          else if (key == "mixing_prior")
+            o.mixing_prior = v.cast<double>();
+          else if (key == "min_gain")
+            o.min_gain = v.cast<double>();
+          else if (key == "refine_candidates")
+            o.refine_candidates = v.cast<int>();
+          else if (key == "seconds_per_candidate")
+            o.seconds_per_candidate = v.cast<double>();
+          else if (key == "allow_refine")
+            o.allow_refine = v.cast<bool>();
+          else
+            throw py::value_error("search_whole_graph_first: unknown option '" + key + "'");
+        }
+        auto plan = passes::SearchWholeGraphFirst(backends, {compile, time, elapsed}, o);
+        py::list trials;
+        for (const auto& t : plan.trials) {
+          trials.append(py::dict(py::arg("backend") = t.backend, py::arg("compiled") = t.compiled,
+                                 py::arg("compile_s") = t.compile_s,
+                                 py::arg("median_s") = t.median_s, py::arg("skipped") = t.skipped));
+        }
+        return py::dict(py::arg("trials") = trials, py::arg("pick") = plan.pick,
+                        py::arg("pick_s") = plan.pick_s, py::arg("eager_s") = plan.eager_s,
+                        py::arg("budget_s") = plan.budget_s, py::arg("refine") = plan.refine,
+                        py::arg("refine_budget_s") = plan.refine_budget_s,
+                        py::arg("predicted_gain") = plan.predicted_gain,
+                        py::arg("predicted_refine_s") = plan.predicted_refine_s,
+                        py::arg("reason") = plan.reason);
+      },
+      py::arg("backends"), py::arg("compile"), py::arg("time"), py::arg("elapsed"),
+      py::arg("options") = py::dict(),
+      "The default placement's driver: each compiler's whole graph compiled (reference first, "
+      "within the budget) and measured in turns against eager; returns the pick and whether the "
+      "finer search may run (csrc/passes/placement_search.h).");
 
   m.def(
       "evolve_placement",

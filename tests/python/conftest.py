@@ -35,5 +35,6 @@ def fixed_profile(monkeypatch) -> Callable[[dict[str, float]], None]:
 
     def apply(seconds: dict[str, float]) -> None:
         stub_profile.install(seconds, monkeypatch.setattr)
+        stub_profile.install_whole_graph(seconds, monkeypatch.setattr)
 
     return apply

@@ -42,14 +42,14 @@ __all__ = [
 @contextlib.contextmanager
 def record() -> Iterator[list[PlacementResult]]:
     """Collects the PlacementResult of every graph placed inside the block."""
-    from ..backend import _PLACEMENT_SINKS
+    from ..backend import _PLACEMENT_SINKS, _remove_sink
 
     sink: list[PlacementResult] = []
     _PLACEMENT_SINKS.append(sink)
     try:
         yield sink
     finally:
-        _PLACEMENT_SINKS.remove(sink)
+        _remove_sink(_PLACEMENT_SINKS, sink)
 
 
 class _DirectCall:

@@ -64,12 +64,17 @@ class InductorBackend(Backend):
     rtol = atol = 1e-3
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
-        from torch._guards import tracing
+        from torch._guards import TracingContext, tracing
         from torch._inductor.compile_fx import compile_fx
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         # Outside the enclosing Dynamo frame's tracing context: the subgraph's guards and fake
-        # mode are its own, not the user's frame's.
-        with warnings.catch_warnings(), tracing(None):
+        # mode are its own, not the user's frame's. A context of its own with a shape env,
+        # which Inductor's FX graph cache needs ("Bypassing FX Graph Cache because 'No shape
+        # env'"): with it a warm compile loads the compiled graph instead of rebuilding it.
+        context = TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
+        with warnings.catch_warnings(), tracing(context):
             warnings.simplefilter("ignore")
             return compile_fx(gm, list(inputs))
 

@@ -45,7 +45,11 @@ _VALID_KEYS = (
     "progress",
     "freeze",
     "cold_cache",
+    "search",
+    "budget_factor",
+    "allow_refine",
 )
+_SEARCHES = ("exhaustive", "whole_graph_first")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +76,12 @@ class PlacementOptions:
       cold, its activation inputs warm), as it runs inside a model whose tensors do not fit
       in that cache: timed hot, ResNet-50's groups measured half what they cost in the model.
       None = when the graph's tensors outgrow the cache.
+    search: "exhaustive" (every candidate group measured, DP, evolution: place()'s search) or
+      "whole_graph_first" (the default backend's: each compiler's whole graph first, the
+      finer search only within the budget; csrc/passes/placement_search.h).
+    budget_factor: whole_graph_first's compile budget, in multiples of Inductor's compile of
+      the same graph; time_budget_s when Inductor cannot compile it.
+    allow_refine: whether whole_graph_first may run the finer search at all.
     """
 
     backends: tuple[str, ...] = DEFAULT_BACKENDS
@@ -87,6 +97,9 @@ class PlacementOptions:
     seed: int = 0
     progress: bool = False
     cold_cache: bool | None = None
+    search: str = "exhaustive"
+    budget_factor: float = 2.5
+    allow_refine: bool = True
 
     @classmethod
     def from_user(cls, value: Any) -> PlacementOptions:
@@ -127,6 +140,16 @@ class PlacementOptions:
             v = kwargs.get(key)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"torch_plugin placement option {key!r} must be an int >= 1")
+        if kwargs.get("search", "exhaustive") not in _SEARCHES:
+            raise ValueError(
+                f"torch_plugin placement option 'search' must be one of {', '.join(_SEARCHES)}, "
+                f"got {kwargs['search']!r}"
+            )
+        v = kwargs.get("budget_factor")
+        if v is not None and (not isinstance(v, (int, float)) or v <= 0):
+            raise ValueError(
+                f"torch_plugin placement option 'budget_factor' must be > 0, got {v!r}"
+            )
         v = kwargs.get("cold_cache")
         if v is not None and not isinstance(v, bool):
             raise ValueError(
@@ -180,6 +203,9 @@ class PlacementResult:
     cold_cache: bool = False  # groups were timed with the last-level cache evicted
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)
     kind: str = "inference"  # or a training graph's "forward" / "backward"
+    # whole_graph_first: the C++ driver's plan (trials, pick, reason); frozen weights.
+    whole_graph: dict[str, Any] | None = None
+    frozen: int = 0
 
     def backend_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -187,8 +213,34 @@ class PlacementResult:
             counts[g.backend] = counts.get(g.backend, 0) + len(g.nodes)
         return counts
 
+    def summary(self) -> str:
+        """One line: what runs this graph, against what, and why."""
+        w = self.whole_graph
+        if w is None:
+            counts = ", ".join(f"{k} {v}" for k, v in self.backend_counts().items())
+            return (
+                f"{self.kind} graph: {counts} nodes; eager {_ms(self.measured_eager_s)}, "
+                f"placed {_ms(self.measured_final_s)}; search {self.search_s:.1f} s"
+            )
+        trials = ", ".join(
+            f"{t['backend']} {_ms(t['median_s'])}"
+            if t["compiled"]
+            else f"{t['backend']} {'skipped' if t['skipped'] else 'failed'}"
+            for t in w["trials"]
+        )
+        return (
+            f"{self.kind} graph ({sum(self.backend_counts().values())} nodes): "
+            f"{w['pick'] if not w.get('refined') else 'finer placement'} "
+            f"({_ms(self.measured_final_s)}; whole graphs: {trials})"
+            + (f"; {self.frozen} weights frozen" if self.frozen else "")
+            + f"; compiled in {self.search_s:.1f} s"
+            + (" (cached decision)" if w.get("cached") else f"; {w['reason']}")
+        )
+
     def table(self) -> str:
         """One line per group run outside ATen, and totals per backend."""
+        if self.whole_graph is not None and not self.whole_graph.get("refined"):
+            return self.summary()
         lines = [f"{'backend':<12} {'rule':<16} {'nodes':>5} {'us':>9}  ops"]
         for g in self.groups:
             if g.backend == "aten":
@@ -278,11 +330,17 @@ def synthesize_inputs(gm: fx.GraphModule) -> list[Any]:
         if isinstance(v, torch.Tensor):
             shape = [int(d) for d in v.shape]
             if v.dtype.is_floating_point:
-                out.append(torch.randn(shape, generator=gen, dtype=v.dtype) * 0.5)
+                t = torch.randn(shape, generator=gen, dtype=v.dtype) * 0.5
             elif v.dtype == torch.bool:
-                out.append(torch.ones(shape, dtype=torch.bool))
+                t = torch.ones(shape, dtype=torch.bool)
             else:
-                out.append(torch.zeros(shape, dtype=v.dtype))
+                t = torch.zeros(shape, dtype=v.dtype)
+            # With the traced strides: a compiled graph (Inductor's) asserts its inputs' strides,
+            # and a backward's saved activations are often transposed views.
+            stride = tuple(int(s) for s in v.stride())
+            if t.stride() != stride and t.numel() > 0:
+                t = torch.empty_strided(shape, stride, dtype=v.dtype).copy_(t)
+            out.append(t)
         elif isinstance(v, (int, torch.SymInt)):
             out.append(int(v))
         else:

@@ -1,0 +1,90 @@
+// The default placement's search driver (issue 27): whole graphs first, the finer search only
+// when it can pay for itself.
+//
+// The op-level DP and the evolution (placement_dp.h, placement_evolve.h) measure every
+// candidate group: tens of seconds on a transformer, against Inductor's few. Most of what they
+// find is already in the best whole-graph compile (a whole graph is what each compiler is built
+// for), so the driver orders the search by value: each available compiler's whole graph
+// compiled once and measured in turns against eager, the fastest picked (eager unless a
+// compiler beats it by a margin), and the finer search run only while the compile budget
+// allows and the cost model below predicts a gain over that pick.
+//
+// Cost model of the finer search. Its gain comes from giving each part of the graph to the
+// compiler that is best there. When one compiler's whole graph beats the runner-up by a wide
+// margin it is usually best on every part, and mixing gains nothing; when the two are close,
+// each tends to win on some parts. So the predicted relative gain is
+//   max(0, mixing_prior - (runner_up / best - 1)),
+// and `mixing_prior` when a graph compiler could not take the whole graph (it may still take
+// parts of it). Its predicted time is one measurement per candidate group plus a recompile of
+// every compiler's regions.
+//
+// Measuring, compiling and the clock are callbacks, so the logic is tested with stubs.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tp::passes {
+
+struct WholeGraphMeasurer {
+  // Compiles the whole graph on `backend` and checks its outputs against eager's; false if it
+  // cannot (the reason is the caller's to log). Not called for `eager`.
+  std::function<bool(const std::string& backend)> compile;
+  // One end-to-end timing, in seconds, of `backend`'s compiled graph ("eager": as given).
+  std::function<double(const std::string& backend)> time;
+  // Seconds since the compile of this graph began (record, candidates and compiles included).
+  std::function<double()> elapsed;
+};
+
+struct WholeGraphSearchOptions {
+  int turns = 3;  // rounds of measurement; each round times every compiled graph once
+  // Total compile time allowed. <= 0: budget_factor times the compile time of `reference`
+  // (the compiler a user would otherwise pick), or fallback_budget_s when it did not compile.
+  double budget_s = 0.0;
+  double budget_factor = 2.5;
+  std::string reference = "inductor";
+  double fallback_budget_s = 30.0;
+  // A compiler is picked over eager only when it is faster by this fraction.
+  double keep_eager_margin = 0.02;
+  double mixing_prior = 0.15;
+  double min_gain = 0.03;  // predicted gain below which the finer search is not run
+  // What the finer search would cost: candidate groups, seconds per candidate.
+  int refine_candidates = 0;
+  double seconds_per_candidate = 0.03;
+  bool allow_refine = true;
+};
+
+struct WholeGraphTrial {
+  std::string backend;
+  bool compiled = false;
+  double compile_s = 0.0;
+  double median_s = 0.0;  // median over turns; 0 when not compiled
+  std::string skipped;    // why it was not tried (budget), empty otherwise
+};
+
+struct WholeGraphSearchPlan {
+  std::vector<WholeGraphTrial> trials;  // eager first, then the compilers in the order tried
+  std::string pick;                     // "eager" or a compiler's name
+  double pick_s = 0.0;
+  double eager_s = 0.0;
+  double budget_s = 0.0;
+  bool refine = false;
+  double refine_budget_s = 0.0;  // what is left of the budget for the finer search
+  double predicted_gain = 0.0;
+  double predicted_refine_s = 0.0;
+  std::string reason;  // one line: why refine is (not) run
+};
+
+// Compiles in the given order (the caller puts the reference first, then cheaper compilers),
+// stopping once the budget is spent; measures in turns; picks; decides whether to refine.
+WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backends,
+                                           const WholeGraphMeasurer& measurer,
+                                           const WholeGraphSearchOptions& options);
+
+// The order whole graphs are compiled in: `reference` first (it fixes the budget), then the
+// others as given.
+std::vector<std::string> WholeGraphOrder(const std::vector<std::string>& backends,
+                                         const std::string& reference);
+
+}  // namespace tp::passes

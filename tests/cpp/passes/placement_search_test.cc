@@ -1,0 +1,140 @@
+#include "passes/placement_search.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+namespace tp::passes {
+namespace {
+
+// A stub machine: fixed run times per backend, fixed compile times, a fake clock.
+struct Stub {
+  std::map<std::string, double> run_s;
+  std::map<std::string, double> compile_s;
+  std::map<std::string, bool> compiles;
+  double clock = 0.0;
+  std::vector<std::string> calls;
+
+  WholeGraphMeasurer Measurer() {
+    return {[this](const std::string& b) {
+              calls.push_back("compile " + b);
+              clock += compile_s[b];
+              return compiles.count(b) ? compiles[b] : true;
+            },
+            [this](const std::string& b) {
+              calls.push_back("time " + b);
+              return run_s[b];
+            },
+            [this] { return clock; }};
+  }
+};
+
+TEST(PlacementSearch, ReferenceFirstThenTheOthersEagerNeverCompiled) {
+  EXPECT_EQ(WholeGraphOrder({"aten", "onnxruntime", "openvino", "inductor"}, "inductor"),
+            (std::vector<std::string>{"inductor", "onnxruntime", "openvino"}));
+}
+
+TEST(PlacementSearch, PicksTheFastestWholeGraphMeasuredInTurns) {
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 8e-3}, {"openvino", 5e-3}};
+  s.compile_s = {{"inductor", 4.0}, {"openvino", 1.0}};
+  WholeGraphSearchOptions o;
+  o.turns = 2;
+  auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "openvino");
+  EXPECT_DOUBLE_EQ(plan.pick_s, 5e-3);
+  EXPECT_DOUBLE_EQ(plan.eager_s, 10e-3);
+  EXPECT_DOUBLE_EQ(plan.budget_s, 10.0);  // 2.5 x Inductor's 4 s
+  // Compiles first (reference first), then turns: each round times all three.
+  std::vector<std::string> want = {"compile inductor", "compile openvino", "time eager",
+                                   "time inductor",    "time openvino",    "time eager",
+                                   "time inductor",    "time openvino"};
+  EXPECT_EQ(s.calls, want);
+  ASSERT_EQ(plan.trials.size(), 3u);
+  EXPECT_DOUBLE_EQ(plan.trials[1].compile_s, 4.0);
+  // 8 vs 5 ms: the winner dominates, mixing is not predicted to gain.
+  EXPECT_FALSE(plan.refine);
+  EXPECT_NE(plan.reason.find("predicted gain"), std::string::npos);
+}
+
+TEST(PlacementSearch, KeepsEagerUnlessACompilerBeatsItByTheMargin) {
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 9.9e-3}};
+  WholeGraphSearchOptions o;
+  auto plan = SearchWholeGraphFirst({"inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "eager");
+  s.run_s["inductor"] = 9.7e-3;
+  s.calls.clear();
+  plan = SearchWholeGraphFirst({"inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "inductor");
+}
+
+TEST(PlacementSearch, AFailedCompilerIsNeverPickedAndItsFailurePredictsAGain) {
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 6e-3}, {"openvino", 1e-3}};
+  s.compile_s = {{"inductor", 4.0}, {"openvino", 1.0}};
+  s.compiles = {{"openvino", false}};
+  WholeGraphSearchOptions o;
+  o.refine_candidates = 10;
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "inductor");
+  EXPECT_FALSE(plan.trials[2].compiled);
+  EXPECT_DOUBLE_EQ(plan.predicted_gain, o.mixing_prior);
+  // 10 candidates x 0.03 s + 5 s of recompiles fit in 10 - 5 s? No: 5.3 > 5.
+  EXPECT_FALSE(plan.refine);
+  EXPECT_NE(plan.reason.find("budget"), std::string::npos);
+  o.budget_s = 20.0;
+  s.clock = 0.0;
+  plan = SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o);
+  EXPECT_TRUE(plan.refine);
+  EXPECT_DOUBLE_EQ(plan.refine_budget_s, 15.0);
+}
+
+TEST(PlacementSearch, CloseCompilersPredictAGainFromMixing) {
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 5.2e-3}, {"openvino", 5e-3}};
+  s.compile_s = {{"inductor", 4.0}, {"openvino", 1.0}};
+  WholeGraphSearchOptions o;
+  o.refine_candidates = 20;
+  o.budget_s = 12.0;  // 5 s spent compiling; 20 x 0.03 s + 5 s of recompiles fit in the 7 left
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "openvino");
+  EXPECT_NEAR(plan.predicted_gain, 0.15 - 0.04, 1e-9);
+  EXPECT_TRUE(plan.refine);
+  o.allow_refine = false;
+  s.clock = 0.0;
+  EXPECT_FALSE(SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o).refine);
+}
+
+TEST(PlacementSearch, StopsCompilingOnceTheBudgetIsSpent) {
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 8e-3}, {"openvino", 5e-3}, {"onnxruntime", 4e-3}};
+  s.compile_s = {{"inductor", 2.0}, {"openvino", 4.0}, {"onnxruntime", 1.0}};
+  WholeGraphSearchOptions o;  // budget 2.5 x 2 s = 5 s: spent after openvino
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
+  ASSERT_EQ(plan.trials.size(), 4u);
+  EXPECT_FALSE(plan.trials[3].compiled);
+  EXPECT_NE(plan.trials[3].skipped.find("budget"), std::string::npos);
+  EXPECT_EQ(plan.pick, "openvino");
+}
+
+TEST(PlacementSearch, WithoutTheReferenceTheFallbackBudgetHolds) {
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"openvino", 5e-3}};
+  s.compile_s = {{"openvino", 1.0}};
+  s.compiles = {{"inductor", false}};
+  WholeGraphSearchOptions o;
+  o.fallback_budget_s = 12.0;
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o);
+  EXPECT_DOUBLE_EQ(plan.budget_s, 12.0);
+  EXPECT_EQ(plan.pick, "openvino");
+}
+
+TEST(PlacementSearch, RejectsMissingCallbacks) {
+  WholeGraphSearchOptions o;
+  EXPECT_THROW(SearchWholeGraphFirst({"inductor"}, WholeGraphMeasurer{}, o), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace tp::passes

@@ -1,0 +1,194 @@
+"""The default `torch.compile(model, backend="torch_plugin")` (issue 27): inference graphs placed
+whole-graph-first with frozen weights and a guard, training graphs on the measured-best of
+eager and Inductor, failures as logged fallbacks. Timings are stubbed (`fixed_profile`): no test
+depends on which backend is faster on the machine running it."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+from torch_plugin.backend import collect_stats
+from torch_plugin.models import hf_suite, output_tensors
+from torch_plugin.placement import backends as placement_backends
+
+
+def _opts(tmp_path: Any, **placement: Any) -> dict[str, Any]:
+    """No passes named (the default), the profile cache in the test's directory."""
+    return {"placement": {"cache_path": str(tmp_path / "profile.db"), "samples": 1, **placement}}
+
+
+def _vit() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    model, inputs = hf_suite.build("vit", batch=2)
+    return model.eval(), {"pixel_values": inputs["pixel_values"]}
+
+
+def _close(got: Any, want: Any, tol: float = 1e-4) -> None:
+    for a, b in zip(output_tensors(got), output_tensors(want), strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(1.0, float(b.abs().max())))
+
+
+def _summaries(stats: list[dict[str, Any]]) -> list[str]:
+    return [r["summary"] for r in stats if "summary" in r]
+
+
+def test_inference_runs_the_fastest_whole_graph_with_frozen_weights(
+    tmp_path, fixed_profile, caplog
+) -> None:
+    fixed_profile({"openvino": 1e-5, "inductor": 5e-4, "onnxruntime": 2e-4})
+    model, x = _vit()
+    with torch.no_grad():
+        want = model(**x)
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
+    with collect_stats() as stats, torch.no_grad(), caplog.at_level(logging.INFO, "torch_plugin"):
+        got = f(**x)
+    _close(got, want)
+    (line,) = _summaries(stats)
+    assert line.startswith("inference graph") and ": openvino (" in line, line
+    assert "weights frozen" in line and "eager 1.000 ms" in line
+    assert any(r.getMessage() == "torch_plugin: " + line for r in caplog.records)
+
+
+def test_eager_is_kept_unless_a_compiler_beats_it(tmp_path, fixed_profile) -> None:
+    # Every compiler "measures" what eager does: nothing beats it by the 2% margin.
+    fixed_profile({"openvino": 1e-3, "inductor": 1e-3, "onnxruntime": 1e-3})
+    model, x = _vit()
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
+    with collect_stats() as stats, torch.no_grad():
+        got = f(**x)
+        want = model(**x)
+    assert ": eager (" in _summaries(stats)[0]
+    for a, b in zip(output_tensors(got), output_tensors(want), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_frozen_weights_are_guarded_against_updates_and_replacement(
+    tmp_path, fixed_profile, caplog
+) -> None:
+    fixed_profile({"onnxruntime": 1e-5})
+    model, x = _vit()
+    opts = _opts(tmp_path, backends=["aten", "onnxruntime"])  # the quickest compiler only
+    f = torch.compile(model, backend="torch_plugin", options=opts)
+    with torch.no_grad(), caplog.at_level(logging.INFO, "torch_plugin"):
+        _close(f(**x), model(**x))
+        model.classifier.weight.mul_(2.0)  # in place: its version counter moves
+        _close(f(**x), model(**x))
+        model.classifier.weight = torch.nn.Parameter(torch.randn_like(model.classifier.weight))
+        _close(f(**x), model(**x))
+        model.classifier.bias.add_(1.0)  # a third change: placed again, now unfrozen
+        _close(f(**x), model(**x))
+        model.classifier.bias.add_(1.0)
+        _close(f(**x), model(**x))
+    changed = [r.getMessage() for r in caplog.records if "changed in place" in r.getMessage()]
+    assert len(changed) == 3, changed
+    assert "without freezing" in changed[-1]
+
+
+def test_training_runs_forward_and_backward_on_the_faster_and_matches_eager(
+    tmp_path, fixed_profile
+) -> None:
+    fixed_profile({"inductor": 1e-5, "openvino": 1e-6})  # openvino is not a training choice
+    model, inputs = hf_suite.build("llama")
+    ref = copy.deepcopy(model)
+    hf_suite.loss_of(ref(**inputs)).backward()
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
+    with collect_stats() as stats:
+        loss = hf_suite.loss_of(f(**inputs))
+        loss.backward()
+    lines = _summaries(stats)
+    assert [ln.split(" graph")[0] for ln in lines] == ["forward", "backward"], lines
+    assert all(": inductor (" in ln and "openvino" not in ln for ln in lines), lines
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        scale = max(1.0, float(q.grad.abs().max()))
+        assert float((p.grad - q.grad).abs().max()) <= 1e-4 * scale, n
+
+
+def test_a_compiler_that_fails_or_is_missing_is_a_logged_fallback(
+    tmp_path, fixed_profile, monkeypatch, caplog
+) -> None:
+    fixed_profile({"openvino": 1e-5, "inductor": 5e-4})
+
+    def broken(self, gm, inputs, rule):  # noqa: ANN001, ANN202
+        raise RuntimeError("simulated OpenVINO conversion failure")
+
+    monkeypatch.setattr(placement_backends.OpenVINOBackend, "compile", broken)
+    monkeypatch.setattr(
+        placement_backends.OnnxRuntimeBackend,
+        "unavailable",
+        lambda self: "python package 'onnxruntime' is not importable (simulated)",
+    )
+    model, x = _vit()
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
+    with collect_stats() as stats, torch.no_grad(), caplog.at_level(logging.INFO, "torch_plugin"):
+        _close(f(**x), model(**x))
+    line = _summaries(stats)[0]
+    assert ": inductor (" in line and "openvino failed" in line and "onnxruntime" not in line
+    assert any("openvino cannot compile the whole" in r.getMessage() for r in caplog.records)
+
+
+def test_a_warm_compile_builds_only_the_pick(tmp_path, fixed_profile, monkeypatch) -> None:
+    fixed_profile({"onnxruntime": 1e-5})
+    model, x = _vit()
+    opts = _opts(tmp_path, backends=["aten", "openvino", "onnxruntime"])
+    with torch.no_grad():
+        torch.compile(model, backend="torch_plugin", options=opts)(**x)
+    compiled: list[str] = []
+    for cls in (
+        placement_backends.InductorBackend,
+        placement_backends.OpenVINOBackend,
+        placement_backends.OnnxRuntimeBackend,
+    ):
+        real = cls.compile
+
+        def spy(self, gm, inputs, rule, real=real):  # noqa: ANN001, ANN202
+            compiled.append(self.name)
+            return real(self, gm, inputs, rule)
+
+        monkeypatch.setattr(cls, "compile", spy)
+    torch._dynamo.reset()
+    f = torch.compile(model, backend="torch_plugin", options=opts)
+    with collect_stats() as stats, torch.no_grad():
+        _close(f(**x), model(**x))
+    assert compiled == ["onnxruntime"]
+    assert "(cached decision)" in _summaries(stats)[0]
+
+
+def test_graphs_that_write_their_inputs_or_have_symbolic_sizes_run_as_aot_eager(
+    tmp_path, caplog
+) -> None:
+    class Cache(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("kv", torch.zeros(4, 8))
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+            self.kv[pos] = self.proj(x)
+            return self.kv.sum(0)
+
+    model = Cache()
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
+    with torch.no_grad(), caplog.at_level(logging.INFO, "torch_plugin"):
+        x = torch.randn(8)
+        assert torch.equal(f(x, 1), model(x, 1))
+    assert any("writes into its inputs" in r.getMessage() for r in caplog.records)
+
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    g = torch.compile(mlp, backend="torch_plugin", options=_opts(tmp_path), dynamic=True)
+    with torch.no_grad(), caplog.at_level(logging.INFO, "torch_plugin"):
+        x = torch.randn(5, 8)
+        assert torch.equal(g(x), mlp(x))
+    assert any("symbolic sizes" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("passes", [[], ["dead_code_elimination"]])
+def test_named_passes_turn_the_default_off(tmp_path, passes: list[str]) -> None:
+    model, x = _vit()
+    f = torch.compile(model, backend="torch_plugin", options={"passes": passes})
+    with collect_stats() as stats, torch.no_grad():
+        f(**x)
+    assert stats and not _summaries(stats)

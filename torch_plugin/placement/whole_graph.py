@@ -1,0 +1,227 @@
+"""The default backend's placement: each compiler's whole graph first (issue 27).
+
+`torch.compile(model, backend="torch_plugin")` with no options lands here for every graph.
+The C++ driver (`_C.search_whole_graph_first`, csrc/passes/placement_search.h) decides: it
+asks this module to compile the whole graph on each available compiler (Inductor first: its
+compile time fixes the budget), times them in turns against eager, picks, and says whether
+the finer search (planner.place_graph: DP + evolution) may run in what is left of the budget.
+This module compiles, checks numerics, times and materialises; the decision is cached with
+the profile cache, so a warm compile builds only the pick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .. import _C, fx_bridge
+from .backends import get_backends
+from .cache import ProfileCache, machine_key
+from .planner import (
+    PROFILE_VERSION,
+    Group,
+    PlacementOptions,
+    PlacementResult,
+    _frozen_for,
+    _outputs_match,
+    compile_region,
+    frozen_inputs,
+    materialize,
+    place_graph,
+    synthesize_inputs,
+    time_end_to_end,
+)
+
+log = logging.getLogger("torch_plugin")
+
+# Bump when what a cached whole-graph decision means changes.
+DECISION_VERSION = "whole-graph-first-v1"
+
+
+def place_whole_graph_first(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any] | None,
+    opts: PlacementOptions,
+    input_kinds: Sequence[tuple[str, str]] | None = None,
+    kind: str = "inference",
+) -> tuple[fx.GraphModule, PlacementResult]:
+    """Places one ATen graph as a whole on the compiler that runs it fastest (or leaves it to
+    eager); returns the module to run and the decision."""
+    t_start = time.perf_counter()
+    backends = get_backends(opts.backends)
+    by_name = {b.name: b for b in backends}
+    graph, _ = fx_bridge.to_ir(gm)
+    inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    values = dict(zip(placeholders, inputs, strict=True))
+    frozen: dict[str, torch.Tensor] = {}
+    if opts.freeze and example_inputs is not None and input_kinds is not None:
+        frozen = frozen_inputs(gm, inputs, input_kinds)
+    nodes = [n.name for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    compilers = [b.name for b in backends if b.graph_level]
+
+    versions = {"torch": torch.__version__, "torch_plugin.placement": PROFILE_VERSION}
+    for b in backends:
+        versions[b.name] = b.version()
+    machine = machine_key("cpu", versions)
+    decision_key = ProfileCache.key(
+        DECISION_VERSION,
+        _C.graph_signature(graph)
+        + repr((sorted(by_name), sorted(frozen), opts.budget_factor, opts.allow_refine)),
+        machine,
+    )
+    built: dict[str, fx.GraphModule] = {"eager": gm}
+    failures: list[str] = []
+
+    def compile_whole(name: str) -> bool:
+        backend = by_name[name]
+        try:
+            group, fn = compile_region(
+                gm, nodes, backend, values, _frozen_for(backend, frozen), "graph"
+            )
+            mod = materialize(gm, [group], [fn])
+            with torch.no_grad():
+                if not _outputs_match(mod, gm, inputs, 1e-3):
+                    failures.append(f"{name}: outputs differ from eager's")
+                    return False
+        except Exception as e:  # noqa: BLE001 - a compiler failing is a logged fallback
+            failures.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            log.info("torch_plugin placement: %s cannot compile the whole %s graph", name, kind)
+            return False
+        built[name] = mod
+        return True
+
+    def time_whole(name: str) -> float:
+        with torch.no_grad():
+            return time_end_to_end(built[name], inputs, opts.samples)
+
+    cache = ProfileCache(opts.cache_path)
+    try:
+        cached = cache.get_decision(decision_key)
+        plan: dict[str, Any] | None = None
+        if isinstance(cached, dict) and "pick" in cached and not cached.get("refined"):
+            pick = cached["pick"]
+            if pick == "eager" or (pick in by_name and compile_whole(pick)):
+                plan = dict(cached, cached=True)
+        if plan is None:
+            from tqdm import tqdm
+
+            # Shown once compiling lasts 2 s, on a terminal (always with progress=True).
+            bar = tqdm(
+                total=len(compilers),
+                desc=f"torch_plugin: compiling the {kind} graph",
+                delay=2.0,
+                disable=False if opts.progress else None,
+                leave=False,
+            )
+
+            def compile_step(name: str) -> bool:
+                bar.set_postfix_str(name)
+                ok = compile_whole(name)
+                bar.update(1)
+                return ok
+
+            try:
+                plan = _C.search_whole_graph_first(
+                    compilers,
+                    compile_step,
+                    time_whole,
+                    lambda: time.perf_counter() - t_start,
+                    {
+                        "turns": 3,
+                        "budget_factor": float(opts.budget_factor),
+                        "fallback_budget_s": float(opts.time_budget_s),
+                        "allow_refine": bool(opts.allow_refine and opts.evolve),
+                        "refine_candidates": len(nodes),
+                    },
+                )
+            finally:
+                bar.close()
+            plan["cached"] = False
+            plan["failures"] = failures
+    finally:
+        cache.close()
+
+    pick = plan["pick"]
+    placed = built.get(pick, gm)
+    result = PlacementResult(
+        groups=_groups(gm, nodes, pick, float(plan["pick_s"])),
+        dp_cost_s=0.0,
+        dp_exact=True,
+        dp_states=0,
+        measured_eager_s=plan["eager_s"] or None,
+        measured_final_s=plan["pick_s"] or None,
+        failures=list(plan.get("failures", [])),
+        kept_eager=pick == "eager",
+        kind=kind,
+        whole_graph=plan,
+        frozen=len(frozen) if pick != "eager" else 0,
+    )
+    if plan["refine"] and not plan["cached"]:
+        placed, result = _refine(gm, example_inputs, opts, input_kinds, placed, result, plan)
+    if not plan["cached"]:
+        cache = ProfileCache(opts.cache_path)
+        try:
+            keep = {k: v for k, v in plan.items() if k != "cached"}
+            keep["refined"] = bool(result.whole_graph and result.whole_graph.get("refined"))
+            cache.put_decision(decision_key, keep)
+        finally:
+            cache.close()
+    result.search_s = time.perf_counter() - t_start
+    return placed, result
+
+
+def _groups(gm: fx.GraphModule, nodes: list[str], pick: str, seconds: float) -> list[Group]:
+    ops = {
+        n.name: fx_bridge.op_name(n.target) if n.op == "call_function" else n.op
+        for n in gm.graph.nodes
+    }
+    if pick == "eager":
+        return [Group("aten", "op", [n], [], [], 0.0, [ops[n]]) for n in nodes]
+    return [Group(pick, "graph", list(nodes), [], [], seconds, [ops[n] for n in nodes])]
+
+
+def _refine(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any] | None,
+    opts: PlacementOptions,
+    input_kinds: Sequence[tuple[str, str]] | None,
+    placed: fx.GraphModule,
+    result: PlacementResult,
+    plan: dict[str, Any],
+) -> tuple[fx.GraphModule, PlacementResult]:
+    """The finer search in what is left of the budget; kept only if it measures faster than
+    the whole-graph pick, the two timed in turns."""
+    finer_opts = dataclasses.replace(
+        opts, search="exhaustive", time_budget_s=max(1.0, float(plan["refine_budget_s"]))
+    )
+    try:
+        finer, finer_result = place_graph(gm, example_inputs, finer_opts, input_kinds)
+    except Exception as e:  # noqa: BLE001 - the whole-graph pick stands
+        log.info(
+            "torch_plugin placement: the finer search failed (%s); keeping %s", e, plan["pick"]
+        )
+        return placed, result
+    inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
+    times: dict[int, list[float]] = {0: [], 1: []}
+    with torch.no_grad():
+        for _ in range(3):
+            times[0].append(time_end_to_end(placed, inputs, opts.samples))
+            times[1].append(time_end_to_end(finer, inputs, opts.samples))
+    whole_s, finer_s = (statistics.median(times[k]) for k in (0, 1))
+    plan["finer_s"] = finer_s
+    if finer_s < whole_s * 0.98:
+        plan["refined"] = True
+        finer_result.whole_graph = plan
+        finer_result.kind = result.kind
+        finer_result.frozen = result.frozen
+        finer_result.measured_final_s = finer_s
+        return finer, finer_result
+    return placed, result
