@@ -78,11 +78,22 @@ def _dump(opts: Options, tag: str, text: str) -> None:
         f.write(text)
 
 
-def _cache_parallel_options(graph: Any, manager: Any, kind: str) -> dict[str, str]:
-    """Plans cache parallelism once per graph; the first plan fixes the manager's scheme."""
+def _cache_parallel_options(
+    graph: Any, manager: Any, kind: str, auto: bool = False
+) -> dict[str, str] | None:
+    """Plans cache parallelism once per graph; the first plan fixes the manager's scheme.
+    auto (the default backend with a mesh): None where the graph has no decode attention,
+    which is then placed like any other graph."""
     from .distributed.cache_parallel import pass_options
 
     plan = _C.plan_cache_parallel(graph, pass_options(manager))
+    if auto and not plan["sites"]:
+        log.info(
+            "torch_plugin: %s graph has no decode attention over a KV cache; placed instead of "
+            "cache-parallel",
+            kind,
+        )
+        return None
     if plan["sites"]:
         if manager.scheme is None:
             manager.scheme = plan["scheme"]
@@ -196,7 +207,11 @@ def _place(
     # needs real tensors and ops at their normal speed (the dispatcher costs ~5 us per op).
     search = place_graph
     if opts.auto:
-        placement_opts = _auto_placement_options(placement_opts, kind, real is not None)
+        # Tensors made under inference_mode have no version counter for the guard to read.
+        freezable = real is not None and not any(
+            isinstance(x, torch.Tensor) and x.is_inference() for x in real
+        )
+        placement_opts = _auto_placement_options(placement_opts, kind, freezable)
         search = functools.partial(place_whole_graph_first, kind=kind)
     with unset_fake_temporarily(), no_python_dispatcher():
         placed, result = search(gm, real, placement_opts, input_kinds)
@@ -213,14 +228,14 @@ def _place(
     return placed
 
 
-def _auto_placement_options(base: Any, kind: str, real_inputs: bool) -> Any:
+def _auto_placement_options(base: Any, kind: str, freezable: bool) -> Any:
     """The default backend's placement: whole graphs first; weights frozen into inference
     graphs (a guard re-places when they change); training graphs choose between eager and
     Inductor only, whose gradients match eager's to float32 rounding."""
     import dataclasses
 
     if kind == "inference":
-        return dataclasses.replace(base, search="whole_graph_first", freeze=real_inputs)
+        return dataclasses.replace(base, search="whole_graph_first", freeze=freezable)
     return dataclasses.replace(
         base,
         search="whole_graph_first",
@@ -263,11 +278,15 @@ def rewrite_aten_graph(
         _dump(opts, f"{tag}.before", str(graph))
         log_fn = log.info if opts.log_passes else log.debug
         pass_opts: dict[str, str] = {}
-        if cache_manager is not None:
-            pass_opts = _cache_parallel_options(graph, cache_manager, kind)
         cpp_passes = [p for p in opts.passes or () if p not in PYTHON_PASSES]
-        if opts.auto and cache_manager is not None:
-            cpp_passes = ["cache_parallel"]
+        if cache_manager is not None:
+            planned = _cache_parallel_options(graph, cache_manager, kind, opts.auto)
+            if planned is None:
+                cache_manager = None
+            else:
+                pass_opts = planned
+                if opts.auto:
+                    cpp_passes = ["cache_parallel"]
         new_graph, report = _C.run_pipeline(graph, cpp_passes, opts.verify_each, log_fn, pass_opts)
         t2 = time.perf_counter()
         _dump(opts, f"{tag}.after", str(new_graph))

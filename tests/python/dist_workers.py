@@ -244,6 +244,50 @@ def cp_decode_matches(
         dist.destroy_process_group()
 
 
+def cp_default_compile(rank: int, world: int, port: int, out_dir: str) -> None:
+    """The default backend given a mesh (issue 27): the decode graph goes cache-parallel, and
+    greedy decoding gives single-process eager's tokens."""
+    import logging
+
+    import torch_plugin
+    from torch_plugin.models.llama import build_llama
+
+    _init(rank, world, port)
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("torch_plugin")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    try:
+        torch.manual_seed(0)
+        model = build_llama(small=True).eval()
+        tokens = torch.randint(
+            0, model.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1)
+        )
+        reference = copy.deepcopy(model)
+        mesh = torch_plugin.DeviceMesh((world,), timeout_s=TIMEOUT_S)
+        compiled = torch.compile(
+            model, backend="torch_plugin", options={"mesh": mesh}, dynamic=True
+        )
+        got, want = [], []
+        with torch.no_grad():
+            a, b = reference(tokens, 0), compiled(tokens, 0)
+            for i in range(4):
+                want.append(a[:, -1].argmax(-1).tolist())
+                got.append(b[:, -1].argmax(-1).tolist())
+                a = reference(a[:, -1:].argmax(-1), 6 + i)
+                b = compiled(b[:, -1:].argmax(-1), 6 + i)
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps({"got": got, "want": want, "log": lines})
+        )
+    finally:
+        dist.destroy_process_group()
+
+
 def cp_fault(rank: int, world: int, port: int, timeout_s: float, out_dir: str) -> None:
     """The last rank dies mid-decode; the others' next collective must fail fast and say why.
 

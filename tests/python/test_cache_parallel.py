@@ -45,6 +45,14 @@ def test_greedy_decode_matches_single_process(
             assert r["cache_bytes"] == r["full_cache_bytes"] // world
 
 
+def test_default_compile_with_a_mesh_decodes_cache_parallel(tmp_path: Path) -> None:
+    dist_workers.spawn(dist_workers.cp_default_compile, 2, str(tmp_path))
+    for rank in range(2):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["got"] == r["want"]
+        assert any("attention site(s) over 2 rank(s)" in line for line in r["log"]), r["log"]
+
+
 @functools.lru_cache(maxsize=1)
 def _llama_graph(batch: int = 2):
     """The ATen inference graph of one decode step of the small Llama (captured once; graphs

@@ -1,0 +1,298 @@
+"""Measuring for the placement search: real-shaped inputs, timing (hot or with the last-level
+cache evicted), each candidate group compiled, checked against eager once and timed."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .backends import Backend, BackendError
+from .cache import Entry
+from .materialize import _frozen_for, _GroupCall, build_subgraph
+
+log = logging.getLogger("torch_plugin")
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the graph once on real inputs and keeps every node's value by name."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        self.values[n.name] = out
+        return out
+
+
+def synthesize_inputs(gm: fx.GraphModule) -> list[Any]:
+    """Real tensors shaped like the placeholders' fake values: floats random, ints zero (valid
+    indices and positions), bools true."""
+    gen = torch.Generator().manual_seed(0)
+    out: list[Any] = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            shape = [int(d) for d in v.shape]
+            if v.dtype.is_floating_point:
+                t = torch.randn(shape, generator=gen, dtype=v.dtype) * 0.5
+            elif v.dtype == torch.bool:
+                t = torch.ones(shape, dtype=torch.bool)
+            else:
+                t = torch.zeros(shape, dtype=v.dtype)
+            # With the traced strides: a compiled graph (Inductor's) asserts its inputs' strides,
+            # and a backward's saved activations are often transposed views.
+            stride = tuple(int(s) for s in v.stride())
+            if t.stride() != stride and t.numel() > 0:
+                t = torch.empty_strided(shape, stride, dtype=v.dtype).copy_(t)
+            out.append(t)
+        elif isinstance(v, (int, torch.SymInt)):
+            out.append(int(v))
+        else:
+            raise BackendError(f"cannot make an input for placeholder '{n.name}'")
+    return out
+
+
+def time_call(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    samples: int,
+    warm_s: float = 0.0,
+    min_s: float = 0.0,
+    prepare: Callable[[], None] | None = None,
+) -> float:
+    """Median seconds per call; each sample repeats the call until it lasts >= 0.2 ms.
+
+    prepare: run, untimed, before each sample, which is then a single call (a cache flush).
+
+    warm_s / min_s: warm up for at least warm_s, and keep sampling past `samples` until the
+    samples last min_s. End-to-end measurements that decide the search use them: on a
+    sub-millisecond graph, seven samples right after a compile varied by up to 80% (0.58 to
+    1.07 ms for one ONNX Runtime session of GPT-2), enough to pick a slower placement."""
+    fn(*args)
+    t0 = time.perf_counter()
+    fn(*args)
+    once = max(time.perf_counter() - t0, 1e-7)
+    reps = 1 if prepare is not None else max(1, min(200, math.ceil(2e-4 / once)))
+    t_end = time.perf_counter() + warm_s
+    while time.perf_counter() < t_end:
+        fn(*args)
+    times = []
+    t_end = time.perf_counter() + min_s
+    while len(times) < samples or time.perf_counter() < t_end:
+        if prepare is not None:
+            prepare()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn(*args)
+        times.append((time.perf_counter() - t0) / reps)
+    return statistics.median(times)
+
+
+def time_end_to_end(fn: Callable[..., Any], args: Sequence[Any], samples: int) -> float:
+    """time_call for a whole placed graph: 10 ms of warm-up, >= 50 ms of samples."""
+    return time_call(fn, args, samples, warm_s=0.01, min_s=0.05)
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the CPU's largest cache, from sysfs; 32 MiB where it cannot be read."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            best = max(best, int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+        except (OSError, ValueError, IndexError):
+            continue
+    return best or 32 * 2**20
+
+
+def _shapes_only(values: dict[str, Any], keep: set[str]) -> dict[str, Any]:
+    """values with each tensor of 1 MiB or more not named in `keep` replaced by an
+    uninitialised one of the same shape, strides and dtype: its pages are never touched."""
+    out: dict[str, Any] = {}
+    for name, v in values.items():
+        if name in keep or not isinstance(v, torch.Tensor) or v.nbytes < 1 << 20:
+            out[name] = v
+        else:
+            out[name] = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+    return out
+
+
+def footprint_bytes(values: dict[str, Any]) -> int:
+    """Bytes of the distinct CPU storages behind a recorded run's values (weights, inputs and
+    every activation): the data one inference touches."""
+    seen: set[int] = set()
+    total = 0
+    for v in values.values():
+        for t in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    total += storage.nbytes()
+    return total
+
+
+class _CacheFlush:
+    """Evicts the last-level cache (writes a buffer 1.5x its size), then reads the given
+    tensors back in: inside a model larger than the cache, a group finds its weights cold (the
+    rest of the model ran since its last call) and its activation inputs warm (just made)."""
+
+    def __init__(self, cache_bytes: int) -> None:
+        self.buf = torch.zeros(cache_bytes * 3 // 2 // 4)
+
+    def __call__(self, warm: Sequence[Any]) -> None:
+        self.buf.add_(1.0)
+        for t in warm:
+            if isinstance(t, torch.Tensor) and t.numel():
+                t.sum()
+
+
+def _direct_aten(gm: fx.GraphModule) -> Callable[..., Any]:
+    """Calls the group's node targets directly: what the inline host graph pays, without the
+    GraphModule call overhead that a measurement of `gm` itself would add."""
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    body = [n for n in nodes if n.op == "call_function"]
+    out = nodes[-1].args[0]
+
+    def run(*args: Any) -> tuple[Any, ...]:
+        env: dict[fx.Node, Any] = dict(zip(placeholders, args, strict=False))
+        for n in body:
+            a = fx.node.map_arg(n.args, lambda x: env[x])
+            k = fx.node.map_arg(n.kwargs, lambda x: env[x])
+            env[n] = n.target(*a, **k)
+        return tuple(env[o] for o in out)
+
+    if all(n.op in ("placeholder", "call_function", "output") for n in nodes):
+        return run
+    return gm
+
+
+def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if not a.dtype.is_floating_point:
+            return torch.equal(a, b)
+        finite = b.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+        scale = float(finite.max()) if b.numel() else 0.0
+        return torch.allclose(a, b, rtol=rtol, atol=atol * max(1.0, scale), equal_nan=True)
+    return a == b
+
+
+def _measure(
+    gm: fx.GraphModule,
+    c: dict[str, Any],
+    backend: Backend,
+    values: dict[str, Any],
+    samples: int,
+    frozen: dict[str, torch.Tensor],
+    weights: set[int] | None = None,
+    flush: _CacheFlush | None = None,
+) -> Entry:
+    """Compiles candidate `c` on `backend`, checks it against eager once and times it.
+    weights: storages that a flush leaves cold; the group's other inputs are read back in."""
+    consts = _frozen_for(backend, frozen)
+    args = [values[i] for i in c["inputs"] if i not in consts]
+    warm = [
+        a
+        for a in args
+        if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() not in (weights or ())
+    ]
+    refs = [values[o] for o in c["outputs"]]
+    t0 = time.perf_counter()
+    try:
+        sub = build_subgraph(gm, c["nodes"], c["inputs"], c["outputs"], consts)
+        if backend.name == "aten":
+            fn: Callable[..., Any] = _direct_aten(sub)
+        else:
+            if not all(isinstance(a, torch.Tensor) for a in args + refs):
+                raise BackendError("non-tensor inputs or outputs")
+            fn = backend.compile(sub, args, c["rule"])
+        compile_s = time.perf_counter() - t0
+        with torch.no_grad():
+            got = list(fn(*args))
+            if len(got) != len(refs) or not all(
+                _close(a, b, backend.rtol, backend.atol) for a, b in zip(got, refs, strict=False)
+            ):
+                return Entry(None, False, "wrong numerics vs eager", compile_s)
+            prepare = None if flush is None else (lambda: flush(warm))
+            seconds = time_call(fn, args, samples, prepare=prepare)
+        return Entry(seconds, True, "", compile_s)
+    except Exception as e:  # noqa: BLE001 - a backend failing on a group only excludes it
+        return Entry(None, False, f"{type(e).__name__}: {str(e)[:200]}", time.perf_counter() - t0)
+
+
+def _measure_boundary(backend: Backend, samples: int) -> Entry:
+    """Extra seconds a call to `backend` costs when it alternates with ATen ops, over the sum
+    of both alone: a 128x128 matmul probe, big enough for the backend to use its threads."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(128, 128, generator=gen)
+    w = torch.randn(128, 128, generator=gen)
+    probe = torch.fx.experimental.proxy_tensor.make_fx(lambda a, b: (torch.mm(a, b),))(x, w)
+    try:
+        fn = backend.compile(probe, [x, w], "fusion")
+        alone = time_call(fn, [x, w], samples)
+        aten = time_call(torch.add, [x, 1.0], samples)
+
+        def alternating(a: torch.Tensor, b: torch.Tensor) -> Any:
+            return fn(torch.add(a, 1.0), b)
+
+        both = time_call(alternating, [x, w], samples)
+        return Entry(max(0.0, both - alone - aten), True, "", 0.0)
+    except Exception as e:  # noqa: BLE001 - no probe, no extra penalty
+        return Entry(0.0, True, f"probe failed: {type(e).__name__}: {e}", 0.0)
+
+
+def _measure_switch_penalty(samples: int) -> float:
+    """Seconds the host graph pays to call a group module and unpack its outputs."""
+    x = torch.zeros(1)
+    mod = _GroupCall(lambda a: (a,), "probe", 1)
+
+    def via_module(a: torch.Tensor) -> Any:
+        return mod(a)[0]
+
+    def inline(a: torch.Tensor) -> Any:
+        return a
+
+    return max(0.0, time_call(via_module, [x], samples) - time_call(inline, [x], samples))
+
+
+def _outputs_match(
+    mod: fx.GraphModule, ref: fx.GraphModule, inputs: Sequence[Any], tol: float
+) -> bool:
+    try:
+        got = mod(*inputs)
+    except Exception as e:  # noqa: BLE001 - a placement that cannot run is unfit, not fatal
+        log.info(
+            "torch_plugin placement: a candidate placement failed to run (%s: %s)",
+            type(e).__name__,
+            e,
+        )
+        return False
+    want = ref(*inputs)
+    got_l = list(got) if isinstance(got, (tuple, list)) else [got]
+    want_l = list(want) if isinstance(want, (tuple, list)) else [want]
+    return len(got_l) == len(want_l) and all(
+        _close(a, b, tol, tol) for a, b in zip(got_l, want_l, strict=True)
+    )
+
+
+def _check_outputs(placed: fx.GraphModule, gm: fx.GraphModule, inputs: Sequence[Any]) -> None:
+    with torch.no_grad():
+        if not _outputs_match(placed, gm, inputs, 1e-3):
+            raise BackendError("the placed graph's outputs differ from eager's; not using it")
