@@ -25,6 +25,7 @@ PLACE, PIPE, OVERHEAD = (
 )
 PAGES = {
     "hf_suite": ("HF model suite", "hf_suite.py", None),
+    "default_compile": ("Default torch.compile", "default_compile.py", "features/default_compile"),
     "checkpoint": ("Checkpoints and restarts", "checkpoint.py", "reliability"),
     "placement": ("Backend placement", "placement.py", PLACE),
     "placement_full": ("Backend placement, published shapes", "placement.py --full-size", PLACE),
