@@ -1,0 +1,181 @@
+"""Capturing a model's call as one ATen graph, for the passes that split it across ranks
+(sharding, graph pipelines): the model's own calling convention (positional and keyword
+arguments, non-tensor arguments as constants, pytree outputs such as ModelOutput), traced
+with make_fx over fake tensors, and the HF conventions the runtimes need (how many labels the
+loss averages over, whether the model takes num_items_in_batch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+
+log = logging.getLogger("torch_plugin.capture")
+
+
+@dataclasses.dataclass
+class TracedCall:
+    """make_fx's graph of model(*args, **kwargs) over (parameters, buffers, tensor leaves)."""
+
+    gm: fx.GraphModule
+    pnames: list[str]
+    bnames: list[str]
+    in_spec: pytree.TreeSpec  # of the call's (args, kwargs)
+    tensor_at: list[int]  # leaf index of each tensor placeholder after the state
+    constants: dict[int, Any]  # leaf index -> a non-tensor argument, fixed in the graph
+    out_spec: pytree.TreeSpec
+    unused_inputs: set[str]  # keyword arguments the graph does not read
+
+
+def as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) of a call: a dict of example inputs is the keyword arguments (as HF
+    models are called), anything else the positional ones. Keywords are sorted so that the
+    order a caller writes them in does not matter."""
+    if isinstance(example_inputs, dict):
+        return (), dict(sorted(example_inputs.items()))
+    return tuple(example_inputs), {}
+
+
+def label_counter(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+    """For data parallelism over a batch with ignored labels (-100, padding): a function
+    counting the labels the model's loss averages over, so that replicas whose slices hold
+    different shares of padding combine into one process's loss exactly. None without
+    `labels`."""
+    labels = call[1].get("labels")
+    if not isinstance(labels, torch.Tensor):
+        return None
+    # Causal LMs predict token t+1 from t: their loss sees the labels shifted by one.
+    shifted = getattr(model, "loss_type", None) == "ForCausalLM" or type(model).__name__.endswith(
+        ("ForCausalLM", "LMHeadModel")
+    )
+
+    def count(labels: torch.Tensor) -> torch.Tensor:
+        seen = labels[..., 1:] if shifted and labels.dim() > 1 else labels
+        return (seen != -100).sum()
+
+    return count
+
+
+def takes_loss_kwargs(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
+    """Whether HF's num_items_in_batch can be passed (as HF's Trainer decides)."""
+    if "num_items_in_batch" in call[1]:
+        return False
+    params = inspect.signature(model.forward).parameters.values()
+    return any(p.kind is p.VAR_KEYWORD or p.name == "num_items_in_batch" for p in params)
+
+
+def describe(spec: pytree.TreeSpec) -> str:
+    """A call structure in a user's words: its positional count and keyword names."""
+    try:
+        args, kwargs = pytree.tree_unflatten([0] * spec.num_leaves, spec)
+        return f"{len(args)} positional argument(s) and keywords {sorted(kwargs) or '[]'}"
+    except Exception:  # noqa: BLE001 - only a message
+        return str(spec)
+
+
+@contextlib.contextmanager
+def static_experts(model: nn.Module) -> Iterator[None]:
+    """HF mixture-of-experts layers traced with static shapes. Their default grouped matmul
+    has no float32 fake kernel (capture failed with "Expected inputs of BF16 type") and the
+    eager loop indexes tokens by their routing (data-dependent shapes): `batched_mm` gathers
+    each token's experts with fixed shapes, the same numbers."""
+    config = getattr(model, "config", None)
+    setter = getattr(model, "set_experts_implementation", None)
+    current = getattr(config, "_experts_implementation", None)
+    if setter is None or current not in (None, "grouped_mm"):
+        yield
+        return
+    try:
+        setter("batched_mm")
+    except Exception as e:  # noqa: BLE001 - a model without experts: nothing to switch
+        log.debug("torch_plugin: no experts implementation to set (%s)", e)
+        yield
+        return
+    log.info("torch_plugin: %s's experts captured as batched_mm", type(model).__name__)
+    try:
+        yield
+    finally:
+        setter(current if current is not None else "grouped_mm")
+
+
+def trace_call(
+    model: nn.Module,
+    call: tuple[tuple[Any, ...], dict[str, Any]],
+    *,
+    record_module_stack: bool = False,
+) -> TracedCall:
+    """ATen forward graph of model(*args, **kwargs) over (params, buffers, the call's tensors),
+    on fake tensors. Non-tensor arguments (return_loss=True, a mode string) are constants of
+    the graph. record_module_stack: each node's `nn_module_stack` names the modules it ran in
+    (the pipeline partitioner groups nodes by it)."""
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    pnames, bnames = list(params), list(buffers)
+    with_paths, in_spec = pytree.tree_flatten_with_path(call)
+    leaves = [x for _, x in with_paths]
+    tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    constants = {i: x for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor)}
+    flat = [leaves[i] for i in tensor_at]
+    out_spec: list[pytree.TreeSpec] = []
+    n_state = len(pnames) + len(bnames)
+
+    def forward(*args: Any) -> tuple[Any, ...]:
+        state = dict(zip(pnames + bnames, args[:n_state], strict=True))
+        call = list(leaves)
+        for i, x in zip(tensor_at, args[n_state:], strict=True):
+            call[i] = x
+        cargs, ckwargs = pytree.tree_unflatten(call, in_spec)
+        out = torch.func.functional_call(model, state, tuple(cargs), ckwargs)
+        out_leaves, spec = pytree.tree_flatten(out)
+        out_spec.append(spec)
+        return tuple(out_leaves)
+
+    if record_module_stack:
+        forward._orig_mod = model  # type: ignore[attr-defined]  # make_fx's module-stack root
+
+    args = [*params.values(), *buffers.values(), *flat]
+    if any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
+        # A model too big to build: trace on fake CPU tensors (no storage) so the graph has the
+        # CPU kernels' ops (e.g. flash SDPA) rather than meta decompositions.
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode()
+        converted = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.is_meta:
+                with mode:
+                    a = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cpu")
+            elif isinstance(a, torch.Tensor):
+                a = mode.from_tensor(a)
+            converted.append(a)
+        args = converted
+    try:
+        with static_experts(model):
+            gm = make_fx(forward, tracing_mode="fake", record_module_stack=record_module_stack)(
+                *args
+            )
+    except Exception as e:
+        raise RuntimeError(
+            f"torch_plugin: the forward of {type(model).__name__} could not be captured as one "
+            f"graph for {describe(in_spec)} ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}). Data-dependent "
+            "control flow (a Python branch on a tensor's values) cannot be split across ranks: "
+            "make the branch static, or keep that module out of the distributed model"
+        ) from e
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][n_state:]
+    unused = {  # keyword leaves sit at path (SequenceKey(1), MappingKey(name), ...)
+        with_paths[i][0][1].key
+        for i, node in zip(tensor_at, placeholders, strict=True)
+        if not node.users and with_paths[i][0][0].idx == 1
+    }
+    return TracedCall(gm, pnames, bnames, in_spec, tensor_at, constants, out_spec[-1], unused)
