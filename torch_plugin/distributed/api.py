@@ -16,6 +16,19 @@ from .pipeline import PipelineParallel
 from .sharding import ShardedModule, shard_model
 
 
+def _model_loss(output: Any, _target: Any) -> torch.Tensor:
+    """The loss a model computed from its labels: `.loss` of a ModelOutput, ["loss"] of a
+    dict, the first element of a tuple (HF's return_dict=False)."""
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    if loss is None and isinstance(output, (tuple, list)) and output:
+        loss = output[0]
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise TypeError(
+            f"the model returned no scalar loss ({type(output).__name__}); pass loss_fn"
+        )
+    return loss
+
+
 def parallelize(
     model: nn.Module | DeviceMesh | int | None = None,
     mesh: int | DeviceMesh | None = None,
@@ -94,14 +107,21 @@ def parallelize(
     if strategy not in kinds:
         raise ValueError(f"unknown strategy {strategy!r}; valid: shard, {', '.join(kinds)}")
     if loss_fn is None:
-        raise ValueError("parallelize needs loss_fn(output, target) for training")
+        if not (isinstance(example_inputs, dict) and "labels" in example_inputs):
+            raise ValueError(
+                "parallelize needs loss_fn(output, target) for training, or keyword inputs "
+                "with `labels` for a model that computes its own loss (HF models)"
+            )
+        loss_fn = _model_loss
     if dist.is_initialized() and mesh is not None and int(mesh) != dist.get_world_size():
         raise ValueError(
             f"mesh of {mesh} ranks but the world has {dist.get_world_size()}; launch with "
             f"torchrun --nproc-per-node {mesh}"
         )
     if num_microbatches is not None:
-        flat, _ = pytree.tree_flatten(tuple(example_inputs))
+        flat, _ = pytree.tree_flatten(
+            example_inputs if isinstance(example_inputs, dict) else tuple(example_inputs)
+        )
         batch = next(int(x.shape[0]) for x in flat if isinstance(x, torch.Tensor) and x.dim())
         if num_microbatches <= 0 or batch % num_microbatches:
             raise ValueError(

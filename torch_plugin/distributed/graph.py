@@ -124,7 +124,8 @@ def _scope(node: fx.Node) -> str:
         path = ""
         for value in stack.values():
             path = value[0] if isinstance(value, tuple) else str(value)
-    return path.removeprefix("m.").removeprefix("m")
+    path = path.removeprefix("m.")
+    return "" if path == "m" else path
 
 
 def cost_records(
@@ -133,12 +134,36 @@ def cost_records(
     """Traces and costs the model; records are what `_C.pipeline_plan` reads."""
     gm = trace_module_level(model, example_inputs, leaf_modules)
     flat, _ = pytree.tree_flatten(tuple(example_inputs))
-    batch = _batch_of(flat)
+    return cost_graph(gm, flat, _batch_of(flat))
+
+
+def _param_inputs(gm: fx.GraphModule, node: fx.Node) -> list[tuple[str, nn.Parameter]]:
+    """Parameters an ATen node reads through get_attr inputs (which are not costed nodes)."""
+    out = []
+    for a in node.all_input_nodes:
+        if a.op == "get_attr":
+            out += _module_params(gm, a)
+    return out
+
+
+def cost_graph(
+    gm: fx.GraphModule,
+    flat: list[Any],
+    batch: int,
+    free: frozenset[fx.Node] = frozenset(),
+    aten: bool = False,
+) -> TracedModel:
+    """Costs every node of `gm` but those in `free` (values each stage recomputes for itself:
+    parameters read through get_attr, masks and positions that do not depend on the batch) by
+    running it once on `flat`, its placeholders' values. A module-level graph's parameters
+    belong to one node each (a module call); an ATen graph's are charged to the nodes that
+    read them, and may be read in several stages (tied weights)."""
     env: dict[fx.Node, Any] = {}
     nodes: list[fx.Node] = []
     records: list[dict[str, Any]] = []
     index: dict[fx.Node, int] = {}
     owner: dict[int, str] = {}
+    charged: set[int] = set()
     it = iter(flat)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -161,17 +186,28 @@ def cost_records(
             elif node.op == "call_method":
                 out = getattr(args[0], str(node.target))(*args[1:], **kwargs)
             else:  # get_attr
-                out = _module_params(gm, node)[0][1] if _module_params(gm, node) else None
+                obj = gm
+                for part in str(node.target).split("."):
+                    obj = getattr(obj, part)
+                out = obj
         env[node] = out
-        params = _module_params(gm, node)
-        for name, p in params:
-            if id(p) in owner and owner[id(p)] != node.name:
-                raise ValueError(
-                    f"parameter {name} is used by nodes {owner[id(p)]!r} and {node.name!r}; "
-                    "shared parameters across pipeline stages are not supported yet - tie them "
-                    "inside one module"
-                )
-            owner[id(p)] = node.name
+        if node in free:
+            continue
+        if aten:
+            params = [(n, p) for n, p in _param_inputs(gm, node) if id(p) not in charged]
+            charged.update(id(p) for _, p in params)
+        else:
+            params = _module_params(gm, node)
+            for name, p in params:
+                if id(p) in owner and owner[id(p)] != node.name:
+                    raise ValueError(
+                        f"parameter {name} is used by nodes {owner[id(p)]!r} and {node.name!r}; "
+                        "shared parameters across pipeline stages are not supported by the "
+                        "module-level pipeline: tie them inside one module, or pass the example "
+                        "inputs as a dict (a keyword call), which takes the ATen-level pipeline "
+                        "that keeps tied weights in sync"
+                    )
+                owner[id(p)] = node.name
         out_bytes = sum(
             t.numel() * t.element_size()
             for t in pytree.tree_leaves(out)
@@ -193,7 +229,7 @@ def cost_records(
                 "io_bytes": counter.bytes / batch,
                 "act_bytes": counter.bytes / batch,
                 "out_bytes": out_bytes / batch,
-                "param_bytes": float(sum(p.numel() * 4 for _, p in params)),
+                "param_bytes": float(sum(p.numel() * p.element_size() for _, p in params)),
                 "kernels": float(counter.kernels),
                 "is_output": False,
             }

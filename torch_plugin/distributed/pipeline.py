@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,14 @@ import torch.utils._pytree as pytree
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .. import _C
+from . import pipeline_capture
 from .agreement import check_same
+from .capture import as_call, describe, label_counter, takes_loss_kwargs
 from .collectives import hold_groups
-from .graph import TracedModel, cost_records
+from .graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
+from .pipeline_capture import AtenPipelineGraph, same_graph
+
+log = logging.getLogger("torch_plugin.pipeline")
 
 STRATEGIES = ("gpp", "spp")
 
@@ -190,22 +196,33 @@ class PipelineParallel:
     """Runs this rank's share of a pipeline plan: its stage, on its replica's samples.
 
     Call `step(inputs, target)` with the whole mini-batch on every rank (each rank slices what
-    it needs); it runs the static schedule, all-reduces gradients among the stage's replicas and
-    returns the mini-batch loss (the same on every rank). Then step your optimizer over
-    `parameters()`. `loss_fn(output, target)` must average over the samples it is given.
-    `scope_depth` groups nodes into blocks by the first components of their module path
-    (3: "branches.0.1", a layer of a branch) so that no stage boundary cuts inside a layer.
-    `placement` (PlacementOptions or their dict) runs the placement pass on the stage's
-    compute, forward and backward, around the modules that must stay eager (see
+    it needs); it runs the static schedule, all-reduces gradients among the ranks that hold a
+    parameter (a stage's replicas; the stages that share a tied weight) and returns the
+    mini-batch loss (the same on every rank). Then step your optimizer over `parameters()`.
+
+    `example_inputs` is the model's call: positional arguments, or a dict of keyword
+    arguments (an HF model's `input_ids`, `attention_mask`, `labels`, ...). `loss_fn(output,
+    target)` receives what the model returns for a micro-batch (a ModelOutput, a tuple, a
+    tensor) and must average over its samples; HF models given `labels` are passed the whole
+    mini-batch's label count as `num_items_in_batch`, so `lambda out, _: out.loss` sums to one
+    process's loss exactly, padding included.
+
+    Models that torch.fx traces symbolically, called positionally, are split at module level
+    (a stage owns the user's sub-modules, `placement` can place its compute); others, keyword
+    calls and HF models, at ATen level (pipeline_capture.py). `scope_depth` groups nodes into
+    blocks by the first components of their module path (3: "branches.0.1" or
+    "model.layers.0") so that no stage boundary cuts inside a layer. `placement`
+    (PlacementOptions or their dict) runs the placement pass on a module-level stage's compute,
+    forward and backward, around the modules that must stay eager (see
     torch_plugin.placement.segments); its decisions are made on the first step.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        example_inputs: tuple[Any, ...],
+        example_inputs: tuple[Any, ...] | dict[str, Any],
         *,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        loss_fn: Callable[[Any, Any], torch.Tensor],
         strategy: str = "gpp",
         schedule: str = "1f1b",
         micro_batch_sizes: list[int] | None = None,
@@ -216,12 +233,15 @@ class PipelineParallel:
         group: Any = None,
         leaf_modules: Any = (),
         placement: Any = None,
+        capture: str = "auto",
     ):
         if not dist.is_initialized():
             raise RuntimeError(
                 "PipelineParallel needs torch.distributed initialised (run under torchrun and "
                 "call torch.distributed.init_process_group first)"
             )
+        if capture not in ("auto", "module", "aten"):
+            raise ValueError(f"capture must be 'auto', 'module' or 'aten', got {capture!r}")
         # Ranks in the plan are ranks of `group` (the world by default). A group lets several
         # pipelines run side by side, e.g. one per tensor-parallel rank.
         self.group = group
@@ -229,7 +249,36 @@ class PipelineParallel:
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.loss_fn = loss_fn
-        traced = cost_records(model, example_inputs, leaf_modules)
+        self.model_ref = model
+        self.config = getattr(model, "config", None)
+        call = as_call(example_inputs)
+        self._count_labels = None  # HF labels: the whole mini-batch's count goes in per step
+        self._summed_loss = False
+        self.aten: AtenPipelineGraph | None = None
+        traced = None
+        if capture != "aten" and not isinstance(example_inputs, dict):
+            try:
+                traced = cost_records(model, tuple(example_inputs), leaf_modules)
+            except Exception as e:
+                if capture == "module":
+                    raise
+                log.info(
+                    "torch_plugin pipeline: %s does not trace at module level (%s: %s); "
+                    "splitting its ATen graph instead",
+                    type(model).__name__,
+                    type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "",
+                )
+        if traced is None:
+            if placement is not None:
+                raise NotImplementedError(
+                    "torch_plugin pipeline: `placement` needs a module-level split (a model "
+                    "torch.fx traces, called positionally); this model is split at ATen level"
+                )
+            traced, call = self._capture_aten(model, call)
+            if micro_batch_sizes is None and plan is None:
+                micro_batch_sizes = self._traceable_sizes()
+        self._in_spec = pytree.tree_flatten(call)[1]
         if plan is None:
             plan, _ = plan_pipeline(
                 traced,
@@ -243,10 +292,12 @@ class PipelineParallel:
             )
         self.plan = plan
         self._check_same_plan()
+        if self.aten is not None:
+            self._check_sizes()
         self.gm = traced.gm
         self.batch = traced.batch
-        flat, _ = pytree.tree_flatten(tuple(example_inputs))
-        ShapeProp(self.gm).propagate(*flat)
+        self._flat_example = self._flat_tensors(call)
+        ShapeProp(self.gm).propagate(*self._flat_example)
         self._build(traced)
         # Backend placement of this stage's compute between the calls that must stay eager.
         self.placed_segments: list[Any] = []
@@ -256,6 +307,77 @@ class PipelineParallel:
             self.placed_segments = place_segments(self.module, placement)
 
     # ---- setup ----------------------------------------------------------------------------
+
+    def _capture_aten(self, model: nn.Module, call: Any) -> tuple[TracedModel, Any]:
+        flat = [x for x in pytree.tree_leaves(call) if isinstance(x, torch.Tensor)]
+        batch = _batch_of(flat)
+        self.batch = batch
+        count = label_counter(model, call)
+        if count is not None and takes_loss_kwargs(model, call):
+            self._count_labels = count
+            call = (
+                call[0],
+                dict(sorted({**call[1], "num_items_in_batch": count(call[1]["labels"])}.items())),
+            )
+        self._call = call
+        aten = pipeline_capture.capture(model, call, batch)
+        # The model's loss read the count (a sum over the mini-batch); otherwise its loss is a
+        # mean over each micro-batch, weighed by the micro-batch's share.
+        self._summed_loss = (
+            self._count_labels is not None and "num_items_in_batch" not in aten.traced.unused_inputs
+        )
+        self.aten = aten
+        self._traces: dict[int, AtenPipelineGraph] = {batch: aten}
+        flat_tensors = self._flat_tensors(call)
+        return cost_graph(aten.gm, flat_tensors, batch, aten.free, aten=True), call
+
+    def _trace(self, n: int) -> AtenPipelineGraph:
+        trace = self._traces.get(n)
+        if trace is None:
+            trace = pipeline_capture.capture(self.model_ref, self._call, self.batch, n)
+            self._traces[n] = trace
+        return trace
+
+    def _traceable_sizes(self) -> list[int]:
+        """The micro-batch sizes (powers of two dividing the batch, as the partitioner
+        considers) at which the model's graph is the whole batch's, node for node."""
+        assert self.aten is not None
+        sizes = []
+        n = 1
+        while n <= self.batch:
+            if self.batch % n == 0:
+                differs = same_graph(self.aten, self._trace(n))
+                if differs is None:
+                    sizes.append(n)
+                else:
+                    log.info(
+                        "torch_plugin pipeline: micro-batches of %d left out: the graph at that "
+                        "size differs from the whole batch's at node %s",
+                        n,
+                        differs,
+                    )
+            n *= 2
+        return sizes
+
+    def _check_sizes(self) -> None:
+        """Every share of a micro-batch a stage runs must have a graph like the whole batch's
+        (a stage's micro-batch split over its replicas may give sizes not planned for)."""
+        for st in self.plan.stages:
+            for n in set(_split(st["micro_batch"], st["replicas"])):
+                differs = same_graph(self.aten, self._trace(n)) if n != self.batch else None
+                if differs is not None:
+                    raise RuntimeError(
+                        f"torch_plugin pipeline: stage S{st['id']} runs {n} sample(s) per "
+                        f"replica, where the model's graph differs from the whole batch's (at "
+                        f"node {differs!r}); pass micro_batch_sizes (or num_microbatches) so "
+                        "every replica runs at least 2 samples"
+                    )
+
+    def _flat_tensors(self, call: Any) -> list[Any]:
+        leaves = pytree.tree_leaves(call)
+        if self.aten is None:
+            return leaves
+        return [leaves[i] for i in self.aten.traced.tensor_at]
 
     def _check_same_plan(self) -> None:
         check_same(
@@ -269,79 +391,179 @@ class PipelineParallel:
         if used != self.world:
             raise RuntimeError(f"plan uses {used} devices but the world has {self.world} ranks")
 
+    def _members(self, s: int, planned: list[fx.Node], free: frozenset[fx.Node]) -> list[fx.Node]:
+        """Stage s's nodes in graph order: its planned ones and the free values they read
+        (recomputed here rather than received)."""
+        members = set(planned)
+        todo = list(planned)
+        while todo:
+            for a in todo.pop().all_input_nodes:
+                if a in free and a not in members:
+                    members.add(a)
+                    todo.append(a)
+        return [n for n in self.gm.graph.nodes if n in members]
+
     def _build(self, traced: TracedModel) -> None:
         graph_nodes = list(self.gm.graph.nodes)
         self.placeholders = [n for n in graph_nodes if n.op == "placeholder"]
         out_node = next(n for n in graph_nodes if n.op == "output")
-        outs = out_node.args[0]
-        if not isinstance(outs, fx.Node):
-            raise ValueError("pipeline parallelism needs a model that returns one tensor")
-        self.output_value = outs
+        self.out_leaves, self._out_spec = pytree.tree_flatten(out_node.args[0])
+        if self.aten is not None:
+            self._out_spec = self.aten.traced.out_spec
+        by_name = {n.name: n for n in traced.nodes}
         stage_of: dict[fx.Node, int] = {}
         for s, names in enumerate(self.plan.stage_nodes):
             for name in names:
-                stage_of[next(n for n in traced.nodes if n.name == name)] = s
+                stage_of[by_name[name]] = s
         self.stage_of = stage_of
         self.stages = self.plan.stages
         self.value_id = {n: i for i, n in enumerate(graph_nodes)}
+        free = self.aten.free if self.aten is not None else frozenset()
+        self._batch_major = (
+            dict(zip(self.placeholders, self.aten.batch_major, strict=True))
+            if self.aten is not None
+            else {p: True for p in self.placeholders}
+        )
         # Which stage and replica this rank runs.
         self.my_stage, self.my_replica = -1, -1
         for st in self.stages:
             if self.rank in st["devices"]:
                 self.my_stage, self.my_replica = st["id"], st["devices"].index(self.rank)
+        # The loss stage: where the model's last output is computed; every other output is
+        # sent there, so loss_fn sees the whole output of a micro-batch.
+        computed = [v for v in self.out_leaves if isinstance(v, fx.Node) and v in stage_of]
+        if not computed:
+            raise ValueError("pipeline parallelism needs a model whose output is computed")
+        self.loss_stage = stage_of[max(computed, key=lambda v: self.value_id[v])]
+        planned: list[list[fx.Node]] = [[] for _ in self.stages]
+        for node in graph_nodes:
+            if node in stage_of:
+                planned[stage_of[node]].append(node)
+        for v in self.out_leaves:
+            if isinstance(v, fx.Node) and v in free:
+                planned[self.loss_stage].append(v)
+        self.members = [self._members(s, planned[s], free) for s in range(len(self.stages))]
         # Inputs / outputs per stage.
         self.stage_inputs: list[list[fx.Node]] = [[] for _ in self.stages]
         self.stage_outputs: list[list[fx.Node]] = [[] for _ in self.stages]
         self.consumers: dict[fx.Node, list[int]] = {}
-        for node in graph_nodes:
-            if node not in stage_of:
-                continue
-            s = stage_of[node]
-            for a in node.all_input_nodes:
-                if stage_of.get(a) != s and a not in self.stage_inputs[s]:
-                    self.stage_inputs[s].append(a)
-                    if a in stage_of:
-                        self.consumers.setdefault(a, [])
-                        if s not in self.consumers[a]:
-                            self.consumers[a].append(s)
+
+        def needs(s: int, a: fx.Node) -> None:
+            if a in self.stage_inputs[s]:
+                return
+            self.stage_inputs[s].append(a)
+            if a in stage_of:
+                self.consumers.setdefault(a, [])
+                if s not in self.consumers[a]:
+                    self.consumers[a].append(s)
+
+        for s, members in enumerate(self.members):
+            inside = set(members)
+            for node in members:
+                for a in node.all_input_nodes:
+                    if a not in inside:
+                        needs(s, a)
+        for v in self.out_leaves:
+            if isinstance(v, fx.Node) and v not in self.members[self.loss_stage]:
+                needs(self.loss_stage, v)
         for a in self.consumers:
             self._check_crossing(a)
             if a not in self.stage_outputs[stage_of[a]]:
                 self.stage_outputs[stage_of[a]].append(a)
-        last = stage_of[self.output_value]
-        if self.output_value not in self.stage_outputs[last]:
-            self.stage_outputs[last].append(self.output_value)
-        self.loss_stage = last
-        # Replica groups for the gradient all-reduce (every rank creates every group).
-        self.replica_group = None
-        for st in self.stages:
-            if st["replicas"] > 1:
-                members = [self._global(r) for r in st["devices"]]
-                if self.group is None:
-                    g = dist.new_group(members)
-                elif st["id"] == self.my_stage:
-                    # Other pipelines create other groups: only the members take part.
-                    g = dist.new_group(members, use_local_synchronization=True)
-                else:
-                    continue
-                if st["id"] == self.my_stage:
-                    self.replica_group = g
+        self._groups_for_shared_parameters()
         if self.my_stage < 0:
             self.module = nn.Module()
             return
+        self._modules: dict[int, fx.GraphModule] = {}
+        self.module = self._stage_module(self.batch)
+
+    def _stage_params(self, s: int) -> dict[str, nn.Parameter]:
+        out: dict[str, nn.Parameter] = {}
+        for node in self.members[s]:
+            if node.op in ("call_module", "get_attr"):
+                for name, p in _module_params(self.gm, node):
+                    out[name.removeprefix("m.")] = p
+        return out
+
+    def _groups_for_shared_parameters(self) -> None:
+        """Every parameter's gradient is summed over the ranks that hold it: the replicas of
+        its stage, and the replicas of every other stage that reads it (a tied weight). One
+        process group per distinct set of ranks; every rank creates every group, in one order."""
+        holders: dict[str, set[int]] = {}
+        for st in self.stages:
+            for name in self._stage_params(st["id"]):
+                holders.setdefault(name, set()).update(st["devices"])
+        self.tied = sorted(
+            name
+            for name in holders
+            if sum(name in self._stage_params(st["id"]) for st in self.stages) > 1
+        )
+        if self.tied:
+            log.info(
+                "torch_plugin pipeline: %d parameter(s) read in several stages (tied): %s; "
+                "their gradients are summed across those stages",
+                len(self.tied),
+                ", ".join(self.tied[:4]) + (" ..." if len(self.tied) > 4 else ""),
+            )
+        sets = sorted({tuple(sorted(r)) for r in holders.values() if len(r) > 1})
+        self.grad_groups: list[tuple[Any, list[str]]] = []
+        mine = self._stage_params(self.my_stage) if self.my_stage >= 0 else {}
+        for ranks in sets:
+            members = [self._global(r) for r in ranks]
+            if self.group is None:
+                g = dist.new_group(members)
+            elif self.rank in ranks:
+                # Other pipelines create other groups: only the members take part.
+                g = dist.new_group(members, use_local_synchronization=True)
+            else:
+                continue
+            if self.rank in ranks:
+                names = [n for n in mine if tuple(sorted(holders[n])) == ranks]
+                self.grad_groups.append((g, names))
+
+    def _stage_module(self, n: int) -> fx.GraphModule:
+        """This rank's stage as a GraphModule for micro-batches of n samples (module-level
+        graphs take any n; ATen graphs are traced at n)."""
+        module = self._modules.get(n) if hasattr(self, "_modules") else None
+        if module is not None:
+            return module
         s = self.my_stage
+        if self.aten is None or n == self.batch:
+            source = self.gm
+            by_name = None
+        else:
+            trace = self._trace(n)
+            source = trace.gm
+            by_name = {node.name: node for node in trace.gm.graph.nodes}
+            for node in [*self.members[s], *self.stage_inputs[s]]:
+                twin = by_name.get(node.name)
+                if twin is None or twin.op != node.op or twin.target != node.target:
+                    raise RuntimeError(
+                        f"torch_plugin pipeline: the model's graph at {n} samples differs from "
+                        f"its graph at {self.batch} at node {node.name!r}; pass "
+                        "micro_batch_sizes (or num_microbatches) so every stage runs one size"
+                    )
+
+        def twin(node: fx.Node) -> fx.Node:
+            return node if by_name is None else by_name[node.name]
+
         g = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
         for v in self.stage_inputs[s]:
-            env[v] = g.placeholder(v.name)
-        for node in graph_nodes:
-            if stage_of.get(node) == s:
-                env[node] = g.node_copy(node, lambda x: env[x])
-        g.output(tuple(env[o] for o in self.stage_outputs[s]))
-        self.module = fx.GraphModule(self.gm, g)
+            env[twin(v)] = g.placeholder(v.name)
+        for node in self.members[s]:
+            env[twin(node)] = g.node_copy(twin(node), lambda x: env[x])
+        outs = [env[twin(o)] for o in self.stage_outputs[s]]
+        if s == self.loss_stage:
+            outs += [env[twin(v)] if isinstance(v, fx.Node) else v for v in self.out_leaves]
+        g.output(tuple(outs))
+        module = fx.GraphModule(source, g)
+        self._modules[n] = module
+        return module
 
     def _release_groups(self) -> None:
-        self.group = self.replica_group = None
+        self.group = None
+        self.grad_groups = []
 
     def _global(self, rank: int) -> int:
         """The global rank of a rank of the plan (point-to-point calls take global ranks)."""
@@ -355,10 +577,15 @@ class PipelineParallel:
             or len(meta.shape) == 0
             or (meta.shape[0] != self.batch)
         ):
+            where = ""
+            if self.aten is not None:
+                stack = v.meta.get("nn_module_stack") or {}
+                path = next(reversed(stack.values()), ("",))[0] if stack else ""
+                where = f" (in module '{path}')" if path else ""
             raise ValueError(
-                f"value {v.name!r} crosses pipeline stages but is not a tensor with the batch "
-                f"({self.batch}) as dim 0; keep it inside one stage (coarser blocks: a smaller "
-                "scope_depth)"
+                f"value {v.name!r}{where} crosses pipeline stages but is not a tensor with the "
+                f"batch ({self.batch}) as dim 0; keep it inside one stage (coarser blocks: a "
+                "smaller scope_depth)"
             )
 
     def parameters(self) -> list[nn.Parameter]:
@@ -374,6 +601,32 @@ class PipelineParallel:
         from .checkpoint import full_state_dict
 
         return full_state_dict(self, rank0_only)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clips every stage's gradients by the global norm (each parameter counted once,
+        tied ones by their first stage; replicas hold equal gradients after the step's sum).
+        Call after step(); returns the total norm, the same on every rank."""
+        if norm_type != 2.0:
+            raise NotImplementedError("torch_plugin pipeline: clip_grad_norm_ supports norm 2")
+        total = torch.zeros((), dtype=torch.float64)
+        if self.my_stage >= 0 and self.my_replica == 0:
+            owned = {
+                name
+                for name in self._stage_params(self.my_stage)
+                if min(st["id"] for st in self.stages if name in self._stage_params(st["id"]))
+                == self.my_stage
+            }
+            for name, p in self.named_parameters():
+                if name in owned and p.grad is not None:
+                    total += p.grad.detach().double().pow(2).sum()
+        dist.all_reduce(total, group=self.group)
+        norm = total.sqrt().to(torch.float32)
+        coef = max_norm / (float(norm) + 1e-6)
+        if coef < 1.0:
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return norm
 
     # ---- sample ranges -----------------------------------------------------------------------
 
@@ -418,10 +671,38 @@ class PipelineParallel:
         meta = v.meta["tensor_meta"]
         return torch.empty((n, *meta.shape[1:]), dtype=meta.dtype, device=self._device)
 
+    def _dtype(self, v: fx.Node) -> torch.dtype:
+        return v.meta["tensor_meta"].dtype
+
     # ---- one iteration ---------------------------------------------------------------------
 
-    def step(self, inputs: tuple[Any, ...], target: torch.Tensor) -> float:
-        flat, _ = pytree.tree_flatten(tuple(inputs))
+    def _inputs(self, inputs: Any) -> list[Any]:
+        """The step's placeholder values from the call (positional tuple or keyword dict)."""
+        call = as_call(inputs)
+        if self._count_labels is not None:
+            labels = call[1].get("labels")
+            if not isinstance(labels, torch.Tensor):
+                raise ValueError("the pipeline was built with labels; pass labels every step")
+            count = self._count_labels(labels)
+            call = (call[0], dict(sorted({**call[1], "num_items_in_batch": count}.items())))
+        spec = pytree.tree_flatten(call)[1]
+        if spec != self._in_spec:
+            raise ValueError(
+                f"called with {describe(spec)}; the pipeline was built for "
+                f"{describe(self._in_spec)}: call step with inputs like the example inputs"
+            )
+        flat = self._flat_tensors(call)
+        for p, x in zip(self.placeholders, flat, strict=False):
+            if self._batch_major.get(p) and isinstance(x, torch.Tensor) and x.dim():
+                if x.shape[0] != self.batch:
+                    raise ValueError(
+                        f"input {p.name!r} has {x.shape[0]} samples; the pipeline was planned "
+                        f"for mini-batches of {self.batch} (the example inputs' batch)"
+                    )
+        return flat
+
+    def step(self, inputs: tuple[Any, ...] | dict[str, Any], target: Any = None) -> float:
+        flat = self._inputs(inputs)
         if len(flat) != len(self.placeholders):
             raise ValueError(f"expected {len(self.placeholders)} input tensors, got {len(flat)}")
         local = dict(zip(self.placeholders, flat, strict=True))
@@ -444,11 +725,15 @@ class PipelineParallel:
                     self._backward(s, lo, hi, *saved.pop(j), sends)
             for work in sends:
                 work.wait()
-            if self.replica_group is not None:
-                for p in self.module.parameters():
+            mine = dict(self.named_parameters())
+            for g, names in self.grad_groups:
+                for name in names:
+                    p = mine[name]
+                    if not p.requires_grad:
+                        continue
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                    dist.all_reduce(p.grad, group=self.replica_group)
+                    dist.all_reduce(p.grad, group=g)
         dist.all_reduce(loss_total, group=self.group)
         return float(loss_total)
 
@@ -456,7 +741,8 @@ class PipelineParallel:
         args = []
         for v in self.stage_inputs[s]:
             if v.op == "placeholder":
-                args.append(local[v][lo:hi])
+                x = local[v]
+                args.append(x[lo:hi] if self._batch_major[v] else x)
                 continue
             buf = self._buffer(v, hi - lo)
             for rank, a, e in self._pieces(self.stage_of[v], lo, hi):
@@ -467,13 +753,18 @@ class PipelineParallel:
             if buf.is_floating_point():
                 buf.requires_grad_(True)
             args.append(buf)
-        outs = list(self.module(*args))
+        module = self.module if self.aten is None else self._stage_module(hi - lo)
+        outs = list(module(*args))
+        n_cross = len(self.stage_outputs[s])
+        outs, model_out = outs[:n_cross], outs[n_cross:]
         for v, out in zip(self.stage_outputs[s], outs, strict=True):
             for q in self.consumers.get(v, []):
                 for rank, a, e in self._pieces(q, lo, hi):
+                    # In the traced dtype, which the receiver's buffer has: under autocast a
+                    # value may be computed in bf16 where the trace saw float32.
                     sends.append(
                         dist.isend(
-                            out[a - lo : e - lo].detach().contiguous(),
+                            out[a - lo : e - lo].detach().to(self._dtype(v)).contiguous(),
                             self._global(rank),
                             group=self.group,
                             tag=self._tag(v, q, a, False),
@@ -481,8 +772,11 @@ class PipelineParallel:
                     )
         loss = None
         if s == self.loss_stage:
-            out = outs[self.stage_outputs[s].index(self.output_value)]
-            loss = self.loss_fn(out, target[lo:hi]) * ((hi - lo) / self.batch)
+            output = pytree.tree_unflatten(model_out, self._out_spec)
+            piece = target[lo:hi] if isinstance(target, torch.Tensor) else target
+            loss = self.loss_fn(output, piece)
+            if not self._summed_loss:  # a mean over the micro-batch: weigh by its share
+                loss = loss * ((hi - lo) / self.batch)
         return args, outs, loss
 
     def _backward(self, s, lo, hi, args, outs, loss, sends):  # type: ignore[no-untyped-def]
@@ -490,10 +784,11 @@ class PipelineParallel:
         for v, out in zip(self.stage_outputs[s], outs, strict=True):
             if not out.is_floating_point() or not self.consumers.get(v):
                 continue
+            # Gradients cross in the value's traced dtype (see _forward), added in its own.
             grad = torch.zeros_like(out)
             for q in self.consumers[v]:
                 for rank, a, e in self._pieces(q, lo, hi):
-                    recv = torch.empty_like(grad[a - lo : e - lo])
+                    recv = self._buffer(v, e - a)
                     self._recv(recv, rank, self._tag(v, q, a, True), f"grad of {v.name}")
                     grad[a - lo : e - lo] += recv
             if out.requires_grad:

@@ -627,12 +627,21 @@ _WIDTH_KEYS = (
 )
 
 
+# Config keys that set the number of layers, set by build_model's `layers`.
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
 def build_model(
-    name: str, seed: int = 0, dtype: torch.dtype | None = None, width: int = 1
+    name: str,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    width: int = 1,
+    layers: int | None = None,
 ) -> nn.Module:
     """The model with random weights (seeded), in training mode with dropout off (so one
     process and N ranks compute the same numbers). width: multiplies every layer width (4 gives
-    hidden 256, heads of 64: the benchmarks' scale)."""
+    hidden 256, heads of 64: the benchmarks' scale). layers: the number of layers (2 by
+    default; a 4-stage pipeline wants at least 4)."""
     import transformers
 
     if name not in ARCHS:
@@ -646,6 +655,10 @@ def build_model(
                 cfg[key] *= width
             elif isinstance(cfg.get(key), list):
                 cfg[key] = [v * width for v in cfg[key]]
+    if layers is not None:
+        for key in _LAYER_KEYS:
+            if isinstance(cfg.get(key), int):
+                cfg[key] = layers
     sub = {k: cfg.pop(k) for k in ("text_config", "vision_config") if k in cfg}
     config = config_cls(**cfg, **sub)
     _no_dropout(config)
@@ -708,11 +721,16 @@ def make_inputs(
 
 
 def build(
-    name: str, batch: int = BATCH, seed: int = 0, dtype: torch.dtype | None = None, pad: int = 3
+    name: str,
+    batch: int = BATCH,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    pad: int = 3,
+    layers: int | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """(model, keyword inputs with labels): `model(**inputs).loss` is the training loss.
     pad: padded positions at the end of row 1 (0: none)."""
-    model = build_model(name, seed=seed, dtype=dtype)
+    model = build_model(name, seed=seed, dtype=dtype, layers=layers)
     inputs = make_inputs(name, batch=batch, seed=seed + 1, pad=pad)
     if dtype is not None:
         inputs = {
