@@ -11,6 +11,9 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
   shard2, shard4   torch_plugin.parallelize(model, DeviceMesh(n), inputs): 3 AdamW steps on
                    n gloo ranks, each loss within 1e-5 of one process's
   shard2x2         the same on a (dp=2, tp=2) mesh
+  bf16_2           on decoders, 2 ranks: bf16 parameters with float32 master weights, and
+                   float32 parameters with the forward under torch.autocast(bfloat16), each
+                   within 2e-2 of one process running the same recipe
   pipeline4        torch_plugin.parallelize(model, 4, inputs, strategy="pipeline") on decoders:
                    3 AdamW steps, losses within 1e-5 of one process's
   cp_decode        torch_plugin.cache_parallel(model, DeviceMesh(2)).generate(...) on decoders:
@@ -50,6 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 LR = 1e-3
 STEPS = 3
 LOSS_RTOL = 1e-5
+BF16_RTOL = 2e-2
 COLLECTIVE_TIMEOUT_S = 60
 PLACEMENT_BOUNDS = {
     "cache_path": ":memory:",
@@ -65,6 +69,7 @@ ENTRIES = [
     "shard2",
     "shard4",
     "shard2x2",
+    "bf16_2",
     "pipeline4",
     "cp_decode",
 ]
@@ -76,8 +81,9 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "pipeline4": (4, None),
     "cp_decode": (2, (2,)),
     "recipe2x2": (4, (2, 2)),  # accumulation + clipping (tests; not a column of the table)
+    "bf16_2": (2, (2,)),
 }
-DECODER_ONLY = {"pipeline4", "cp_decode"}
+DECODER_ONLY = {"bf16_2", "pipeline4", "cp_decode"}
 
 
 class Mismatch(AssertionError):
@@ -103,13 +109,19 @@ def _train(
     inputs: dict[str, Any],
     make_optimizer: Callable[[], torch.optim.Optimizer],
     steps: int = STEPS,
+    autocast: torch.dtype | None = None,
 ) -> list[float]:
+    """`steps` AdamW steps; autocast: the forward (only, as PyTorch's recipe has it) under
+    torch.autocast to that dtype."""
+    import contextlib
+
     from torch_plugin.models import hf_suite
 
     opt = make_optimizer()
     losses = []
     for _ in range(steps):
-        loss = hf_suite.loss_of(model(**inputs))
+        with torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext():
+            loss = hf_suite.loss_of(model(**inputs))
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -117,9 +129,12 @@ def _train(
     return losses
 
 
-def _reference_losses(model: torch.nn.Module, inputs: dict[str, Any]) -> list[float]:
+def _reference_losses(
+    model: torch.nn.Module, inputs: dict[str, Any], autocast: torch.dtype | None = None
+) -> list[float]:
     ref = copy.deepcopy(model)
-    return _train(ref, inputs, lambda: torch.optim.AdamW(ref.parameters(), lr=LR))
+    make = lambda: torch.optim.AdamW(ref.parameters(), lr=LR)  # noqa: E731
+    return _train(ref, inputs, make, autocast=autocast)
 
 
 def _compare_losses(got: list[float], want: list[float], rtol: float = LOSS_RTOL) -> float:
@@ -329,22 +344,97 @@ def check_recipe(name: str, mesh_shape: tuple[int, ...], micro: int = 4) -> dict
     return {"norm_rel_diff": norm_diff, "max_loss_diff": diff, "quiet_micro_steps": quiet}
 
 
-def check_pipeline(name: str, world: int) -> dict[str, Any]:
+def _bf16_reference(model: torch.nn.Module, inputs: dict[str, Any]) -> list[float]:
+    """One process, the same bf16 recipe: bf16 parameters stepped as float32 masters."""
+    ref = copy.deepcopy(model)
+    pairs = [(p, p.detach().float().requires_grad_()) for p in ref.parameters()]
+    opt = torch.optim.AdamW([m for _, m in pairs], lr=LR)
+    losses = []
+    for _ in range(STEPS):
+        from torch_plugin.models import hf_suite
+
+        loss = hf_suite.loss_of(ref(**inputs))
+        loss.backward()
+        for p, m in pairs:
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            for p, m in pairs:
+                p.copy_(m)
+        losses.append(float(loss))
+    return losses
+
+
+def check_bf16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
+    """bf16 two ways on `mesh_shape`, each against one process running the same recipe
+    (within 2e-2 relative): bf16 parameters with float32 master weights
+    (`optimizer(..., master_weights=True)`), and float32 parameters with the forward under
+    `torch.autocast("cpu", dtype=torch.bfloat16)` (the sharded program is captured again
+    under it on its first such call, its specs pinned)."""
     import torch_plugin
     from torch_plugin.models import hf_suite
 
-    model, inputs = hf_suite.build(name, batch=4)
-    want = _reference_losses(model, inputs)
+    out: dict[str, Any] = {}
+    mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
+    model, inputs = hf_suite.build(name, dtype=torch.bfloat16)
+    want = _bf16_reference(model, inputs)
+    sharded = torch_plugin.parallelize(model, mesh, inputs)
+    got = _train(
+        sharded, inputs, lambda: sharded.optimizer(torch.optim.AdamW, lr=LR, master_weights=True)
+    )
+    out["bf16_params_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL)
+    model, inputs = hf_suite.build(name)
+    want = _reference_losses(model, inputs, autocast=torch.bfloat16)
+    sharded = torch_plugin.parallelize(model, mesh, inputs)
+    got = _train(
+        sharded,
+        inputs,
+        lambda: sharded.optimizer(torch.optim.AdamW, lr=LR),
+        autocast=torch.bfloat16,
+    )
+    out["autocast_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL)
+    return out
+
+
+def check_pipeline(name: str, world: int, layers: int = 4) -> dict[str, Any]:
+    """4 ranks, a decoder of `layers` layers (tied embeddings where the architecture ties),
+    called the HF way: the losses of 3 AdamW steps (clipped at 1.0) equal one process's, and
+    so does the clipped norm."""
+    import torch_plugin
+    from torch_plugin.models import hf_suite
+
+    model, inputs = hf_suite.build(name, batch=4, layers=layers)
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR)
+    want, want_norms = [], []
+    for _ in range(STEPS):
+        loss = hf_suite.loss_of(ref(**inputs))
+        loss.backward()
+        want_norms.append(float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)))
+        ref_opt.step()
+        ref_opt.zero_grad()
+        want.append(float(loss))
     pp = torch_plugin.parallelize(
         model, world, inputs, strategy="pipeline", loss_fn=lambda out, _target: out.loss
     )
     opt = torch.optim.AdamW(pp.parameters(), lr=LR)
-    got = []
+    got, norms = [], []
     for _ in range(STEPS):
-        got.append(pp.step(inputs, None))
+        got.append(pp.step(inputs))
+        norms.append(float(pp.clip_grad_norm_(1.0)))
         opt.step()
         opt.zero_grad()
-    return {"max_loss_diff": _compare_losses(got, want)}
+    norm_diff = max(abs(a - b) / b for a, b in zip(norms, want_norms, strict=True))
+    if norm_diff > 1e-5:
+        raise Mismatch(f"clipped norms {norms} vs one process {want_norms}")
+    return {
+        "max_loss_diff": _compare_losses(got, want),
+        "max_norm_rel_diff": norm_diff,
+        "stages": pp.plan.num_stages,
+        "tied": len(pp.tied),
+    }
 
 
 def check_cp_decode(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
@@ -392,6 +482,8 @@ def _rank_main(rank: int, world: int, port: int, entry: str, name: str, out: str
             figures = check_shard(name, mesh)
         elif entry == "recipe2x2":
             figures = check_recipe(name, mesh)
+        elif entry == "bf16_2":
+            figures = check_bf16(name, mesh)
         elif entry == "pipeline4":
             figures = check_pipeline(name, world)
         else:
@@ -453,7 +545,10 @@ def run_distributed(entry: str, name: str, deadline_s: float = 300.0) -> dict[st
             }
     bad = [res for res in ranks if res["status"] != "pass"]
     if bad:
-        worst = next((b for b in bad if b["status"] == "mismatch"), bad[0])
+        # The cause, not its echo: a rank that failed on its own, before those that then
+        # waited on it in vain.
+        causes = [b for b in bad if "died or stalled" not in b.get("error", "")] or bad
+        worst = next((b for b in causes if b["status"] == "mismatch"), causes[0])
         return {**worst, "seconds": seconds}
     figures: dict[str, Any] = {}
     for key in ranks[0]["figures"]:

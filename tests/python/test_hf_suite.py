@@ -69,6 +69,60 @@ def test_accumulation_and_clipping_on_a_dp_tp_mesh_equal_one_process() -> None:
     assert cell["figures"]["quiet_micro_steps"] == 3
 
 
+def test_hf_decoder_pipelines_train_as_one_process() -> None:
+    """OPT (4 layers, its embedding tied to the LM head) on a 4-rank graph pipeline, called
+    the HF way (`parallelize(model, 4, inputs_dict, strategy="pipeline")`, `loss_fn` reading
+    `out.loss`): 3 clipped AdamW steps equal one process within 1e-5 (losses) and 1e-5 (norms).
+    The tied weight is read in two stages, whose gradients are summed."""
+    cell = runner.run_distributed("pipeline4", "opt", deadline_s=240)
+    assert cell["status"] == "pass", cell.get("error")
+    assert cell["figures"]["max_loss_diff"] <= runner.LOSS_RTOL
+    assert cell["figures"]["max_norm_rel_diff"] <= 1e-5
+    assert cell["figures"]["tied"] == 1 and cell["figures"]["stages"] >= 2
+
+
+def test_bf16_sharded_decoder_trains_as_one_process_recipe() -> None:
+    """Llama on 2 ranks in bf16, both ways: bf16 parameters stepped as float32 master weights
+    (`optimizer(..., master_weights=True)`, gradients summed in float32), and float32
+    parameters under torch.autocast(bfloat16); 3 AdamW steps each within 2e-2 of one process
+    running the same recipe."""
+    cell = runner.run_distributed("bf16_2", "llama", deadline_s=240)
+    assert cell["status"] == "pass", cell.get("error")
+    assert cell["figures"]["bf16_params_loss_diff"] <= runner.BF16_RTOL
+    assert cell["figures"]["autocast_loss_diff"] <= runner.BF16_RTOL
+
+
+def test_aten_pipeline_graph_recomputes_what_does_not_depend_on_the_batch() -> None:
+    """The ATen-level pipeline graph of an HF call: parameters and rotary tables are free
+    (each stage recomputes them); the hidden states depend on the batch. OPT's graph at one
+    sample differs from its graph at four (a reshape is a view there), which the runtime
+    must know to leave that micro-batch size out."""
+    from torch_plugin.distributed import pipeline_capture
+    from torch_plugin.distributed.capture import as_call
+
+    model, inputs = hf_suite.build("llama", batch=4, layers=2)
+    g = pipeline_capture.capture(model, as_call(inputs), 4)
+    free = {n.name for n in g.free}
+    attrs = [n for n in g.gm.graph.nodes if n.op == "get_attr"]
+    assert attrs and all(n.name in free for n in attrs)
+    assert any("rotary" in str(n.meta.get("nn_module_stack", "")) for n in g.free)
+    embedding = next(n for n in g.gm.graph.nodes if n.target is torch.ops.aten.embedding.default)
+    assert embedding.name not in free
+    assert all(g.batch_major)  # input_ids, attention_mask, labels
+    params = {n for n, _ in g.gm.named_parameters()}
+    assert params == {f"m.{n}" for n, _ in model.named_parameters()}
+
+    model, inputs = hf_suite.build("opt", batch=4, layers=2)
+    whole = pipeline_capture.capture(model, as_call(inputs), 4)
+    assert (
+        pipeline_capture.same_graph(whole, pipeline_capture.capture(model, as_call(inputs), 4, 2))
+        is None
+    )
+    assert pipeline_capture.same_graph(
+        whole, pipeline_capture.capture(model, as_call(inputs), 4, 1)
+    )
+
+
 def test_uncapturable_forward_is_named_with_what_to_do() -> None:
     class Branchy(torch.nn.Module):
         def __init__(self) -> None:

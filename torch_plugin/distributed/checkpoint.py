@@ -134,8 +134,9 @@ def _model_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor, Layout]]:
             yield n, t, Layout(tuple(t.shape))
 
 
-def _param_layouts(model: Any) -> dict[int, tuple[str, Layout]]:
-    """id(parameter an optimizer may hold) -> (name, layout); ZeRO-2 flat shards included."""
+def _param_layouts(model: Any, optimizer: Any = None) -> dict[int, tuple[str, Layout]]:
+    """id(parameter an optimizer may hold) -> (name, layout); ZeRO-2 flat shards and float32
+    master weights included."""
     out = {id(t): (n, lay) for n, t, lay in _model_tensors(model)}
     if _is_sharded(model):
         if not all(id(p) in out for p in model.local_params):  # frozen tied aliases etc.
@@ -153,7 +154,16 @@ def _param_layouts(model: Any) -> dict[int, tuple[str, Layout]]:
             out[id(z.shard)] = (name, flat)
     else:
         out.update((id(p), (n, Layout(tuple(p.shape)))) for n, p in model.named_parameters())
+    _add_masters(out, optimizer)
     return out
+
+
+def _add_masters(out: dict[int, tuple[str, Layout]], optimizer: Any) -> None:
+    """A master weight has its parameter's name and layout (its value is saved as the
+    parameter's optimizer state "master")."""
+    for p, m in getattr(optimizer, "masters", ()):
+        if id(p) in out:
+            out[id(m)] = out[id(p)]
 
 
 def _optimizers(optimizer: Any) -> list[tuple[Any, torch.optim.Optimizer]]:
@@ -214,6 +224,9 @@ def _optimizer_entries(
             state[f"optim.state.{name}.{k}"] = Chunks(
                 () if scalar else lay.shape, Layout(()) if scalar else lay, v
             )
+    for p, m in getattr(optimizer, "masters", ()):
+        name, lay = layouts[id(p)]
+        state[f"optim.state.{name}.master"] = Chunks(lay.shape, lay, m.detach())
     return state, hparams
 
 
@@ -336,7 +349,7 @@ def save_checkpoint(
         pending.wait()
     t0 = time.perf_counter()
     rank, world = _group_info(group)
-    layouts = _param_layouts(model)
+    layouts = _param_layouts(model, optimizer)
     state: dict[str, Any] = {
         f"model.{n}": Chunks(lay.shape, lay, t.detach()) for n, t, lay in _model_tensors(model)
     }
@@ -540,7 +553,7 @@ def load_checkpoint(
     manifest = _verify(chosen, group)
     reader = dcp.FileSystemReader(str(chosen))
     saved = reader.read_metadata().state_dict_metadata
-    layouts = _param_layouts(model)
+    layouts = _param_layouts(model, optimizer)
     state: dict[str, Any] = {}
     for n, t, lay in _model_tensors(model):
         state[f"model.{n}"] = Chunks(lay.shape, lay, t.data)
@@ -580,8 +593,19 @@ def load_checkpoint(
             process_group=group,
             no_dist=not dist.is_initialized(),
         )
+    masters = {id(m): p for p, m in getattr(optimizer, "masters", ())}
+    loaded_masters = set()
     for states_of, p, key, t in slots:
+        if key == "master" and id(p) in masters:
+            with torch.no_grad():
+                p.copy_(t)  # the float32 master weight itself, not a state entry
+            loaded_masters.add(id(p))
+            continue
         states_of.state.setdefault(p, {})[key] = t
+    for p, m in getattr(optimizer, "masters", ()):
+        if id(m) not in loaded_masters:  # saved without master weights: start from the model's
+            with torch.no_grad():
+                m.copy_(p)
     if optimizer is not None:
         hparams = extra["param_groups"]
         for groups_of, _ in _optimizers(optimizer):

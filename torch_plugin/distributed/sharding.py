@@ -28,13 +28,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from .. import _C, fx_bridge
 from .agreement import check_same, digest
+from .capture import as_call, describe, label_counter, takes_loss_kwargs, trace_call
 from .collectives import Collectives
 from .mesh import DeviceMesh
 
@@ -155,7 +156,10 @@ class _GradSync(torch.autograd.Function):
             grads = tuple(
                 g if q is None else g + q for g, q in zip(grads, ctx.pending, strict=True)
             )
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        # Low-precision gradients are summed in float32 (bf16 sums over many ranks lose bits).
+        flat = torch.cat(
+            [g.reshape(-1).to(torch.promote_types(g.dtype, torch.float32)) for g in grads]
+        )
         summed = _group(ctx.handle).all_reduce(flat, "grad_sync")
         out, at = [], 0
         for g in grads:
@@ -331,35 +335,6 @@ class _Captured:
     unused_inputs: set[str]  # keyword arguments the graph does not read
 
 
-def as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """(args, kwargs) of a call: a dict of example inputs is the keyword arguments (as HF
-    models are called), anything else the positional ones. Keywords are sorted so that the
-    order a caller writes them in does not matter."""
-    if isinstance(example_inputs, dict):
-        return (), dict(sorted(example_inputs.items()))
-    return tuple(example_inputs), {}
-
-
-def _label_counter(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
-    """For data parallelism over a batch with ignored labels (-100, padding): a function
-    counting the labels the model's loss averages over, so that replicas whose slices hold
-    different shares of padding combine into one process's loss exactly. None without
-    `labels`."""
-    labels = call[1].get("labels")
-    if not isinstance(labels, torch.Tensor):
-        return None
-    # Causal LMs predict token t+1 from t: their loss sees the labels shifted by one.
-    shifted = getattr(model, "loss_type", None) == "ForCausalLM" or type(model).__name__.endswith(
-        ("ForCausalLM", "LMHeadModel")
-    )
-
-    def count(labels: torch.Tensor) -> torch.Tensor:
-        seen = labels[..., 1:] if shifted and labels.dim() > 1 else labels
-        return (seen != -100).sum()
-
-    return count
-
-
 def _refuse_batch_statistics(model: nn.Module) -> None:
     """Batch norm in training normalises by statistics over the whole batch: dp replicas
     would each use their slice's (ResNet on a (2, 2) mesh trained 1.0% away from one
@@ -375,116 +350,27 @@ def _refuse_batch_statistics(model: nn.Module) -> None:
             )
 
 
-def _takes_loss_kwargs(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
-    """Whether HF's num_items_in_batch can be passed (as HF's Trainer decides)."""
-    import inspect
-
-    if "num_items_in_batch" in call[1]:
-        return False
-    params = inspect.signature(model.forward).parameters.values()
-    return any(p.kind is p.VAR_KEYWORD or p.name == "num_items_in_batch" for p in params)
-
-
-def _describe(spec: pytree.TreeSpec) -> str:
-    """A call structure in a user's words: its positional count and keyword names."""
-    try:
-        args, kwargs = pytree.tree_unflatten([0] * spec.num_leaves, spec)
-        return f"{len(args)} positional argument(s) and keywords {sorted(kwargs) or '[]'}"
-    except Exception:  # noqa: BLE001 - only a message
-        return str(spec)
-
-
-@contextlib.contextmanager
-def _static_experts(model: nn.Module) -> Iterator[None]:
-    """HF mixture-of-experts layers traced with static shapes. Their default grouped matmul
-    has no float32 fake kernel (capture failed with "Expected inputs of BF16 type") and the
-    eager loop indexes tokens by their routing (data-dependent shapes): `batched_mm` gathers
-    each token's experts with fixed shapes, the same numbers."""
-    config = getattr(model, "config", None)
-    setter = getattr(model, "set_experts_implementation", None)
-    current = getattr(config, "_experts_implementation", None)
-    if setter is None or current not in (None, "grouped_mm"):
-        yield
-        return
-    try:
-        setter("batched_mm")
-    except Exception as e:  # noqa: BLE001 - a model without experts: nothing to switch
-        log.debug("torch_plugin sharding: no experts implementation to set (%s)", e)
-        yield
-        return
-    log.info("torch_plugin sharding: %s's experts captured as batched_mm", type(model).__name__)
-    try:
-        yield
-    finally:
-        setter(current if current is not None else "grouped_mm")
-
-
 def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> _Captured:
     """ATen forward graph of model(*args, **kwargs) over (params, buffers, the call's tensors),
-    on fake tensors, as the planner's IR. Non-tensor arguments (return_loss=True, a mode
-    string) are constants of the graph."""
-    params = dict(model.named_parameters())
-    buffers = dict(model.named_buffers())
-    pnames, bnames = list(params), list(buffers)
-    with_paths, in_spec = pytree.tree_flatten_with_path(call)
-    leaves = [x for _, x in with_paths]
-    tensor_at = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    constants = {i: x for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor)}
-    flat = [leaves[i] for i in tensor_at]
-    out_spec: list[pytree.TreeSpec] = []
-    n_state = len(pnames) + len(bnames)
-
-    def forward(*args: Any) -> tuple[Any, ...]:
-        state = dict(zip(pnames + bnames, args[:n_state], strict=True))
-        call = list(leaves)
-        for i, x in zip(tensor_at, args[n_state:], strict=True):
-            call[i] = x
-        cargs, ckwargs = pytree.tree_unflatten(call, in_spec)
-        out = torch.func.functional_call(model, state, tuple(cargs), ckwargs)
-        out_leaves, spec = pytree.tree_flatten(out)
-        out_spec.append(spec)
-        return tuple(out_leaves)
-
-    args = [*params.values(), *buffers.values(), *flat]
-    if any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
-        # A model too big to build: trace on fake CPU tensors (no storage) so the graph has the
-        # CPU kernels' ops (e.g. flash SDPA) rather than meta decompositions.
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        mode = FakeTensorMode()
-        converted = []
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.is_meta:
-                with mode:
-                    a = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cpu")
-            elif isinstance(a, torch.Tensor):
-                a = mode.from_tensor(a)
-            converted.append(a)
-        args = converted
-    try:
-        with _static_experts(model):
-            gm = make_fx(forward, tracing_mode="fake")(*args)
-    except Exception as e:
-        raise RuntimeError(
-            f"torch_plugin: the forward of {type(model).__name__} could not be captured as one "
-            f"graph for {_describe(in_spec)} ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}). Data-dependent "
-            "control flow (a Python branch on a tensor's values) cannot be sharded: make the "
-            "branch static, or keep that module out of the sharded model"
-        ) from e
+    on fake tensors, as the planner's IR."""
+    traced = trace_call(model, call)
+    n_user = len(traced.tensor_at)
     kinds = (
-        [("parameter", n) for n in pnames]
-        + [("buffer", n) for n in bnames]
-        + [("user", "")] * len(flat)
+        [("parameter", n) for n in traced.pnames]
+        + [("buffer", n) for n in traced.bnames]
+        + [("user", "")] * n_user
     )
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"][n_state:]
-    unused = {  # keyword leaves sit at path (SequenceKey(1), MappingKey(name), ...)
-        with_paths[i][0][1].key
-        for i, node in zip(tensor_at, placeholders, strict=True)
-        if not node.users and with_paths[i][0][0].idx == 1
-    }
-    graph, ctx = fx_bridge.to_ir(gm, kinds)
-    return _Captured(graph, ctx, pnames, bnames, in_spec, constants, out_spec[-1], unused)
+    graph, ctx = fx_bridge.to_ir(traced.gm, kinds)
+    return _Captured(
+        graph,
+        ctx,
+        traced.pnames,
+        traced.bnames,
+        traced.in_spec,
+        traced.constants,
+        traced.out_spec,
+        traced.unused_inputs,
+    )
 
 
 def capture_graph(model: nn.Module, example_inputs: Any) -> _C.Graph:
@@ -492,6 +378,29 @@ def capture_graph(model: nn.Module, example_inputs: Any) -> _C.Graph:
     the `meta` device works, so plans of models too big for this machine can be modelled).
     example_inputs: positional arguments, or a dict of keyword arguments."""
     return _capture(model, as_call(example_inputs)).graph
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """The model's structure with its parameters and buffers on the meta device (no copy of
+    their data): what a second capture traces."""
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if id(t) not in memo:
+            meta = torch.empty_like(t, device="meta")
+            memo[id(t)] = (
+                nn.Parameter(meta, requires_grad=t.requires_grad)
+                if isinstance(t, nn.Parameter)
+                else meta
+            )
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as e:  # noqa: BLE001 - only a second capture needs it
+        log.info(
+            "torch_plugin sharding: no meta copy of the model (%s); autocast is then "
+            "taken as captured",
+            e,
+        )
+        return None  # type: ignore[return-value]
 
 
 def _init_blocks_like_constructor(
@@ -572,8 +481,8 @@ class ShardedModule(nn.Module):
             _refuse_batch_statistics(model)
         # dp replicas over labels with padding: the whole batch's label count goes in as HF's
         # num_items_in_batch, so each replica's loss is its share of one process's loss.
-        self._count_labels = _label_counter(model, call) if self.dp > 1 else None
-        self._pass_count = self._count_labels is not None and _takes_loss_kwargs(model, call)
+        self._count_labels = label_counter(model, call) if self.dp > 1 else None
+        self._pass_count = self._count_labels is not None and takes_loss_kwargs(model, call)
         if self._pass_count:
             call = (
                 call[0],
@@ -585,6 +494,17 @@ class ShardedModule(nn.Module):
         self.comm = comm
         self._handle = _register_group(comm)
 
+        # The program runs as captured, autocast state included: under another autocast
+        # state (a training loop's torch.autocast) the model is captured again from a copy
+        # of its structure on the meta device, and planned with every spec pinned to this
+        # plan's (the blocks stay the same tensors).
+        self._capture_call = call
+        # (not a sub-module: its meta parameters are no parameters of this one)
+        object.__setattr__(self, "_skeleton", _meta_copy(model))
+        self._autocast_device = next(
+            (t.device.type for t in model.parameters() if not t.is_meta), "cpu"
+        )
+        self._plan_args = (device, training, time_limit_s, level, zero)
         captured = _capture(model, call)
         graph, ctx = captured.graph, captured.ctx
         pnames, bnames = captured.pnames, captured.bnames
@@ -637,6 +557,11 @@ class ShardedModule(nn.Module):
         self.graph_module = fx_bridge.from_ir(result["graph"], ctx)
         self._random_ops = fx_bridge.has_random_ops(result["graph"])
         self.local_graph = result["graph"]
+        state_names = set(pnames) | set(bnames)
+        self._pinned = {n: sp for n, sp in result["spec"].items() if n in state_names}
+        self._programs: dict[Any, tuple[fx.GraphModule, bool]] = {
+            self._autocast_state(): (self.graph_module, self._random_ops)
+        }
 
         # This rank's blocks, in placeholder order; the model's own tensors are not kept.
         spec = result["spec"]
@@ -765,14 +690,20 @@ class ShardedModule(nn.Module):
         return list(zip(self.param_names, self.local_params, self.param_specs, strict=True))
 
     def optimizer(
-        self, optimizer_class: type[torch.optim.Optimizer], **defaults: Any
+        self,
+        optimizer_class: type[torch.optim.Optimizer],
+        *,
+        master_weights: bool = False,
+        **defaults: Any,
     ) -> ShardedOptimizer:
         """An optimizer over this rank's blocks that follows the plan's ZeRO choices: the
         parameters in `plan.zero_copies` keep 1/copies of their optimizer state on each copy
         (torch's ZeroRedundancyOptimizer over the ranks holding that block), the others a
         plain `optimizer_class`. Use it in place of `optimizer_class(dist_model.parameters())`;
-        without ZeRO choices it is exactly that."""
-        return ShardedOptimizer(self, optimizer_class, **defaults)
+        without ZeRO choices it is exactly that. master_weights: bf16 / fp16 blocks are stepped
+        as float32 copies (their gradients cast up before the step), and the blocks get the
+        rounded result, as mixed-precision training keeps its master weights."""
+        return ShardedOptimizer(self, optimizer_class, master_weights=master_weights, **defaults)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -842,6 +773,66 @@ class ShardedModule(nn.Module):
 
         return full_state_dict(self, rank0_only)
 
+    def _autocast_state(self) -> Any:
+        dev = self._autocast_device
+        if not torch.is_autocast_enabled(dev):
+            return None
+        return (dev, torch.get_autocast_dtype(dev))
+
+    def _program(self) -> tuple[fx.GraphModule, bool]:
+        """The local program for the current autocast state (captured and planned once)."""
+        state = self._autocast_state()
+        program = self._programs.get(state)
+        if program is not None:
+            return program
+        device, training, time_limit_s, level, zero = self._plan_args
+        log.info(
+            "torch_plugin sharding: first call under autocast %s; capturing the model again "
+            "with its specs pinned",
+            state,
+        )
+        if self._skeleton is None:
+            raise RuntimeError(
+                f"torch_plugin sharding: the model was captured with autocast "
+                f"{next(iter(self._programs))} and runs under {state}; call parallelize "
+                "inside the autocast context the model trains in"
+            )
+        captured = _capture(self._skeleton, self._capture_call)
+        result = _C.shard_graph(
+            captured.graph,
+            self.world,
+            self._handle,
+            device,
+            training,
+            0.0,
+            time_limit_s,
+            self._pinned,
+            level,
+            1.0,
+            self.dp,
+            zero,
+        )
+        changed = {n: s for n, s in result["spec"].items() if self._pinned.get(n, s) != s}
+        if changed:
+            raise RuntimeError(
+                f"torch_plugin sharding: under autocast {state} the plan moved {changed}; "
+                "call parallelize inside the autocast context the model trains in"
+            )
+        check_same(
+            self.comm.group,
+            "sharding plans under autocast",
+            digest([sorted(result["spec"].items()), result["collectives"]]),
+            self.world,
+            "every rank must run the same autocast state",
+        )
+        captured.ctx.targets.update(_TARGETS)
+        program = (
+            fx_bridge.from_ir(result["graph"], captured.ctx),
+            fx_bridge.has_random_ops(result["graph"]),
+        )
+        self._programs[state] = program
+        return program
+
     def local_parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.local_params)
 
@@ -855,8 +846,8 @@ class ShardedModule(nn.Module):
         leaves, spec = pytree.tree_flatten((args, dict(sorted(kwargs.items()))))
         if spec != self._in_spec:
             raise ValueError(
-                f"called with {_describe(spec)}; the sharded program was captured for "
-                f"{_describe(self._in_spec)}: call parallelize with example inputs like these"
+                f"called with {describe(spec)}; the sharded program was captured for "
+                f"{describe(self._in_spec)}: call parallelize with example inputs like these"
             )
         flat = []
         for i, (x, shape) in enumerate(zip(leaves, self._input_shapes, strict=True)):
@@ -874,9 +865,10 @@ class ShardedModule(nn.Module):
                     "of this shape"
                 )
             flat.append(x)
-        if self._random_ops and self.world > 1:
+        graph_module, random_ops = self._program()
+        if random_ops and self.world > 1:
             self._share_rng_state()
-        if self._random_ops and self.training != self._captured_training:
+        if random_ops and self.training != self._captured_training:
             raise ValueError(
                 "the sharded program was captured in "
                 f"{'train' if self._captured_training else 'eval'} mode and has random ops "
@@ -885,7 +877,7 @@ class ShardedModule(nn.Module):
         buffers = [owner._buffers[attr] for owner, attr in self._buffer_slots]
         params: list[torch.Tensor] = list(self.local_params)
         if self.dp == 1:
-            outs = self.graph_module(*params, *buffers, *flat)
+            outs = graph_module(*params, *buffers, *flat)
             return pytree.tree_unflatten(list(outs), self._out_spec)
         # dp replicas: every gradient block is summed over 'dp' (one bucket); the batch slice
         # runs through the tp program; outputs are gathered back along the batch. Every rank
@@ -910,7 +902,7 @@ class ShardedModule(nn.Module):
         elif trainable and torch.is_grad_enabled():
             self._unsynced = True
         local = [self._dp_slice(x) for x in flat]
-        outs = self.graph_module(*params, *buffers, *local)
+        outs = graph_module(*params, *buffers, *local)
         weight = 1.0 / self.dp
         if total is not None:
             if self._summed_loss:
@@ -1017,9 +1009,26 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self,
         module: ShardedModule,
         optimizer_class: type[torch.optim.Optimizer],
+        *,
+        master_weights: bool = False,
         **defaults: Any,
     ) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        # Master weights: float32 copies of the low-precision blocks are what the parts step.
+        self.masters: list[tuple[nn.Parameter, nn.Parameter]] = []
+        master_of: dict[int, nn.Parameter] = {}
+        if master_weights:
+            if module._zero2:
+                raise NotImplementedError(
+                    "master_weights with ZeRO-2 blocks: parallelize with zero=1 (ZeRO-1 parts "
+                    "and plain parts keep float32 masters)"
+                )
+            for _, p, _ in module.named_local_parameters():
+                if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
+                    m = nn.Parameter(p.detach().float().clone())
+                    self.masters.append((p, m))
+                    master_of[id(p)] = m
 
         whole_mesh = module.dp * module.world
         by_copies: dict[int, list[nn.Parameter]] = {}
@@ -1036,6 +1045,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if id(p) in module._zero2_ids:
                 continue
             copies = module.plan.zero_copies.get(name)
+            p = master_of.get(id(p), p)
             if copies is None or not p.requires_grad:
                 plain.append(p)
             else:
@@ -1062,7 +1072,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             )
         # The base class's bookkeeping (hooks, defaults) over every local block; then its
         # groups become the parts' (a scheduler's lr edits reach them).
-        local = [p for _, p, _ in module.named_local_parameters()]
+        local = [master_of.get(id(p), p) for _, p, _ in module.named_local_parameters()]
         local += [z.shard for z in self.zero2]
         super().__init__(local, dict(defaults))
         self.param_groups = [g for o in self.optimizers for g in o.param_groups]
@@ -1082,12 +1092,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         for o in self.optimizers:
             o.zero_grad(set_to_none=set_to_none)
+        for p, _ in self.masters:
+            p.grad = None
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         if closure is not None:
             raise ValueError("ShardedOptimizer.step takes no closure (its parts step separately)")
+        for p, m in self.masters:
+            m.grad = None if p.grad is None else p.grad.float()
         for o in self.optimizers:
             o.step()
+        with torch.no_grad():
+            for p, m in self.masters:
+                p.copy_(m)
         for z in self.zero2:
             z.gather()
 
