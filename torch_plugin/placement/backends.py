@@ -76,7 +76,33 @@ class InductorBackend(Backend):
         context = TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
         with warnings.catch_warnings(), tracing(context):
             warnings.simplefilter("ignore")
-            return compile_fx(gm, list(inputs))
+            compiled = compile_fx(gm, list(inputs))
+        return _with_strides(compiled, inputs)
+
+
+def _with_strides(fn: Any, inputs: Sequence[Any]) -> Any:
+    """Inductor's code asserts the strides it was compiled for. A graph's input may come with
+    others at run time (a training backward compiled on the traced strides of an activation
+    that the forward, placed elsewhere, returns laid out otherwise: Phi-3's fused qkv split):
+    such an input is copied to the compiled layout first. One tuple compare per input."""
+    expect = [
+        (i, tuple(x.shape), x.stride())
+        for i, x in enumerate(inputs)
+        if isinstance(x, torch.Tensor) and x.layout == torch.strided
+    ]
+
+    def run(*args: Any) -> Any:
+        for i, shape, stride in expect:
+            x = args[i]
+            if x.stride() != stride and tuple(x.shape) == shape and x.numel() > 1:
+                args = (
+                    *args[:i],
+                    torch.empty_strided(shape, stride, dtype=x.dtype, device=x.device).copy_(x),
+                    *args[i + 1 :],
+                )
+        return fn(*args)
+
+    return run
 
 
 class _NumpyBackend(Backend):
