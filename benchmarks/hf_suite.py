@@ -16,8 +16,10 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
                    within 2e-2 of one process running the same recipe
   pipeline4        torch_plugin.parallelize(model, 4, inputs, strategy="pipeline") on decoders:
                    3 AdamW steps, losses within 1e-5 of one process's
-  cp_decode        torch_plugin.cache_parallel(model, DeviceMesh(2)).generate(...) on decoders:
-                   greedy tokens equal eager generate()
+  cp_decode(4)     torch_plugin.cache_parallel(model, DeviceMesh(2 or 4)).generate(...) on
+                   decoders, 32 tokens for prompts of mixed lengths (left padding): greedy
+                   tokens equal eager generate(), each rank holds at most 1/N of the cache
+                   plus a block, the split-KV kernel runs on every decode step
 
 A failure records its first line. Multi-rank entries run each (model, entry) in fresh processes
 with a deadline, so one hang or crash costs only its own cell.
@@ -72,6 +74,7 @@ ENTRIES = [
     "bf16_2",
     "pipeline4",
     "cp_decode",
+    "cp_decode4",
 ]
 # Entry -> (world size, mesh shape) for the multi-rank ones.
 DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
@@ -80,10 +83,11 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "shard2x2": (4, (2, 2)),
     "pipeline4": (4, None),
     "cp_decode": (2, (2,)),
+    "cp_decode4": (4, (4,)),
     "recipe2x2": (4, (2, 2)),  # accumulation + clipping (tests; not a column of the table)
     "bf16_2": (2, (2,)),
 }
-DECODER_ONLY = {"bf16_2", "pipeline4", "cp_decode"}
+DECODER_ONLY = {"bf16_2", "pipeline4", "cp_decode", "cp_decode4"}
 
 
 class Mismatch(AssertionError):
@@ -437,21 +441,62 @@ def check_pipeline(name: str, world: int, layers: int = 4) -> dict[str, Any]:
     }
 
 
-def check_cp_decode(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
+def left_padded_prompt(name: str, pad: int = 3) -> dict[str, torch.Tensor]:
+    """The suite's token inputs as a decoder's prompt batch: row 1 is `pad` tokens shorter,
+    left-padded as generate() wants."""
+    from torch_plugin.models import hf_suite
+
+    inputs = hf_suite.make_inputs(name, pad=0)
+    ids, mask = inputs["input_ids"].clone(), inputs["attention_mask"].clone()
+    ids[1, :pad] = hf_suite.PAD
+    mask[1, :pad] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def check_cp_decode(name: str, mesh_shape: tuple[int, ...], new_tokens: int = 32) -> dict[str, Any]:
+    """generate() of `new_tokens` greedy tokens for prompts of mixed lengths with the KV cache
+    split over the mesh: the tokens equal eager generate()'s, this rank holds at most 1/N of
+    the single-process cache plus one block per layer, and (models without attention
+    softcapping) every decode step of every layer ran torch_plugin::split_kv_attention."""
     import torch_plugin
     from torch_plugin.models import hf_suite
 
-    model, inputs = hf_suite.build(name)
+    model, _ = hf_suite.build(name)
     model.eval()
-    prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
-    gen = dict(max_new_tokens=8, do_sample=False, pad_token_id=hf_suite.PAD)
-    want = model.generate(**prompt, **gen)
+    prompt = left_padded_prompt(name)
+    gen = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=hf_suite.PAD)
+    want = model.generate(**prompt, **gen, use_cache=True, return_dict_in_generate=True)
+    full = 0
+    for layer in getattr(want.past_key_values, "layers", []):
+        if getattr(layer, "keys", None) is not None:
+            full += layer.keys.nbytes + layer.values.nbytes
     mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
     cp = torch_plugin.cache_parallel(model, mesh)
-    got = cp.generate(**prompt, **gen)
-    if not torch.equal(got, want):
+    with torch.profiler.profile() as prof:
+        got = cp.generate(**prompt, **gen)
+    if not torch.equal(got, want.sequences):
         raise Mismatch("generated tokens differ from eager generate()")
-    return {"tokens": int(got.shape[1] - prompt["input_ids"].shape[1])}
+    layers = cp.last_cache.layers
+    held = sum(layer.local_bytes() for layer in layers)
+    per_slot = held // max(1, sum(layer.n for layer in layers))
+    world = cp.placement.world
+    bound = full / world + per_slot * cp.placement.block * len(layers)
+    if full and held > bound:
+        raise Mismatch(
+            f"this rank holds {held} B of KV cache; 1/{world} of {full} B + a block is {bound:.0f}"
+        )
+    calls = sum(e.count for e in prof.key_averages() if e.key.endswith("split_kv_attention"))
+    softcap = getattr(model.config, "attn_logit_softcapping", None)
+    if not softcap and calls < cp.decode_steps * len(layers):
+        raise Mismatch(
+            f"torch_plugin::split_kv_attention ran {calls} times over {cp.decode_steps} decode "
+            f"steps of {len(layers)} layers"
+        )
+    return {
+        "tokens": int(got.shape[1] - prompt["input_ids"].shape[1]),
+        "kv_fraction": held / full if full else float("nan"),
+        "kernel_calls": calls,
+    }
 
 
 def _free_port() -> int:

@@ -96,7 +96,8 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
                                                        const at::Tensor& k_in,
                                                        const at::Tensor& v_in,
                                                        const at::Tensor& lengths_in,
-                                                       int64_t num_splits, double scale) {
+                                                       int64_t num_splits, double scale,
+                                                       const std::optional<at::Tensor>& starts_in) {
   CheckSplitKv(q_in, k_in, v_in, lengths_in, num_splits);
   TORCH_CHECK(q_in.device().is_cpu(), kOp, ": the CPU kernel got a tensor on ", q_in.device());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
@@ -107,6 +108,22 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(len[b] >= 0 && len[b] <= S, kOp, ": lengths[", b, "] = ", len[b],
                 " is outside the cache [0, ", S, "]");
+  at::Tensor starts_t;
+  std::vector<int64_t> zeros;
+  const int64_t* first = nullptr;
+  if (starts_in.has_value()) {
+    TORCH_CHECK(starts_in->dim() == 1 && starts_in->size(0) == B &&
+                    starts_in->scalar_type() == at::kLong,
+                kOp, ": starts must be int64 [B]");
+    starts_t = starts_in->to(at::kCPU).contiguous();
+    first = starts_t.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      TORCH_CHECK(first[b] >= 0 && first[b] <= len[b], kOp, ": starts[", b, "] = ", first[b],
+                  " is outside [0, lengths[", b, "] = ", len[b], "]");
+  } else {
+    zeros.assign(static_cast<size_t>(B), 0);
+    first = zeros.data();
+  }
   if (scale <= 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
   const float fscale = static_cast<float>(scale);
   auto opts = q.options().dtype(at::kFloat);
@@ -138,8 +155,8 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
           for (int64_t task = begin; task < end; ++task) {
             const int64_t p = task % num_splits, bk = task / num_splits;
             const int64_t b = bk / Hkv, kvh = bk % Hkv;
-            const int64_t chunk = (len[b] + num_splits - 1) / num_splits;
-            const int64_t lo = p * chunk, hi = std::min(len[b], lo + chunk);
+            const int64_t chunk = (len[b] - first[b] + num_splits - 1) / num_splits;
+            const int64_t lo = first[b] + p * chunk, hi = std::min(len[b], lo + chunk);
             if (lo >= hi) continue;  // empty split: out 0, lse -inf
             const int64_t n = hi - lo;
             for (int64_t g = 0; g < group; ++g) {

@@ -65,8 +65,12 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCuda(const at::Tensor& q_in,
                                                         const at::Tensor& k_in,
                                                         const at::Tensor& v_in,
                                                         const at::Tensor& lengths_in,
-                                                        int64_t num_splits, double scale) {
+                                                        int64_t num_splits, double scale,
+                                                        const std::optional<at::Tensor>& starts) {
   CheckSplitKv(q_in, k_in, v_in, lengths_in, num_splits);
+  TORCH_CHECK(!starts.has_value(),
+              "torch_plugin::split_kv_attention: `starts` is not in the CUDA kernel yet; attend "
+              "from the first entry (or use the CPU kernel)");
   TORCH_CHECK(q_in.is_cuda() && q_in.size(2) <= 256,
               "torch_plugin::split_kv_attention: the CUDA kernel needs CUDA tensors and "
               "head_dim <= 256, got ",

@@ -170,3 +170,60 @@ def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
         assert "torch_plugin cache_parallel" in res["message"] and "peer" in res["message"]
         assert res["seconds"] < timeout_s  # from the failing step's start
         assert "all_gather of partials" in res["message"]
+
+
+# ---- transformers decoders: generate() with the cache split (issue 28) -----------------------
+
+
+@pytest.mark.parametrize(("name", "entry"), [("llama", "cp_decode"), ("mistral", "cp_decode4")])
+def test_hf_generate_splits_the_cache_and_keeps_the_tokens(name: str, entry: str) -> None:
+    """cache_parallel(hf_model, DeviceMesh(n)).generate(): 32 greedy tokens for a batch of
+    prompts of two lengths (left padding) equal eager generate()'s on every rank; each rank
+    holds at most 1/n of the single-process cache plus a block per layer; every decode step of
+    every layer ran torch_plugin::split_kv_attention. Mistral's window (8) is shorter than the
+    prompt: its layers drop what leaves the window, and the kernel starts after it."""
+    from benchmarks import hf_suite as runner
+
+    cell = runner.run_distributed(entry, name, deadline_s=240)
+    assert cell["status"] == "pass", cell.get("error")
+    assert cell["figures"]["tokens"] == 32 and cell["figures"]["kernel_calls"] >= 62
+
+
+def test_hf_cache_layers_hold_their_blocks_and_drop_what_leaves_the_window() -> None:
+    """One rank's layer of a 3-rank split, block 4: positions [0, 40) are written as a prompt
+    of 10 and 30 single tokens; a full layer holds exactly its blocks, a window-6 layer only
+    its positions the next query still sees."""
+    from torch_plugin.distributed.hf_cache_parallel import _layer_class, _Placement
+
+    layer_cls = _layer_class()
+    placement = _Placement(3, 1, 4)
+    full, sliding = layer_cls(placement, 40, None), layer_cls(placement, 40, 6)
+    for layer in (full, sliding):
+        k = torch.arange(10.0).view(1, 1, 10, 1)
+        assert layer.update(k, k) == (k, k) and layer.full  # the prompt: every key
+        for p in range(10, 40):
+            t = torch.full((1, 1, 1, 1), float(p))
+            layer.update(t, t)
+            assert not layer.full
+    mine = [p for p in range(40) if (p // 4) % 3 == 1]
+    assert full.positions(torch.device("cpu")).tolist() == mine
+    assert full.keys[0, 0, : full.n, 0].tolist() == [float(p) for p in mine]
+    kept = sliding.positions(torch.device("cpu")).tolist()
+    assert kept == [p for p in mine if p >= 39 - 5]
+    assert sliding.keys[0, 0, : sliding.n, 0].tolist() == [float(p) for p in kept]
+    assert sliding.keys.shape[2] <= 4 + 4  # a window's worth of its blocks, plus one
+
+
+def test_hf_generate_refuses_what_it_cannot_split() -> None:
+    from torch_plugin.models import hf_suite
+
+    model, inputs = hf_suite.build("llama")
+    cp = torch_plugin.cache_parallel(model.eval(), None)
+    prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+    with pytest.raises(NotImplementedError, match="beam search"):
+        cp.generate(**prompt, max_new_tokens=2, num_beams=2)
+    with pytest.raises(ValueError, match="brings its own split cache"):
+        cp.generate(**prompt, max_new_tokens=2, past_key_values=object())
+    with pytest.raises(TypeError, match="block_size and num_splits"):
+        torch_plugin.cache_parallel(model, None, scheme="gather_qkv")
+    assert model.config._attn_implementation == "sdpa"  # left as it was

@@ -79,6 +79,27 @@ def test_merging_rank_partials_equals_whole_cache() -> None:
     torch.testing.assert_close(merged_lse, torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_starts_skip_a_leading_run_of_entries(splits: int) -> None:
+    """`starts` (left padding, keys out of a sliding window): entries [start, length) only;
+    start == length gives an empty row (out 0, lse -inf)."""
+    q, k, v = make(3, 8, 2, 50, 64)
+    lens = torch.tensor([50, 41, 9])
+    starts = torch.tensor([7, 0, 9])
+    out, lse = torch.ops.torch_plugin.split_kv_attention(q, k, v, lens, splits, 0.0, starts)
+    got, got_lse = torch.ops.torch_plugin.merge_attention_partials(out, lse)
+    for b in range(2):
+        lo, hi = int(starts[b]), int(lens[b])
+        want = reference(q[b : b + 1], k[b : b + 1, :, lo:hi], v[b : b + 1, :, lo:hi], [hi - lo])
+        torch.testing.assert_close(got[b : b + 1], want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[2], torch.zeros_like(got[2])) and bool(torch.isinf(got_lse[2]).all())
+    with pytest.raises(RuntimeError, match="starts"):
+        torch.ops.torch_plugin.split_kv_attention(q, k, v, lens, splits, 0.0, lens + 1)
+    torch.library.opcheck(
+        torch.ops.torch_plugin.split_kv_attention, (q, k, v, lens, splits, 0.0, starts)
+    )
+
+
 def test_empty_sequence_gives_zeros() -> None:
     q, k, v = make(2, 2, 2, 8, 64)
     got = split_kv_decode_attention(q, k, v, torch.tensor([0, 8]), num_splits=2)

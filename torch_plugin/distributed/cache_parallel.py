@@ -180,9 +180,20 @@ class CacheParallel(nn.Module):
 
 
 def cache_parallel(model: nn.Module | Any = None, mesh: Any = None, **kw: Any) -> Any:
-    """`cache_parallel(model, mesh, ...)` -> CacheParallel; `@cache_parallel(mesh, ...)` on an
+    """`cache_parallel(model, mesh, ...)` -> CacheParallel, or for a `transformers` decoder an
+    HFCacheParallel whose `generate()` splits the KV cache; `@cache_parallel(mesh, ...)` on an
     nn.Module class wraps every instance it builds."""
     if isinstance(model, nn.Module):
+        from .hf_cache_parallel import HFCacheParallel, is_hf_decoder
+
+        if is_hf_decoder(model):
+            extra = set(kw) - {"block_size", "num_splits"}
+            if extra:
+                raise TypeError(
+                    f"cache_parallel on a transformers model takes block_size and num_splits, "
+                    f"not {sorted(extra)}"
+                )
+            return HFCacheParallel(model, mesh, **kw)
         return CacheParallel(model, mesh, **kw)
     if isinstance(model, type) and issubclass(model, nn.Module):
         raise TypeError(
