@@ -5,7 +5,7 @@ sequence across ranks (issue 28).
     tokens = cp.generate(**prompt, max_new_tokens=32)    # the same tokens on every rank
 
 Built on HF's own hooks rather than a rewrite of the model's graph:
-  - a `transformers` Cache (`SequenceShardedCache`) whose layers keep only this rank's blocks
+  - a `transformers` Cache of `ShardedLayer`s, which keep only this rank's blocks
     of positions (block j of `block_size` positions on rank j % world, as kv_cache.py deals
     them), so a rank holds 1/world of the cache plus at most one block;
   - an attention function registered in HF's AttentionInterface (and the original

@@ -659,6 +659,9 @@ def build_model(
         for key in _LAYER_KEYS:
             if isinstance(cfg.get(key), int):
                 cfg[key] = layers
+        if "attention_types" in cfg:  # GPT-Neo: a pattern repeated to the number of layers
+            pattern = cfg["attention_types"][0][0]
+            cfg["attention_types"] = [[pattern, max(1, layers // len(pattern))]]
     sub = {k: cfg.pop(k) for k in ("text_config", "vision_config") if k in cfg}
     config = config_cls(**cfg, **sub)
     _no_dropout(config)
