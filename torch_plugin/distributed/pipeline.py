@@ -447,10 +447,12 @@ class PipelineParallel:
         self.stage_inputs: list[list[fx.Node]] = [[] for _ in self.stages]
         self.stage_outputs: list[list[fx.Node]] = [[] for _ in self.stages]
         self.consumers: dict[fx.Node, list[int]] = {}
+        listed: list[set[fx.Node]] = [set() for _ in self.stages]
 
         def needs(s: int, a: fx.Node) -> None:
-            if a in self.stage_inputs[s]:
+            if a in listed[s]:
                 return
+            listed[s].add(a)
             self.stage_inputs[s].append(a)
             if a in stage_of:
                 self.consumers.setdefault(a, [])
@@ -470,6 +472,7 @@ class PipelineParallel:
             self._check_crossing(a)
             if a not in self.stage_outputs[stage_of[a]]:
                 self.stage_outputs[stage_of[a]].append(a)
+        self.params_of = [self._stage_params(s) for s in range(len(self.stages))]
         self._groups_for_shared_parameters()
         if self.my_stage < 0:
             self.module = nn.Module()
@@ -491,13 +494,9 @@ class PipelineParallel:
         process group per distinct set of ranks; every rank creates every group, in one order."""
         holders: dict[str, set[int]] = {}
         for st in self.stages:
-            for name in self._stage_params(st["id"]):
+            for name in self.params_of[st["id"]]:
                 holders.setdefault(name, set()).update(st["devices"])
-        self.tied = sorted(
-            name
-            for name in holders
-            if sum(name in self._stage_params(st["id"]) for st in self.stages) > 1
-        )
+        self.tied = sorted(name for name in holders if sum(name in ps for ps in self.params_of) > 1)
         if self.tied:
             log.info(
                 "torch_plugin pipeline: %d parameter(s) read in several stages (tied): %s; "
@@ -507,7 +506,7 @@ class PipelineParallel:
             )
         sets = sorted({tuple(sorted(r)) for r in holders.values() if len(r) > 1})
         self.grad_groups: list[tuple[Any, list[str]]] = []
-        mine = self._stage_params(self.my_stage) if self.my_stage >= 0 else {}
+        mine = self.params_of[self.my_stage] if self.my_stage >= 0 else {}
         for ranks in sets:
             members = [self._global(r) for r in ranks]
             if self.group is None:
@@ -612,9 +611,8 @@ class PipelineParallel:
         if self.my_stage >= 0 and self.my_replica == 0:
             owned = {
                 name
-                for name in self._stage_params(self.my_stage)
-                if min(st["id"] for st in self.stages if name in self._stage_params(st["id"]))
-                == self.my_stage
+                for name in self.params_of[self.my_stage]
+                if next(s for s, ps in enumerate(self.params_of) if name in ps) == self.my_stage
             }
             for name, p in self.named_parameters():
                 if name in owned and p.grad is not None:
