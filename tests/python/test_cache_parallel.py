@@ -227,3 +227,9 @@ def test_hf_generate_refuses_what_it_cannot_split() -> None:
     with pytest.raises(TypeError, match="block_size and num_splits"):
         torch_plugin.cache_parallel(model, None, scheme="gather_qkv")
     assert model.config._attn_implementation == "sdpa"  # left as it was
+    # XGLM attends with its own code over what the cache returns: refused, naming why.
+    xglm, inputs = hf_suite.build("xglm")
+    cp = torch_plugin.cache_parallel(xglm.eval(), None)
+    prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+    with pytest.raises(NotImplementedError, match="computes its attention itself"):
+        cp.generate(**prompt, max_new_tokens=2, pad_token_id=hf_suite.PAD)

@@ -322,6 +322,19 @@ class HFCacheParallel(nn.Module):
         self._swap(self.name)
         try:
             return self.module.generate(*args, **{self._cache_kwarg: self.cache}, **kwargs)
+        except Exception as e:
+            if self.decode_steps == 0 and any(not layer.full for layer in self.cache.layers):
+                # The first decode step failed before our attention ran: the model attends
+                # with its own code over what the cache returns (this rank's entries only).
+                raise NotImplementedError(
+                    f"torch_plugin cache_parallel: {type(self.module).__name__} computes its "
+                    "attention itself instead of through transformers' AttentionInterface, so "
+                    "it cannot attend over a split cache (it failed with "
+                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Models "
+                    "whose attention is registered (Llama, Mistral, Qwen, Gemma, Phi-3, "
+                    "GPT-NeoX, OPT, GPT-2, Mixtral, ...) are supported"
+                ) from e
+            raise
         finally:
             self._swap(self.original)
             self.last_cache, self.cache = self.cache, None
