@@ -456,8 +456,8 @@ def left_padded_prompt(name: str, pad: int = 3) -> dict[str, torch.Tensor]:
 def check_cp_decode(name: str, mesh_shape: tuple[int, ...], new_tokens: int = 32) -> dict[str, Any]:
     """generate() of `new_tokens` greedy tokens for prompts of mixed lengths with the KV cache
     split over the mesh: the tokens equal eager generate()'s, this rank holds at most 1/N of
-    the single-process cache plus one block per layer, and (models without attention
-    softcapping) every decode step of every layer ran torch_plugin::split_kv_attention."""
+    the single-process cache plus one block per layer, and every decode step of every layer
+    ran torch_plugin::split_kv_attention."""
     import torch_plugin
     from torch_plugin.models import hf_suite
 
@@ -486,8 +486,7 @@ def check_cp_decode(name: str, mesh_shape: tuple[int, ...], new_tokens: int = 32
             f"this rank holds {held} B of KV cache; 1/{world} of {full} B + a block is {bound:.0f}"
         )
     calls = sum(e.count for e in prof.key_averages() if e.key.endswith("split_kv_attention"))
-    softcap = getattr(model.config, "attn_logit_softcapping", None)
-    if not softcap and calls < cp.decode_steps * len(layers):
+    if calls < cp.decode_steps * len(layers):
         raise Mismatch(
             f"torch_plugin::split_kv_attention ran {calls} times over {cp.decode_steps} decode "
             f"steps of {len(layers)} layers"

@@ -15,7 +15,7 @@ TORCH_LIBRARY(torch_plugin, m) {
       "Tensor");
   m.def(
       "split_kv_attention(Tensor q, Tensor k, Tensor v, Tensor lengths, int num_splits, "
-      "float scale=0.0, Tensor? starts=None) -> (Tensor, Tensor)");
+      "float scale=0.0, Tensor? starts=None, float softcap=0.0) -> (Tensor, Tensor)");
   m.def("merge_attention_partials(Tensor out, Tensor lse) -> (Tensor, Tensor)");
   // Kernels of the placement pass's "fused" backend (forward / inference graphs).
   m.def("linear_act(Tensor x, Tensor weight_t, Tensor bias, str act) -> Tensor");

@@ -57,6 +57,7 @@ def _split_kv_attention_fake(
     num_splits: int,
     scale: float = 0.0,
     starts: torch.Tensor | None = None,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     b, h, d = q.shape
     out = q.new_empty((b, h, num_splits, d), dtype=torch.float32)

@@ -97,7 +97,10 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
                                                        const at::Tensor& v_in,
                                                        const at::Tensor& lengths_in,
                                                        int64_t num_splits, double scale,
-                                                       const std::optional<at::Tensor>& starts_in) {
+                                                       const std::optional<at::Tensor>& starts_in,
+                                                       double softcap) {
+  TORCH_CHECK(softcap >= 0, kOp, ": softcap must be >= 0 (0: none), got ", softcap);
+  const float cap = static_cast<float>(softcap);
   CheckSplitKv(q_in, k_in, v_in, lengths_in, num_splits);
   TORCH_CHECK(q_in.device().is_cpu(), kOp, ": the CPU kernel got a tensor on ", q_in.device());
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
@@ -171,6 +174,9 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
               detail::ScoreRows(qf.data(), group, rows_as_float(kbase, j, rows), rows, D,
                                 scores.data() + (j - lo), n);
             }
+            if (cap > 0)
+              for (int64_t i = 0; i < group * n; ++i)
+                scores[i] = cap * std::tanh(scores[i] / cap);
             for (int64_t g = 0; g < group; ++g) {
               float* sg = scores.data() + g * n;
               float mg = -std::numeric_limits<float>::infinity();

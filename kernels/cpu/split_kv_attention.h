@@ -15,13 +15,15 @@ namespace tp::kernels {
 
 // q [B, Hq, D]; k, v [B, Hkv, S, D] with Hq % Hkv == 0 (GQA); lengths [B] int64, valid cache
 // entries per sequence (<= S); starts [B] int64 (optional, default 0): entries before it are
-// not attended (left padding, keys out of a sliding window). Returns out [B, Hq, P, D] and
-// lse [B, Hq, P], float32; an empty split has out 0 and lse -inf.
+// not attended (left padding, keys out of a sliding window). softcap > 0 caps each scaled score
+// s as softcap * tanh(s / softcap) (Gemma-2). Returns out [B, Hq, P, D] and lse [B, Hq, P],
+// float32; an empty split has out 0 and lse -inf.
 std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q, const at::Tensor& k,
                                                        const at::Tensor& v,
                                                        const at::Tensor& lengths,
                                                        int64_t num_splits, double scale,
-                                                       const std::optional<at::Tensor>& starts);
+                                                       const std::optional<at::Tensor>& starts,
+                                                       double softcap);
 
 // out [..., P, D], lse [..., P] (float32) -> merged out [..., D] and lse [...].
 std::tuple<at::Tensor, at::Tensor> MergeAttentionPartialsCpu(const at::Tensor& out,

@@ -66,11 +66,12 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCuda(const at::Tensor& q_in,
                                                         const at::Tensor& v_in,
                                                         const at::Tensor& lengths_in,
                                                         int64_t num_splits, double scale,
-                                                        const std::optional<at::Tensor>& starts) {
+                                                        const std::optional<at::Tensor>& starts,
+                                                        double softcap) {
   CheckSplitKv(q_in, k_in, v_in, lengths_in, num_splits);
-  TORCH_CHECK(!starts.has_value(),
-              "torch_plugin::split_kv_attention: `starts` is not in the CUDA kernel yet; attend "
-              "from the first entry (or use the CPU kernel)");
+  TORCH_CHECK(!starts.has_value() && softcap == 0,
+              "torch_plugin::split_kv_attention: `starts` and `softcap` are not in the CUDA "
+              "kernel yet; attend from the first entry without a cap (or use the CPU kernel)");
   TORCH_CHECK(q_in.is_cuda() && q_in.size(2) <= 256,
               "torch_plugin::split_kv_attention: the CUDA kernel needs CUDA tensors and "
               "head_dim <= 256, got ",

@@ -95,6 +95,14 @@ def test_starts_skip_a_leading_run_of_entries(splits: int) -> None:
     assert torch.equal(got[2], torch.zeros_like(got[2])) and bool(torch.isinf(got_lse[2]).all())
     with pytest.raises(RuntimeError, match="starts"):
         torch.ops.torch_plugin.split_kv_attention(q, k, v, lens, splits, 0.0, lens + 1)
+    # Gemma-2's cap on the scaled scores: cap * tanh(s / cap) before the softmax.
+    cap = 0.7
+    out, lse = torch.ops.torch_plugin.split_kv_attention(q, k, v, lens, splits, 0.0, starts, cap)
+    capped, _ = torch.ops.torch_plugin.merge_attention_partials(out, lse)
+    kk, vv = k[0:1, :, 7:50].repeat_interleave(4, 1), v[0:1, :, 7:50].repeat_interleave(4, 1)
+    s = (q[0:1, :, None] @ kk.transpose(-1, -2)) / 8.0
+    want = (torch.tanh(s / cap) * cap).softmax(-1) @ vv
+    torch.testing.assert_close(capped[0:1], want[:, :, 0], rtol=1e-5, atol=1e-5)
     torch.library.opcheck(
         torch.ops.torch_plugin.split_kv_attention, (q, k, v, lens, splits, 0.0, starts)
     )

@@ -444,7 +444,7 @@ class HFCacheParallel(nn.Module):
             allowed = mask[..., positions]
         else:
             allowed = mask[..., positions] > torch.finfo(mask.dtype).min / 2
-        if q_len == 1 and softcap is None and allowed.shape[1] == 1:
+        if q_len == 1 and allowed.shape[1] == 1:
             row = allowed[:, 0, 0, :]  # [B, n]
             # The split-KV kernel attends to entries [start, n): the allowed ones must be a
             # suffix (padding and sliding windows cut a prefix; anything else takes the
@@ -455,7 +455,14 @@ class HFCacheParallel(nn.Module):
                 lengths = torch.full((b,), n, dtype=torch.int64, device=query.device)
                 splits = self.num_splits or max(1, min(8, n // 512))
                 out, lse = torch.ops.torch_plugin.split_kv_attention(
-                    query[:, :, 0].contiguous(), k, v, lengths, splits, scale, starts
+                    query[:, :, 0].contiguous(),
+                    k,
+                    v,
+                    lengths,
+                    splits,
+                    scale,
+                    starts,
+                    softcap or 0.0,
                 )
                 out, lse = torch.ops.torch_plugin.merge_attention_partials(out, lse)
                 return out.unsqueeze(2), lse.unsqueeze(2)
