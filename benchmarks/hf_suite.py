@@ -480,7 +480,7 @@ def check_cp_decode(name: str, mesh_shape: tuple[int, ...], new_tokens: int = 32
     held = sum(layer.local_bytes() for layer in layers)
     per_slot = held // max(1, sum(layer.n for layer in layers))
     world = cp.placement.world
-    bound = full / world + per_slot * cp.placement.block * len(layers)
+    bound = full / world + per_slot * cp.placement.block_size * len(layers)
     if full and held > bound:
         raise Mismatch(
             f"this rank holds {held} B of KV cache; 1/{world} of {full} B + a block is {bound:.0f}"

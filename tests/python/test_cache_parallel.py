@@ -193,10 +193,11 @@ def test_hf_cache_layers_hold_their_blocks_and_drop_what_leaves_the_window() -> 
     """One rank's layer of a 3-rank split, block 4: positions [0, 40) are written as a prompt
     of 10 and 30 single tokens; a full layer holds exactly its blocks, a window-6 layer only
     its positions the next query still sees."""
-    from torch_plugin.distributed.hf_cache_parallel import _layer_class, _Placement
+    from torch_plugin.distributed.hf_cache_parallel import _layer_class
+    from torch_plugin.distributed.kv_cache import BlockPlacement
 
     layer_cls = _layer_class()
-    placement = _Placement(3, 1, 4)
+    placement = BlockPlacement(3, 1, 4)
     full, sliding = layer_cls(placement, 40, None), layer_cls(placement, 40, 6)
     for layer in (full, sliding):
         k = torch.arange(10.0).view(1, 1, 10, 1)

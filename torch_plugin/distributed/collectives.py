@@ -131,6 +131,19 @@ class Collectives:
         every = self.all_gather(t, kind)  # [world, world*n, ...]
         return every[:, self.rank * n : (self.rank + 1) * n]
 
+    def share_rng_state(self) -> None:
+        """Every rank draws what rank 0 draws: its CPU generator state (5 KB) is broadcast.
+        Ranks need not be seeded alike (torch seeds each process differently)."""
+        if self.world == 1:
+            return
+        state = torch.get_rng_state()
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        try:
+            dist.broadcast(state, src=src, group=self.group)
+        except (RuntimeError, dist.DistBackendError) as e:
+            raise self._fail("broadcast", "rng state", e) from e
+        torch.set_rng_state(state)
+
     def reset_counts(self) -> None:
         self.bytes_sent.clear()
         self.calls.clear()

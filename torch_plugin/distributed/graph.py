@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -155,7 +156,8 @@ def cost_graph(
 ) -> TracedModel:
     """Costs every node of `gm` but those in `free` (values each stage recomputes for itself:
     parameters read through get_attr, masks and positions that do not depend on the batch) by
-    running it once on `flat`, its placeholders' values. A module-level graph's parameters
+    running it once on `flat`, its placeholders' values; records each tensor value's shape
+    and dtype as `tensor_meta` on the way, as ShapeProp would. A module-level graph's parameters
     belong to one node each (a module call); an ATen graph's are charged to the nodes that
     read them, and may be read in several stages (tied weights)."""
     env: dict[fx.Node, Any] = {}
@@ -191,6 +193,8 @@ def cost_graph(
                     obj = getattr(obj, part)
                 out = obj
         env[node] = out
+        if isinstance(out, torch.Tensor):  # what ShapeProp would record: values' shapes
+            node.meta["tensor_meta"] = _extract_tensor_metadata(out)
         if node in free:
             continue
         if aten:

@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .collectives import Collectives
+from .kv_cache import BlockPlacement
 
 log = logging.getLogger("torch_plugin.cache_parallel")
 _NAMES = itertools.count()
@@ -42,22 +43,6 @@ _NAMES = itertools.count()
 
 def is_hf_decoder(model: Any) -> bool:
     return isinstance(model, nn.Module) and hasattr(model, "generate") and hasattr(model, "config")
-
-
-class _Placement:
-    """Which rank holds which positions: block j of `block` positions on rank j % world."""
-
-    def __init__(self, world: int, rank: int, block: int) -> None:
-        self.world, self.rank, self.block = world, rank, block
-
-    def owned(self, positions: torch.Tensor) -> torch.Tensor:
-        return (positions // self.block) % self.world == self.rank
-
-    def local_length(self, end: int) -> int:
-        """How many of positions [0, end) this rank holds."""
-        b, w = self.block, self.world
-        rounds, rem = divmod(end, b * w)
-        return rounds * b + min(max(rem - self.rank * b, 0), b)
 
 
 def _layer_class() -> type:
@@ -74,7 +59,7 @@ def _layer_class() -> type:
         is_compileable = False
         is_croppable = False
 
-        def __init__(self, placement: _Placement, capacity: int, sliding_window: int | None):
+        def __init__(self, placement: BlockPlacement, capacity: int, sliding_window: int | None):
             super().__init__()
             self.placement = placement
             self.capacity = capacity  # global positions the storage is sized for
@@ -92,7 +77,7 @@ def _layer_class() -> type:
             if self.sliding_window is not None:
                 span = min(span, self.sliding_window - 1)
             # Any `span` consecutive positions hold at most this many of this rank's.
-            slots = -(-span // (p.block * p.world)) * p.block + p.block
+            slots = -(-span // (p.block_size * p.world)) * p.block_size + p.block_size
             self.keys = key_states.new_zeros((b, h, slots, d))
             self.values = value_states.new_zeros((b, h, slots, value_states.shape[-1]))
             self.device = key_states.device
@@ -100,9 +85,7 @@ def _layer_class() -> type:
 
         def positions(self, device: torch.device) -> torch.Tensor:
             """Global positions of the held slots."""
-            p = self.placement
-            j = torch.arange(self.base, self.base + self.n, device=device)
-            return (j // p.block) * p.block * p.world + p.rank * p.block + j % p.block
+            return self.placement.local_positions(self.n, device, start=self.base)
 
         def _drop_before(self, keep_from: int, at_least: int) -> None:
             """Drops held slots of positions before `keep_from` when there are `at_least`."""
@@ -187,7 +170,7 @@ def _layer_class() -> type:
     return ShardedLayer
 
 
-def make_cache(config: Any, placement: _Placement, capacity: int) -> Any:
+def make_cache(config: Any, placement: BlockPlacement, capacity: int) -> Any:
     """A transformers Cache whose layers hold this rank's positions."""
     from transformers.cache_utils import Cache
 
@@ -248,7 +231,7 @@ class HFCacheParallel(nn.Module):
         else:
             world, rank = 1, 0
         self.module = model
-        self.placement = _Placement(world, rank, block_size)
+        self.placement = BlockPlacement(world, rank, block_size)
         self.num_splits = num_splits
         self.comm = Collectives(group, world, rank, "torch_plugin cache_parallel")
         self.group = group
@@ -317,7 +300,7 @@ class HFCacheParallel(nn.Module):
         else:
             total = prompt + int(new)
         self.cache = make_cache(self.module.config, self.placement, max(total, prompt + 1))
-        self._share_rng_state()
+        self.comm.share_rng_state()  # sampling draws alike on every rank
         self.decode_steps = 0
         self._swap(self.name)
         try:
@@ -351,18 +334,6 @@ class HFCacheParallel(nn.Module):
             return self.module(*args, **kwargs)
         finally:
             self._swap(self.original)
-
-    def _share_rng_state(self) -> None:
-        """Sampling draws the same tokens on every rank only from one generator state."""
-        if self.placement.world == 1:
-            return
-        state = torch.get_rng_state()
-        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        try:
-            dist.broadcast(state, src=src, group=self.group)
-        except (RuntimeError, dist.DistBackendError) as e:
-            raise self.comm._fail("broadcast", "rng state", e) from e
-        torch.set_rng_state(state)
 
     # ---- attention -----------------------------------------------------------------------
 

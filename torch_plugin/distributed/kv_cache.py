@@ -57,7 +57,45 @@ class _LayerShard:
     v: torch.Tensor
 
 
-class KVCacheManager:
+class BlockPlacement:
+    """Which rank holds which positions: block j of `block_size` positions on rank j % world;
+    a rank's positions in order are its local slots 0, 1, 2, ..."""
+
+    def __init__(self, world: int, rank: int, block_size: int) -> None:
+        self.world, self.rank, self.block_size = world, rank, block_size
+
+    def owner(self, pos: int) -> int:
+        return (pos // self.block_size) % self.world
+
+    def owned(self, positions: torch.Tensor) -> torch.Tensor:
+        """Which of `positions` this rank holds."""
+        return (positions // self.block_size) % self.world == self.rank
+
+    def local_slots(self, positions: torch.Tensor) -> torch.Tensor:
+        b, w = self.block_size, self.world
+        return (positions // (b * w)) * b + positions % b
+
+    def local_positions(
+        self, n: int, device: torch.device | None = None, start: int = 0
+    ) -> torch.Tensor:
+        """Global positions of this rank's local slots [start, start + n)."""
+        j = torch.arange(start, start + n, device=device)
+        b, w = self.block_size, self.world
+        return (j // b) * b * w + self.rank * b + j % b
+
+    def local_length(self, end: int, rank: int | None = None) -> int:
+        """How many of positions [0, end) this rank (or `rank`) holds."""
+        r = self.rank if rank is None else rank
+        b, w = self.block_size, self.world
+        rounds, rem = divmod(end, b * w)
+        return rounds * b + min(max(rem - r * b, 0), b)
+
+    def local_capacity(self, capacity: int) -> int:
+        blocks = math.ceil(capacity / self.block_size)
+        return math.ceil(blocks / self.world) * self.block_size
+
+
+class KVCacheManager(BlockPlacement):
     """The rank-local shards of every KV cache of one model, and the attention over them.
 
     group: the process group the cache is split over (None: the default group, or one
@@ -90,7 +128,7 @@ class KVCacheManager:
             world, rank = dist.get_world_size(group), dist.get_rank(group)
         else:
             world, rank = 1, 0
-        self.world, self.rank, self.block_size = world, rank, block_size
+        BlockPlacement.__init__(self, world, rank, block_size)
         self.num_splits = num_splits
         self.requested_scheme = scheme
         self.scheme: str | None = None if scheme == "auto" else scheme
@@ -104,32 +142,6 @@ class KVCacheManager:
         with _LOCK:
             self.handle = next(_NEXT_HANDLE)
             _MANAGERS[self.handle] = self
-
-    # ------------------------------------------------------------- placement of positions
-
-    def owner(self, pos: int) -> int:
-        return (pos // self.block_size) % self.world
-
-    def local_slots(self, positions: torch.Tensor) -> torch.Tensor:
-        b, w = self.block_size, self.world
-        return (positions // (b * w)) * b + positions % b
-
-    def local_positions(self, n: int, device: torch.device | None = None) -> torch.Tensor:
-        """Global positions of this rank's first n local slots."""
-        j = torch.arange(n, device=device)
-        b, w = self.block_size, self.world
-        return (j // b) * b * w + self.rank * b + j % b
-
-    def local_length(self, end: int, rank: int | None = None) -> int:
-        """How many of positions [0, end) this rank (or `rank`) holds."""
-        r = self.rank if rank is None else rank
-        b, w = self.block_size, self.world
-        rounds, rem = divmod(end, b * w)
-        return rounds * b + min(max(rem - r * b, 0), b)
-
-    def local_capacity(self, capacity: int) -> int:
-        blocks = math.ceil(capacity / self.block_size)
-        return math.ceil(blocks / self.world) * self.block_size
 
     def memory_bytes(self) -> int:
         return sum(s.k.nbytes + s.v.nbytes for s in self.layers.values())
@@ -164,7 +176,7 @@ class KVCacheManager:
             )
         shard = self._shard(key, k_new, k_new.shape[0], capacity)
         pos = torch.arange(start, end, device=k_new.device)
-        mine = ((pos // self.block_size) % self.world) == self.rank
+        mine = self.owned(pos)
         if bool(mine.any()):
             slots = self.local_slots(pos[mine])
             b = k_new.shape[0]

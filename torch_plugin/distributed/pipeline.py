@@ -25,7 +25,6 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
-from torch.fx.passes.shape_prop import ShapeProp
 
 from .. import _C
 from . import pipeline_capture
@@ -296,8 +295,6 @@ class PipelineParallel:
             self._check_sizes()
         self.gm = traced.gm
         self.batch = traced.batch
-        self._flat_example = self._flat_tensors(call)
-        ShapeProp(self.gm).propagate(*self._flat_example)
         self._build(traced)
         # Backend placement of this stage's compute between the calls that must stay eager.
         self.placed_segments: list[Any] = []

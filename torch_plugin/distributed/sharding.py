@@ -867,7 +867,9 @@ class ShardedModule(nn.Module):
             flat.append(x)
         graph_module, random_ops = self._program()
         if random_ops and self.world > 1:
-            self._share_rng_state()
+            # Random ops (dropout masks) stay replicated: every tp rank draws the whole mask
+            # and uses its block, one process's dropout only if all draw from one state.
+            self.comm.share_rng_state()
         if random_ops and self.training != self._captured_training:
             raise ValueError(
                 "the sharded program was captured in "
@@ -918,20 +920,6 @@ class ShardedModule(nn.Module):
             for o in outs
         ]
         return pytree.tree_unflatten(whole, self._out_spec)
-
-    def _share_rng_state(self) -> None:
-        """The planner keeps random ops (dropout masks) replicated: every tp rank draws the whole
-        mask and uses its block, which is exactly one process's dropout only if every rank
-        draws from the same generator state. Ranks need not be seeded alike (torch seeds each
-        process differently), so tp rank 0's CPU generator state is sent to the others before
-        each forward: 5 KB, only for graphs with random ops."""
-        state = torch.get_rng_state()
-        src = dist.get_global_rank(self.comm.group, 0)
-        try:
-            dist.broadcast(state, src=src, group=self.comm.group)
-        except (RuntimeError, dist.DistBackendError) as e:
-            raise self.comm._fail("broadcast", "rng state", e) from e
-        torch.set_rng_state(state)
 
     def _dp_slice(self, x: Any) -> Any:
         """This dp replica's rows (dim 0) of a batch tensor."""
