@@ -84,14 +84,14 @@ def main() -> None:
                 wall = time.perf_counter() - t0
                 row[strategy] = {
                     "search_s": wall,
-                    "cpp_search_s": plan.raw["stats"]["search_seconds"],
-                    "timed_out": plan.raw["stats"]["timed_out"],
-                    "blocks": plan.raw["stats"]["blocks"],
-                    "dp_states": plan.raw["stats"]["dp_states"],
+                    "cpp_search_s": plan.raw.stats.search_seconds,
+                    "timed_out": plan.raw.stats.timed_out,
+                    "blocks": plan.raw.stats.blocks,
+                    "dp_states": plan.raw.stats.dp_states,
                     "stages": plan.num_stages,
-                    "depth": plan.raw["depth"],
-                    "bottleneck_tps": plan.raw["bottleneck_tps"],
-                    "sim_throughput": plan.raw["sim"]["throughput"],
+                    "depth": plan.raw.depth,
+                    "bottleneck_tps": plan.raw.bottleneck_tps,
+                    "sim_throughput": plan.raw.sim.throughput,
                 }
             piper, pipedream, graphpipe = THESIS[name][devices]
             row["thesis"] = {"piper": piper, "pipedream": pipedream, "graphpipe": graphpipe}

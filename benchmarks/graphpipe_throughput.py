@@ -67,15 +67,15 @@ def _sweep(traced, devices: int, strategy: str, profile: str, batch: int) -> dic
             )
         except _C.PlanError:
             continue
-        sim = plan.raw["sim"]
-        if best is None or sim["throughput"] > best["throughput"]:
+        sim = plan.raw.sim
+        if best is None or sim.throughput > best["throughput"]:
             best = {
-                "throughput": sim["throughput"],
-                "bubble": sim["bubble_fraction"],
-                "depth": plan.raw["depth"],
+                "throughput": sim.throughput,
+                "bubble": sim.bubble_fraction,
+                "depth": plan.raw.depth,
                 "stages": plan.num_stages,
-                "micro_batches": sorted({s["micro_batch"] for s in plan.stages}),
-                "peak_memory_gib": max(sim["device_peak_memory"]) / 2**30,
+                "micro_batches": sorted({s.micro_batch for s in plan.stages}),
+                "peak_memory_gib": max(sim.device_peak_memory) / 2**30,
             }
     assert best is not None, f"no {strategy} plan fits"
     return best
@@ -167,7 +167,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             ts.append(time.perf_counter() - t0)
         times[f"ours_{strategy}"] = ts[1:]
         if rank == 0:
-            times[f"ours_{strategy}_depth"] = [pp.plan.raw["depth"]]
+            times[f"ours_{strategy}_depth"] = [pp.plan.raw.depth]
     for sched_name, sched_cls in (("torch_gpipe", ScheduleGPipe), ("torch_1f1b", Schedule1F1B)):
         stage_mod = _Carry(model, rank)
         stage = PipelineStage(stage_mod, rank, world, torch.device("cpu"))

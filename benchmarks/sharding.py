@@ -64,27 +64,34 @@ def _plan(
     """The ILP on `graph` (one dp replica's batch) with tp = WORLD / dp; ZeRO-1 allowed."""
     t0 = time.perf_counter()
     try:
-        p = _C.plan_sharding(
-            graph, WORLD // dp, "a100", True, BUDGET, time_limit, pins, level, 1.0, dp, 1
+        options = _C.ShardingOptions(
+            world=WORLD // dp,
+            device="a100",
+            memory_budget_bytes=BUDGET,
+            time_limit_s=time_limit,
+            pinned=pins,
+            level=level,
+            dp=dp,
         )
+        p = _C.PassManager().plan_sharding(graph, options)
     except PlanError as e:
         return {"fits": False, "min_gb": e.min_memory_bytes / 1e9, "solve_s": 0.0}
     return {
         "fits": True,
-        "step_s": p["objective"],
-        "compute_s": p["compute_s"],
-        "comm_s": p["comm_s"],
-        "grad_sync_s": p["grad_sync_s"],
-        "param_gb_per_rank": p["param_bytes_per_rank"] / 1e9,
-        "state_gb_per_rank": p["state_bytes_per_rank"] / 1e9,
-        "activation_gb_per_rank": p["activation_bytes_per_rank"] / 1e9,
-        "zero_params": len(p["zero_copies"]),
-        "zero_gather_s": p["zero_gather_s"],
+        "step_s": p.objective,
+        "compute_s": p.compute_s,
+        "comm_s": p.comm_s,
+        "grad_sync_s": p.grad_sync_s,
+        "param_gb_per_rank": p.param_bytes_per_rank / 1e9,
+        "state_gb_per_rank": p.state_bytes_per_rank / 1e9,
+        "activation_gb_per_rank": p.activation_bytes_per_rank / 1e9,
+        "zero_params": len(p.zero_copies),
+        "zero_gather_s": p.zero_gather_s,
         "mesh": [dp, WORLD // dp],
         "solve_s": time.perf_counter() - t0,
-        "status": p["status"],
-        "variables": p["variables"],
-        "level": p["level"],
+        "status": p.status,
+        "variables": p.variables,
+        "level": p.level,
     }
 
 
@@ -250,7 +257,7 @@ def real_run(steps: int) -> dict[str, Any]:
 
 def _fmt(row: dict[str, Any]) -> str:
     def one(p: dict[str, Any]) -> str:
-        if not p["fits"]:
+        if not p.fits:
             return f"OOM (needs {p['min_gb']:.0f} GB)"
         return f"{p['step_s'] * 1e3:.1f} ms, {p['param_gb_per_rank']:.2f} GB"
 
@@ -283,10 +290,10 @@ def main() -> None:
     )
 
     def ms(p: dict[str, Any]) -> str:
-        return f"{p['step_s'] * 1e3:.1f}" if p["fits"] else "OOM"
+        return f"{p['step_s'] * 1e3:.1f}" if p.fits else "OOM"
 
     def ratio(p: dict[str, Any], q: dict[str, Any]) -> str:
-        return f"{p['step_s'] / q['step_s']:.3f}x" if p["fits"] and q["fits"] else "-"
+        return f"{p['step_s'] / q['step_s']:.3f}x" if p.fits and q["fits"] else "-"
 
     for r in a:
         o, m, d = r["ours"], r["megatron"], r["dp"]
@@ -304,7 +311,7 @@ def main() -> None:
         t, m, d = r["ours_2d"], r["megatron_2d"], r["dp"]
 
         def mesh(p: dict[str, Any]) -> str:
-            return "x".join(map(str, p["mesh"])) if p["fits"] else "-"
+            return "x".join(map(str, p.mesh)) if p.fits else "-"
 
         print(
             f"{r['size']:<8} {ms(t):>9} {mesh(t):>5} {ms(m):>12} {mesh(m):>5} "

@@ -55,7 +55,7 @@ def main() -> None:
         plan = cp.plan
         print(
             f"{dist.get_world_size()} ranks, scheme {cp.manager.scheme}; rewritten attention: "
-            + ", ".join(s["attention_node"] for s in plan["sites"])
+            + ", ".join(s.attention_node for s in plan.sites)
         )
         print(
             f"KV cache on this rank: {cp.manager.memory_bytes() / 1024:.0f} KiB; bytes sent: "

@@ -79,28 +79,28 @@ def _dump(opts: Options, tag: str, text: str) -> None:
 
 
 def _cache_parallel_options(
-    graph: Any, manager: Any, kind: str, auto: bool = False
-) -> dict[str, str] | None:
+    pm: _C.PassManager, graph: Any, manager: Any, kind: str, auto: bool = False
+) -> _C.CacheParallelOptions | None:
     """Plans cache parallelism once per graph; the first plan fixes the manager's scheme.
     auto (the default backend with a mesh): None where the graph has no decode attention,
     which is then placed like any other graph."""
     from .distributed.cache_parallel import pass_options
 
-    plan = _C.plan_cache_parallel(graph, pass_options(manager))
-    if auto and not plan["sites"]:
+    plan = pm.plan_cache_parallel(graph, pass_options(manager))
+    if auto and not plan.sites:
         log.info(
             "torch_plugin: %s graph has no decode attention over a KV cache; placed instead of "
             "cache-parallel",
             kind,
         )
         return None
-    if plan["sites"]:
+    if plan.sites:
         if manager.scheme is None:
-            manager.scheme = plan["scheme"]
+            manager.scheme = plan.scheme
         manager.plan = plan
         log.info(
             "torch_plugin cache_parallel: %d attention site(s) over %d rank(s), scheme %s",
-            len(plan["sites"]),
+            len(plan.sites),
             manager.world,
             manager.scheme,
         )
@@ -108,7 +108,7 @@ def _cache_parallel_options(
         log.warning(
             "torch_plugin cache_parallel: no decode attention over a KV cache in this graph; it "
             "runs unsplit%s",
-            ": " + "; ".join(plan["skipped"]) if plan["skipped"] else "",
+            ": " + "; ".join(plan.skipped) if plan.skipped else "",
         )
     return pass_options(manager)
 
@@ -277,17 +277,18 @@ def rewrite_aten_graph(
         tag = f"{kind}_{id(gm):x}"
         _dump(opts, f"{tag}.before", str(graph))
         log_fn = log.info if opts.log_passes else log.debug
-        pass_opts: dict[str, str] = {}
+        pm = _C.PassManager(log=log_fn, verify_each=opts.verify_each)
+        rewrite = _C.RewriteOptions()
         cpp_passes = [p for p in opts.passes or () if p not in PYTHON_PASSES]
         if cache_manager is not None:
-            planned = _cache_parallel_options(graph, cache_manager, kind, opts.auto)
+            planned = _cache_parallel_options(pm, graph, cache_manager, kind, opts.auto)
             if planned is None:
                 cache_manager = None
             else:
-                pass_opts = planned
+                rewrite.cache_parallel = planned
                 if opts.auto:
                     cpp_passes = ["cache_parallel"]
-        new_graph, report = _C.run_pipeline(graph, cpp_passes, opts.verify_each, log_fn, pass_opts)
+        new_graph, report = pm.run(graph, cpp_passes, rewrite)
         t2 = time.perf_counter()
         _dump(opts, f"{tag}.after", str(new_graph))
         new_gm = fx_bridge.from_ir(new_graph, ctx)
@@ -315,8 +316,8 @@ def rewrite_aten_graph(
             export_ms=(t1 - t0) * 1e3,
             pipeline_ms=(t2 - t1) * 1e3,
             import_ms=(t3 - t2) * 1e3,
-            verify_ms=report["verify_ms"],
-            passes=report["passes"],
+            verify_ms=report.verify_ms,
+            passes=[r.to_dict() for r in report.passes],
             symbolic_inputs=ctx.symbolic_inputs,
             ir_nodes=new_graph.num_nodes,
             flops=sum(e[3] for e in estimates if e[5]),

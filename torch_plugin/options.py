@@ -19,7 +19,8 @@ PYTHON_PASSES = {
 
 def registered_passes() -> dict[str, str]:
     """Pass name -> one-line summary: the C++ pipeline's passes and the measured ones."""
-    return {**dict(_C.registered_passes()), **PYTHON_PASSES}
+    rewrites = {p.name: p.summary for p in _C.registered_passes() if p.rewrite}
+    return {**rewrites, **PYTHON_PASSES}
 
 
 @dataclasses.dataclass(frozen=True)

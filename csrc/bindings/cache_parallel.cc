@@ -6,7 +6,9 @@
 
 #include <algorithm>
 
+#include "bindings/typed.h"
 #include "cost/decode_model.h"
+#include "passes/pass_manager.h"
 
 namespace py = pybind11;
 
@@ -54,7 +56,7 @@ cost::DecodeStrategy StrategyFromName(const std::string& s) {
 
 }  // namespace
 
-void BindCacheParallel(py::module_& m) {
+void BindCacheParallel(py::module_& m, py::class_<passes::PassManager>& pm) {
   m.def(
       "model_decode_layer",
       [](const py::dict& layer, int world, const std::string& strategy, const std::string& device) {
@@ -68,29 +70,48 @@ void BindCacheParallel(py::module_& m) {
       py::arg("layer"), py::arg("world"), py::arg("strategy"), py::arg("device"),
       "Modelled decode step of one layer: times, bytes sent per rank, memory (dict).");
 
-  m.def(
+  using passes::CacheParallelOptions;
+  Struct<CacheParallelOptions>(m, "CacheParallelOptions",
+                               "Options of the cache_parallel pass (csrc/passes/cache_parallel.h).")
+      .field("world", &CacheParallelOptions::world, "ranks sharing the cache (required)")
+      .field("handle", &CacheParallelOptions::handle, "the runtime's KV cache manager")
+      .field("scheme", &CacheParallelOptions::scheme, "'auto', 'gather_partials', 'gather_qkv'")
+      .field("allow_batch_split", &CacheParallelOptions::allow_batch_split)
+      .field("device", &CacheParallelOptions::device)
+      .field("context", &CacheParallelOptions::context)
+      .field("batch", &CacheParallelOptions::batch);
+
+  using passes::CacheAttentionSite;
+  Struct<CacheAttentionSite>(m, "CacheAttentionSite", "One attention node over a KV cache.")
+      .field("attention_node", &CacheAttentionSite::attention_node)
+      .field("cache_k", &CacheAttentionSite::cache_k)
+      .field("cache_v", &CacheAttentionSite::cache_v)
+      .field("causal", &CacheAttentionSite::causal)
+      .field("batch", &CacheAttentionSite::batch)
+      .field("q_heads", &CacheAttentionSite::q_heads)
+      .field("kv_heads", &CacheAttentionSite::kv_heads)
+      .field("head_dim", &CacheAttentionSite::head_dim)
+      .field("capacity", &CacheAttentionSite::capacity);
+
+  using passes::CacheParallelPlan;
+  Struct<CacheParallelPlan>(m, "CacheParallelPlan",
+                            "The cache_parallel pass's plan: sites, refusals and why, scheme.",
+                            [](const CacheParallelPlan& p) { return p.ToString(); })
+      .field("sites", &CacheParallelPlan::sites)
+      .field("skipped", &CacheParallelPlan::skipped, "'node: why' per attention node left alone")
+      .field("scheme", &CacheParallelPlan::scheme)
+      .computed("gather_partials",
+                [](const CacheParallelPlan& p) { return CostDict(p.gather_partials_cost); })
+      .computed("gather_qkv",
+                [](const CacheParallelPlan& p) { return CostDict(p.gather_qkv_cost); });
+
+  pm.def(
       "plan_cache_parallel",
-      [](const ir::Graph& g, const std::map<std::string, std::string>& options) {
-        passes::Context ctx;
-        ctx.options = options;
-        const auto plan =
-            passes::PlanCacheParallel(g, passes::CacheParallelOptions::FromContext(ctx));
-        py::list sites;
-        for (const auto& s : plan.sites) {
-          sites.append(py::dict(py::arg("attention_node") = s.attention_node,
-                                py::arg("cache_k") = s.cache_k, py::arg("cache_v") = s.cache_v,
-                                py::arg("causal") = s.causal, py::arg("batch") = s.batch,
-                                py::arg("q_heads") = s.q_heads, py::arg("kv_heads") = s.kv_heads,
-                                py::arg("head_dim") = s.head_dim,
-                                py::arg("capacity") = s.capacity));
-        }
-        return py::dict(py::arg("sites") = sites, py::arg("skipped") = plan.skipped,
-                        py::arg("scheme") = plan.scheme,
-                        py::arg("gather_partials") = CostDict(plan.gather_partials_cost),
-                        py::arg("gather_qkv") = CostDict(plan.gather_qkv_cost));
+      [](passes::PassManager&, const ir::Graph& g, const CacheParallelOptions& o) {
+        return passes::PlanCacheParallel(g, o);
       },
       py::arg("graph"), py::arg("options"),
-      "The cache_parallel pass's plan for a graph: sites, skipped nodes and why, scheme.");
+      "The cache_parallel pass's plan for a graph, without rewriting it.");
 }
 
 }  // namespace tp::bindings

@@ -1,4 +1,4 @@
-// pybind11 module torch_plugin._C: the IR, the pass pipeline and the solver, seen from Python.
+// pybind11 module torch_plugin._C: the IR, the pass manager and the solver, seen from Python.
 //
 // The boundary carries records, never tensors: a graph crosses as (inputs, nodes, output)
 // made of Python primitives and tagged tuples (see torch_plugin/fx_bridge.py for the format).
@@ -15,7 +15,8 @@
 #include "ir/op_registry.h"
 #include "ir/text.h"
 #include "ir/verify.h"
-#include "passes/pipeline.h"
+#include "bindings/typed.h"
+#include "passes/pass_manager.h"
 #include "passes/pipeline_partition.h"
 #include "passes/sharding_ilp.h"
 #include "solver/cbc.h"
@@ -273,11 +274,13 @@ void TranslateExceptions(std::exception_ptr p) {
 }  // namespace tp::bindings
 
 namespace tp::bindings {
-void BindPipeline(py::module_& m);       // pipeline.cc
-void BindCacheParallel(py::module_& m);  // cache_parallel.cc
-void BindSharding(py::module_& m);       // sharding.cc
-void BindPlacement(py::module_& m);      // placement.cc
-void BindSchedule(py::module_& m);       // schedule.cc
+// Each binds its pass's typed options and plans and adds its methods to the PassManager.
+using PassManagerClass = py::class_<passes::PassManager>;
+void BindPipeline(py::module_& m, PassManagerClass& pm);       // pipeline.cc
+void BindCacheParallel(py::module_& m, PassManagerClass& pm);  // cache_parallel.cc
+void BindSharding(py::module_& m, PassManagerClass& pm);       // sharding.cc
+void BindPlacement(py::module_& m, PassManagerClass& pm);      // placement.cc
+void BindSchedule(py::module_& m, PassManagerClass& pm);       // schedule.cc
 }  // namespace tp::bindings
 
 PYBIND11_MODULE(_C, m) {
@@ -304,16 +307,78 @@ class PassError(RuntimeError):
 )",
            m.attr("__dict__"));
   py::register_exception_translator(&TranslateExceptions);
-  BindPipeline(m);
-  BindCacheParallel(m);
-  BindSharding(m);
-  BindPlacement(m);
-  BindSchedule(m);
 
-  py::class_<ir::Graph>(m, "Graph")
+  // Registered first, so signatures of the passes' methods name it.
+  py::class_<ir::Graph> graph_cls(m, "Graph", "An ATen-level graph (csrc/ir/graph.h).");
+  py::class_<passes::PassManager> pm(
+      m, "PassManager",
+      "Runs graph rewrites by name and every planning pass through typed options and plans "
+      "(csrc/passes/pass_manager.h). log(line) receives what the passes say; time_budget_s "
+      "bounds the searches (0: none).");
+  pm.def(py::init([](std::function<void(const std::string&)> log, bool verify_each,
+                     double time_budget_s) {
+           passes::Context ctx;
+           if (log) ctx.log = std::move(log);
+           ctx.verify_each = verify_each;
+           ctx.SetTimeBudget(time_budget_s);
+           return passes::PassManager(std::move(ctx));
+         }),
+         py::kw_only(), py::arg("log") = nullptr, py::arg("verify_each") = true,
+         py::arg("time_budget_s") = 0.0);
+
+  Struct<passes::PassInfo>(m, "PassInfo", "A registered pass: what it takes and returns.",
+                           [](const passes::PassInfo& p) {
+                             return "PassInfo(" + p.name + ": " +
+                                    (p.options.empty() ? "-" : p.options) + " -> " + p.result +
+                                    (p.rewrite ? ", rewrite" : "") + ")";
+                           })
+      .field("name", &passes::PassInfo::name)
+      .field("summary", &passes::PassInfo::summary)
+      .field("options", &passes::PassInfo::options)
+      .field("result", &passes::PassInfo::result)
+      .field("rewrite", &passes::PassInfo::rewrite);
+  m.def("registered_passes", [] { return passes::RegisteredPasses(); },
+        "Every pass: name, summary, options type, result type, whether PassManager.run takes it.");
+
+  Struct<passes::PassRecord>(m, "PassRecord", "One rewrite's run.")
+      .field("name", &passes::PassRecord::name)
+      .field("ms", &passes::PassRecord::milliseconds)
+      .field("nodes_before", &passes::PassRecord::nodes_before)
+      .field("nodes_after", &passes::PassRecord::nodes_after)
+      .field("changed", &passes::PassRecord::changed)
+      .field("notes", &passes::PassRecord::notes);
+  Struct<passes::PassReport>(m, "PassReport", "What PassManager.run did.",
+                             [](const passes::PassReport& r) { return r.ToString(); })
+      .field("passes", &passes::PassReport::passes)
+      .field("verify_ms", &passes::PassReport::verify_milliseconds);
+
+  BindPipeline(m, pm);
+  BindCacheParallel(m, pm);
+  BindSharding(m, pm);
+  BindPlacement(m, pm);
+  BindSchedule(m, pm);
+
+  Struct<passes::RewriteOptions>(m, "RewriteOptions",
+                                 "Typed options of the graph rewrites, one field per rewrite.")
+      .field("cache_parallel", &passes::RewriteOptions::cache_parallel);
+  pm.def(
+      "run",
+      [](passes::PassManager& self, const ir::Graph& g, const std::vector<std::string>& names,
+         const passes::RewriteOptions& options) {
+        passes::PassReport report;
+        ir::Graph out = self.Run(g, names, options, &report);
+        return py::make_tuple(std::move(out), report);
+      },
+      py::arg("graph"), py::arg("passes"), py::arg("options") = passes::RewriteOptions{},
+      "Runs the named rewrites (empty list: verify only); returns (graph, PassReport).");
+
+  graph_cls
       .def_static("from_records", &GraphFromRecords, py::arg("inputs"), py::arg("nodes"),
                   py::arg("output"), py::arg("verify") = true,
                   "Builds a graph from records; raises GraphError naming the bad node.")
+      .def_static("parse", &ir::ParseGraph, py::arg("text"),
+                  "Reads the text form str(graph) writes (csrc/ir/text.h); raises GraphError "
+                  "naming the line.")
       .def("records", &GraphToRecords,
            "(inputs, nodes, output) records; node records carry their output value ids last.")
       .def("verify", [](const ir::Graph& g) { ir::Verify(g); })
@@ -334,38 +399,6 @@ class PassError(RuntimeError):
            })
       .def("__str__", [](const ir::Graph& g) { return ir::PrintGraph(g); });
 
-  m.def("registered_passes", [] {
-    std::vector<std::pair<std::string, std::string>> out;
-    for (const auto& p : passes::RegisteredPasses()) out.emplace_back(p.name, p.summary);
-    return out;
-  });
-
-  m.def(
-      "run_pipeline",
-      [](const ir::Graph& g, const std::vector<std::string>& names, bool verify_each,
-         std::function<void(const std::string&)> log,
-         const std::map<std::string, std::string>& options) {
-        passes::Context ctx;
-        ctx.verify_each = verify_each;
-        ctx.options = options;
-        if (log) ctx.log = log;
-        passes::PipelineReport report;
-        ir::Graph out = passes::RunPipeline(g, names, ctx, &report);
-        py::list records;
-        for (const auto& r : report.passes) {
-          records.append(py::dict(py::arg("name") = r.name, py::arg("ms") = r.milliseconds,
-                                  py::arg("nodes_before") = r.nodes_before,
-                                  py::arg("nodes_after") = r.nodes_after,
-                                  py::arg("changed") = r.changed));
-        }
-        py::dict summary(py::arg("passes") = records,
-                         py::arg("verify_ms") = report.verify_milliseconds);
-        return py::make_tuple(std::move(out), summary);
-      },
-      py::arg("graph"), py::arg("passes"), py::arg("verify_each") = true, py::arg("log") = nullptr,
-      py::arg("options") = std::map<std::string, std::string>{},
-      "Runs the named passes (empty list: verify only) with pass options "
-      "('<pass>.<option>': str); returns (graph, report).");
 
   m.def(
       "solve_ilp",

@@ -1,13 +1,12 @@
-// Bindings of the pipeline passes: one call from a cost graph (plain records) to a plan, its
-// schedule and its simulation, as Python dicts. No LibTorch here.
+// Bindings of the pipeline passes: one call from a cost graph (plain records) to a typed plan,
+// its schedule and its simulation. No LibTorch here.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings/typed.h"
 #include "cost/device_profile.h"
-#include "passes/pipeline_graph.h"
-#include "passes/pipeline_partition.h"
-#include "passes/pipeline_schedule.h"
-#include "sim/pipeline_sim.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline_plan.h"
 
 namespace py = pybind11;
 
@@ -41,114 +40,118 @@ pipeline::CostGraph CostGraphFromRecords(const py::list& records) {
   return g;
 }
 
-py::dict PipelinePlan(const py::list& records, const py::dict& opts) {
-  const pipeline::CostGraph original = CostGraphFromRecords(records);
-  pipeline::CoarsenOptions co;
-  co.scope_depth = Get<int>(opts, "scope_depth", -1);
-  co.max_blocks = Get<int>(opts, "max_blocks", 256);
-  co.cheap_fraction = Get<double>(opts, "cheap_fraction", 0.05);
-  pipeline::PartitionOptions o;
-  o.mini_batch = Get<int>(opts, "mini_batch", 0);
-  o.num_devices = Get<int>(opts, "num_devices", 1);
-  o.device = cost::FindDeviceProfile(Get<std::string>(opts, "device", "cpu"));
-  o.memory_limit = Get<double>(opts, "memory_limit", 0);
-  o.micro_batch_sizes = Get<std::vector<int>>(opts, "micro_batch_sizes", {});
-  o.k_values = Get<std::vector<int>>(opts, "k_values", {1});
-  o.sequential = Get<bool>(opts, "sequential", false);
-  o.absorb_joins = Get<bool>(opts, "absorb_joins", true);
-  o.epsilon = Get<double>(opts, "epsilon", 1e-3);
-  o.time_limit_s = Get<double>(opts, "time_limit_s", 0);
-  const auto kind = pipeline::ScheduleKindFromName(Get<std::string>(opts, "schedule", "1f1b"));
-  const bool simulate = Get<bool>(opts, "simulate", true);
-
-  pipeline::CostGraph graph;
-  pipeline::PartitionStats stats;
-  pipeline::StageGraph sg;
-  pipeline::Schedule schedule;
-  sim::PipelineSimResult sim;
-  {
-    py::gil_scoped_release release;
-    graph = pipeline::Coarsen(original, co);
-    sg = pipeline::PartitionPipeline(graph, o, &stats);
-    schedule = pipeline::BuildSchedule(sg, kind);
-    if (simulate) sim = sim::SimulatePipeline(sg, schedule, graph, o.device);
-  }
-  py::list stages;
-  for (const auto& s : sg.stages) {
-    std::vector<int> members;
-    for (int b : s.blocks) {
-      const auto& m = graph.nodes[b].members;
-      if (m.empty()) members.push_back(b);
-      members.insert(members.end(), m.begin(), m.end());
-    }
-    std::sort(members.begin(), members.end());
-    py::dict d;
-    d["id"] = s.id;
-    d["nodes"] = members;
-    d["micro_batch"] = s.micro_batch;
-    d["k"] = s.k;
-    d["replicas"] = s.replicas;
-    d["devices"] = s.devices;
-    d["in_flight"] = s.in_flight;
-    d["fwd_time"] = s.fwd_time;
-    d["bwd_time"] = s.bwd_time;
-    d["tps"] = s.tps;
-    d["memory_bytes"] = s.memory_bytes;
-    stages.append(d);
-  }
-  py::list edges;
-  for (const auto& e : sg.edges)
-    edges.append(py::make_tuple(e.from, e.to, e.bytes_per_sample, e.data));
-  py::list per_stage;
-  for (const auto& ops : schedule.per_stage) {
-    py::list l;
-    for (const auto& op : ops) l.append(py::make_tuple(op.micro_batch, op.backward));
-    per_stage.append(l);
-  }
-  py::dict out;
-  out["kind"] = sg.kind;
-  out["schedule_kind"] = pipeline::ScheduleKindName(kind);
-  out["mini_batch"] = sg.mini_batch;
-  out["num_devices"] = sg.num_devices;
-  out["stages"] = stages;
-  out["edges"] = edges;
-  out["schedule"] = per_stage;
-  out["depth"] = sg.Depth();
-  out["bottleneck_tps"] = sg.bottleneck_tps;
-  out["max_memory_bytes"] = sg.max_memory_bytes;
-  out["text"] = sg.ToString(graph);
-  py::dict st;
-  st["iterations"] = stats.iterations;
-  st["dp_states"] = stats.dp_states;
-  st["search_seconds"] = stats.search_seconds;
-  st["blocks"] = stats.blocks;
-  st["linearised_regions"] = stats.linearised_regions;
-  st["sp_tree"] = stats.sp_tree;
-  st["timed_out"] = stats.timed_out;
-  out["stats"] = st;
-  if (simulate) {
-    py::dict s;
-    s["iteration_time"] = sim.iteration_time;
-    s["throughput"] = sim.throughput;
-    s["bubble_fraction"] = sim.bubble_fraction;
-    s["device_busy"] = sim.device_busy;
-    s["device_peak_memory"] = sim.device_peak_memory;
-    s["stage_peak_in_flight"] = sim.stage_peak_in_flight;
-    py::list ev;
-    for (const auto& e : sim.events)
-      ev.append(py::make_tuple(e.stage, e.micro_batch, e.backward, e.start, e.end));
-    s["events"] = ev;
-    out["sim"] = s;
-  }
-  return out;
-}
-
 }  // namespace
 
-void BindPipeline(py::module_& m) {
-  m.def("pipeline_plan", &PipelinePlan, py::arg("nodes"), py::arg("options"),
-        "Coarsens a cost graph, partitions it into pipeline stages (GPP, or SPP with "
-        "sequential=True), schedules the micro-batches and simulates one iteration.");
+void BindPipeline(py::module_& m, py::class_<passes::PassManager>& pm) {
+  using pipeline::PipelineOptions;
+  Struct<PipelineOptions>(m, "PipelineOptions",
+                          "Options of pipeline_partition (csrc/passes/pipeline_plan.h).")
+      .field("scope_depth", &PipelineOptions::scope_depth)
+      .field("max_blocks", &PipelineOptions::max_blocks)
+      .field("cheap_fraction", &PipelineOptions::cheap_fraction)
+      .field("mini_batch", &PipelineOptions::mini_batch)
+      .field("num_devices", &PipelineOptions::num_devices)
+      .field("device", &PipelineOptions::device)
+      .field("memory_limit", &PipelineOptions::memory_limit, "bytes per device; 0: the profile's")
+      .field("micro_batch_sizes", &PipelineOptions::micro_batch_sizes)
+      .field("k_values", &PipelineOptions::k_values)
+      .field("sequential", &PipelineOptions::sequential, "SPP baseline instead of GPP")
+      .field("absorb_joins", &PipelineOptions::absorb_joins)
+      .field("epsilon", &PipelineOptions::epsilon)
+      .field("time_limit_s", &PipelineOptions::time_limit_s)
+      .field("schedule", &PipelineOptions::schedule, "'1f1b', 'kfkb', 'gpipe', 'greedy'")
+      .field("simulate", &PipelineOptions::simulate);
+
+  using pipeline::Stage;
+  Struct<Stage>(m, "PipelineStage", "One stage: its blocks, configuration and modelled costs.")
+      .field("id", &Stage::id)
+      .field("blocks", &Stage::blocks)
+      .field("micro_batch", &Stage::micro_batch)
+      .field("k", &Stage::k)
+      .field("replicas", &Stage::replicas)
+      .field("devices", &Stage::devices)
+      .field("in_flight", &Stage::in_flight)
+      .field("fwd_time", &Stage::fwd_time)
+      .field("bwd_time", &Stage::bwd_time)
+      .field("comm_time", &Stage::comm_time)
+      .field("allreduce_time", &Stage::allreduce_time)
+      .field("tps", &Stage::tps)
+      .field("memory_bytes", &Stage::memory_bytes);
+
+  using pipeline::PartitionStats;
+  Struct<PartitionStats>(m, "PartitionStats", "How the partitioner's search went.")
+      .field("iterations", &PartitionStats::iterations)
+      .field("dp_states", &PartitionStats::dp_states)
+      .field("search_seconds", &PartitionStats::search_seconds)
+      .field("blocks", &PartitionStats::blocks)
+      .field("linearised_regions", &PartitionStats::linearised_regions)
+      .field("timed_out", &PartitionStats::timed_out)
+      .field("sp_tree", &PartitionStats::sp_tree);
+
+  using sim::PipelineSimResult;
+  Struct<PipelineSimResult>(m, "PipelineSimulation", "One simulated iteration.")
+      .field("iteration_time", &PipelineSimResult::iteration_time)
+      .field("throughput", &PipelineSimResult::throughput)
+      .field("bubble_fraction", &PipelineSimResult::bubble_fraction)
+      .field("device_busy", &PipelineSimResult::device_busy)
+      .field("device_peak_memory", &PipelineSimResult::device_peak_memory)
+      .field("stage_peak_in_flight", &PipelineSimResult::stage_peak_in_flight)
+      .computed("events", [](const PipelineSimResult& r) {
+        py::list ev;
+        for (const auto& e : r.events)
+          ev.append(py::make_tuple(e.stage, e.micro_batch, e.backward, e.start, e.end));
+        return ev;
+      }, "(stage, micro_batch, backward, start, end) per pass");
+
+  using pipeline::PipelinePlan;
+  Struct<PipelinePlan>(m, "PipelinePlan",
+                       "Pipeline stages, their schedule and the simulated iteration.",
+                       [](const PipelinePlan& p) { return p.ToString(); })
+      .computed("kind", [](const PipelinePlan& p) { return p.stages.kind; }, "'gpp' or 'spp'")
+      .computed("schedule_kind",
+                [](const PipelinePlan& p) { return pipeline::ScheduleKindName(p.schedule.kind); })
+      .computed("mini_batch", [](const PipelinePlan& p) { return p.stages.mini_batch; })
+      .computed("num_devices", [](const PipelinePlan& p) { return p.stages.num_devices; })
+      .computed("stages", [](const PipelinePlan& p) { return p.stages.stages; })
+      .computed("stage_nodes", &PipelinePlan::StageNodes,
+                "each stage's original cost-graph nodes, sorted")
+      .computed("edges",
+                [](const PipelinePlan& p) {
+                  py::list edges;
+                  for (const auto& e : p.stages.edges)
+                    edges.append(py::make_tuple(e.from, e.to, e.bytes_per_sample, e.data));
+                  return edges;
+                },
+                "(from, to, bytes_per_sample, data) per stage edge")
+      .computed("schedule",
+                [](const PipelinePlan& p) {
+                  py::list per_stage;
+                  for (const auto& ops : p.schedule.per_stage) {
+                    py::list l;
+                    for (const auto& op : ops) l.append(py::make_tuple(op.micro_batch, op.backward));
+                    per_stage.append(l);
+                  }
+                  return per_stage;
+                },
+                "per stage: (micro_batch, backward) in run order")
+      .computed("depth", [](const PipelinePlan& p) { return p.stages.Depth(); })
+      .computed("bottleneck_tps", [](const PipelinePlan& p) { return p.stages.bottleneck_tps; })
+      .computed("max_memory_bytes",
+                [](const PipelinePlan& p) { return p.stages.max_memory_bytes; })
+      .computed("text", [](const PipelinePlan& p) { return p.stages.ToString(p.blocks); })
+      .field("stats", &PipelinePlan::stats)
+      .field("sim", &PipelinePlan::sim);
+
+  pm.def(
+      "plan_pipeline",
+      [](passes::PassManager&, const py::list& records, const PipelineOptions& o) {
+        const pipeline::CostGraph graph = CostGraphFromRecords(records);
+        py::gil_scoped_release release;
+        return pipeline::PlanPipeline(graph, o);
+      },
+      py::arg("nodes"), py::arg("options"),
+      "Coarsens a cost graph (records), partitions it into pipeline stages (GPP, or SPP with "
+      "sequential=True), schedules the micro-batches and simulates one iteration.");
   m.def("device_profiles", [] {
     py::dict out;
     for (const auto& name : cost::DeviceProfileNames()) {

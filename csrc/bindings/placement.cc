@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "bindings/typed.h"
+#include "passes/pass_manager.h"
 #include "passes/placement_dp.h"
 #include "passes/placement_evolve.h"
 #include "passes/placement_search.h"
@@ -35,11 +37,21 @@ ir::OpClass OpClassFromName(const std::string& name) {
                         "other");
 }
 
+using PlacementChoice = passes::PlacementOption;
+
+// The DP's result in the caller's candidate ids.
+struct Placement {
+  std::vector<int> chosen;
+  double cost = 0.0;
+  int64_t states = 0;
+  bool exact = true;
+};
+
 }  // namespace
 
-void BindPlacement(py::module_& m) {
-  auto pm = m.def_submodule("pattern", "The placement pattern language (csrc/pattern).");
-  py::class_<pattern::PatternNode, std::shared_ptr<pattern::PatternNode>>(pm, "Pattern")
+void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
+  auto pat = m.def_submodule("pattern", "The placement pattern language (csrc/pattern).");
+  py::class_<pattern::PatternNode, std::shared_ptr<pattern::PatternNode>>(pat, "Pattern")
       .def("__repr__", &pattern::PatternNode::ToString)
       .def("has_attr", [](const pattern::Pattern& p, const std::string& k,
                           const std::string& v) { return pattern::HasAttr(p, k, v); })
@@ -56,15 +68,15 @@ void BindPlacement(py::module_& m) {
   auto unconst = [](pattern::Pattern p) {
     return std::const_pointer_cast<pattern::PatternNode>(std::move(p));
   };
-  pm.def("wildcard", [unconst] { return unconst(pattern::Wildcard()); });
-  pm.def(
+  pat.def("wildcard", [unconst] { return unconst(pattern::Wildcard()); });
+  pat.def(
       "is_op",
       [unconst](const std::vector<std::string>& ops,
                 const std::vector<std::shared_ptr<pattern::PatternNode>>& inputs) {
         return unconst(pattern::IsOp(ops, {inputs.begin(), inputs.end()}));
       },
       py::arg("ops"), py::arg("inputs") = std::vector<std::shared_ptr<pattern::PatternNode>>{});
-  pm.def(
+  pat.def(
       "is_op_class",
       [unconst](const std::vector<std::string>& classes,
                 const std::vector<std::shared_ptr<pattern::PatternNode>>& inputs) {
@@ -73,11 +85,11 @@ void BindPlacement(py::module_& m) {
         return unconst(pattern::IsOpClass(cls, {inputs.begin(), inputs.end()}));
       },
       py::arg("classes"), py::arg("inputs") = std::vector<std::shared_ptr<pattern::PatternNode>>{});
-  pm.def("alt", [unconst](const std::vector<std::shared_ptr<pattern::PatternNode>>& alts) {
+  pat.def("alt", [unconst](const std::vector<std::shared_ptr<pattern::PatternNode>>& alts) {
     return unconst(pattern::Alt({alts.begin(), alts.end()}));
   });
-  pm.def("known_rule_sets", &pattern::KnownRuleSets);
-  pm.def(
+  pat.def("known_rule_sets", &pattern::KnownRuleSets);
+  pat.def(
       "match_all",
       [](const ir::Graph& g, const std::shared_ptr<pattern::PatternNode>& p) {
         pattern::Matcher matcher(g);
@@ -145,117 +157,152 @@ void BindPlacement(py::module_& m) {
       "Canonical text of the whole graph (ops, constants, wiring, input types): the key under "
       "which placement decisions are cached.");
 
-  m.def(
+  using passes::PlacementDpOptions;
+  Struct<PlacementDpOptions>(m, "PlacementOptions", "Options of the op-level placement DP.")
+      .field("max_states", &PlacementDpOptions::max_states,
+             "past this many states the search is Collage's bounded form (exact=False)");
+  Struct<PlacementChoice>(m, "PlacementChoice",
+                          "One candidate group the DP may pick: its nodes, measured seconds, "
+                          "backend.")
+      .field("candidate", &PlacementChoice::candidate)
+      .field("nodes", &PlacementChoice::nodes, "node ids")
+      .field("cost", &PlacementChoice::cost, "seconds")
+      .field("backend", &PlacementChoice::backend);
+  Struct<Placement>(m, "Placement", "The op-level DP's cover of the graph.",
+                    [](const Placement& p) {
+                      std::string s = "Placement(" + std::to_string(p.chosen.size()) +
+                                      " groups, cost " + std::to_string(p.cost * 1e6) + " us, " +
+                                      std::to_string(p.states) + " states" +
+                                      (p.exact ? ", exact)" : ", bounded)");
+                      return s;
+                    })
+      .field("chosen", &Placement::chosen, "candidate ids in execution order")
+      .field("cost", &Placement::cost, "modelled seconds")
+      .field("states", &Placement::states)
+      .field("exact", &Placement::exact);
+
+  pm.def(
       "place_op_level",
-      [](const ir::Graph& g,
-         const std::vector<std::tuple<int, std::vector<int>, double, std::string>>& options,
-         double switch_penalty, int64_t max_states, std::function<void(const std::string&)> log) {
+      [](passes::PassManager& self, const ir::Graph& g, const std::vector<PlacementChoice>& choices,
+         const PlacementDpOptions& options, double switch_penalty) {
         passes::PlacementProblem p;
         p.num_nodes = static_cast<int>(g.nodes().size());
         p.preds = passes::NodePredecessors(g);
         for (const auto& n : g.nodes()) p.node_names.push_back(n.name);
-        for (const auto& [id, nodes, cost, backend] : options) {
-          p.options.push_back({id, nodes, cost, backend});
-        }
+        for (const auto& c : choices) p.options.push_back(c);
         p.switch_penalty = switch_penalty;
-        passes::Context ctx;
-        if (log) ctx.log = log;
         passes::OpLevelPlacement r;
         {
           py::gil_scoped_release release;
-          r = passes::PlaceOpLevel(p, {max_states}, ctx);
+          r = passes::PlaceOpLevel(p, options, self.context());
         }
-        std::vector<int> chosen;
-        for (int o : r.chosen) chosen.push_back(p.options[static_cast<size_t>(o)].candidate);
-        return py::dict(py::arg("chosen") = chosen, py::arg("cost") = r.cost,
-                        py::arg("states") = r.states, py::arg("exact") = r.exact);
+        Placement out;
+        for (int o : r.chosen) out.chosen.push_back(p.options[static_cast<size_t>(o)].candidate);
+        out.cost = r.cost, out.states = r.states, out.exact = r.exact;
+        return out;
       },
-      py::arg("graph"), py::arg("options"), py::arg("switch_penalty") = 0.0,
-      py::arg("max_states") = 20000, py::arg("log") = nullptr,
-      "Op-level DP. options: (candidate id, node ids, seconds, backend). Returns the chosen "
-      "candidate ids in execution order, the modelled cost, states expanded, exactness.");
+      py::arg("graph"), py::arg("choices"), py::arg("options"), py::kw_only(),
+      py::arg("switch_penalty") = 0.0,
+      "Op-level DP over candidate groups (PlacementChoice); seconds per switch into a backend.");
 
-  m.def(
+  using passes::WholeGraphSearchOptions;
+  Struct<WholeGraphSearchOptions>(m, "WholeGraphSearchOptions",
+                                  "Options of the default placement's driver "
+                                  "(csrc/passes/placement_search.h).")
+      .field("turns", &WholeGraphSearchOptions::turns)
+      .field("budget_s", &WholeGraphSearchOptions::budget_s)
+      .field("budget_factor", &WholeGraphSearchOptions::budget_factor)
+      .field("reference", &WholeGraphSearchOptions::reference)
+      .field("fallback_budget_s", &WholeGraphSearchOptions::fallback_budget_s)
+      .field("keep_eager_margin", &WholeGraphSearchOptions::keep_eager_margin)
+      .field("mixing_prior", &WholeGraphSearchOptions::mixing_prior)
+      .field("min_gain", &WholeGraphSearchOptions::min_gain)
+      .field("refine_candidates", &WholeGraphSearchOptions::refine_candidates)
+      .field("seconds_per_candidate", &WholeGraphSearchOptions::seconds_per_candidate)
+      .field("allow_refine", &WholeGraphSearchOptions::allow_refine);
+  using passes::WholeGraphTrial;
+  Struct<WholeGraphTrial>(m, "WholeGraphTrial", "One compiler's whole-graph trial.")
+      .field("backend", &WholeGraphTrial::backend)
+      .field("compiled", &WholeGraphTrial::compiled)
+      .field("compile_s", &WholeGraphTrial::compile_s)
+      .field("median_s", &WholeGraphTrial::median_s)
+      .field("skipped", &WholeGraphTrial::skipped);
+  using passes::WholeGraphSearchPlan;
+  Struct<WholeGraphSearchPlan>(m, "WholeGraphPlan", "The default placement's pick.",
+                               [](const WholeGraphSearchPlan& p) {
+                                 return "WholeGraphPlan(pick=" + p.pick + ", " +
+                                        std::to_string(p.pick_s * 1e3) + " ms vs eager " +
+                                        std::to_string(p.eager_s * 1e3) + " ms, refine=" +
+                                        (p.refine ? "True" : "False") + ": " + p.reason + ")";
+                               })
+      .field("trials", &WholeGraphSearchPlan::trials)
+      .field("pick", &WholeGraphSearchPlan::pick)
+      .field("pick_s", &WholeGraphSearchPlan::pick_s)
+      .field("eager_s", &WholeGraphSearchPlan::eager_s)
+      .field("budget_s", &WholeGraphSearchPlan::budget_s)
+      .field("refine", &WholeGraphSearchPlan::refine)
+      .field("refine_budget_s", &WholeGraphSearchPlan::refine_budget_s)
+      .field("predicted_gain", &WholeGraphSearchPlan::predicted_gain)
+      .field("predicted_refine_s", &WholeGraphSearchPlan::predicted_refine_s)
+      .field("reason", &WholeGraphSearchPlan::reason);
+
+  pm.def(
       "search_whole_graph_first",
-      [](const std::vector<std::string>& backends, std::function<bool(const std::string&)> compile,
-         std::function<double(const std::string&)> time, std::function<double()> elapsed,
-         const py::dict& options) {
-        passes::WholeGraphSearchOptions o;
-        for (auto item : options) {
-          auto key = item.first.cast<std::string>();
-          auto v = item.second;
-          if (key == "turns")
-            o.turns = v.cast<int>();
-          else if (key == "budget_s")
-            o.budget_s = v.cast<double>();
-          else if (key == "budget_factor")
-            o.budget_factor = v.cast<double>();
-          else if (key == "reference")
-            o.reference = v.cast<std::string>();
-          else if (key == "fallback_budget_s")
-            o.fallback_budget_s = v.cast<double>();
-          else if (key == "keep_eager_margin")
-            o.keep_eager_margin = v.cast<double>();
-          else if (key == "mixing_prior")
-            o.mixing_prior = v.cast<double>();
-          else if (key == "min_gain")
-            o.min_gain = v.cast<double>();
-          else if (key == "refine_candidates")
-            o.refine_candidates = v.cast<int>();
-          else if (key == "seconds_per_candidate")
-            o.seconds_per_candidate = v.cast<double>();
-          else if (key == "allow_refine")
-            o.allow_refine = v.cast<bool>();
-          else
-            throw py::value_error("search_whole_graph_first: unknown option '" + key + "'");
-        }
-        auto plan = passes::SearchWholeGraphFirst(backends, {compile, time, elapsed}, o);
-        py::list trials;
-        for (const auto& t : plan.trials) {
-          trials.append(py::dict(py::arg("backend") = t.backend, py::arg("compiled") = t.compiled,
-                                 py::arg("compile_s") = t.compile_s,
-                                 py::arg("median_s") = t.median_s, py::arg("skipped") = t.skipped));
-        }
-        return py::dict(py::arg("trials") = trials, py::arg("pick") = plan.pick,
-                        py::arg("pick_s") = plan.pick_s, py::arg("eager_s") = plan.eager_s,
-                        py::arg("budget_s") = plan.budget_s, py::arg("refine") = plan.refine,
-                        py::arg("refine_budget_s") = plan.refine_budget_s,
-                        py::arg("predicted_gain") = plan.predicted_gain,
-                        py::arg("predicted_refine_s") = plan.predicted_refine_s,
-                        py::arg("reason") = plan.reason);
+      [](passes::PassManager&, const std::vector<std::string>& backends, const py::object& measurer,
+         const WholeGraphSearchOptions& options) {
+        // The measurer is a Python object with compile(backend) -> bool, time(backend) ->
+        // seconds and elapsed() -> seconds.
+        passes::WholeGraphMeasurer m;
+        m.compile = [measurer](const std::string& b) {
+          return measurer.attr("compile")(b).cast<bool>();
+        };
+        m.time = [measurer](const std::string& b) {
+          return measurer.attr("time")(b).cast<double>();
+        };
+        m.elapsed = [measurer]() { return measurer.attr("elapsed")().cast<double>(); };
+        return passes::SearchWholeGraphFirst(backends, m, options);
       },
-      py::arg("backends"), py::arg("compile"), py::arg("time"), py::arg("elapsed"),
-      py::arg("options") = py::dict(),
+      py::arg("backends"), py::arg("measurer"), py::arg("options"),
       "The default placement's driver: each compiler's whole graph compiled (reference first, "
       "within the budget) and measured in turns against eager; returns the pick and whether the "
-      "finer search may run (csrc/passes/placement_search.h).");
+      "finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, "
+      "elapsed() -> s.");
 
-  m.def(
+  using passes::EvolveOptions;
+  Struct<EvolveOptions>(m, "EvolveOptions", "Options of the evolutionary offload search.")
+      .field("population", &EvolveOptions::population)
+      .field("generations", &EvolveOptions::generations)
+      .field("mutation_rate", &EvolveOptions::mutation_rate, "< 0: 1 / bits")
+      .field("min_improvement", &EvolveOptions::min_improvement)
+      .field("seed", &EvolveOptions::seed)
+      .field("max_evaluations", &EvolveOptions::max_evaluations, "<= 0: no limit");
+  using passes::EvolveResult;
+  Struct<EvolveResult>(m, "EvolveResult", "The best offload bits found.",
+                       [](const EvolveResult& r) {
+                         return "EvolveResult(best_fitness=" + std::to_string(r.best_fitness) +
+                                ", seed_fitness=" + std::to_string(r.seed_fitness) + ", " +
+                                std::to_string(r.evaluations) + " evaluations, " +
+                                std::to_string(r.generations) + " generations" +
+                                (r.stopped_by_deadline ? ", stopped by the deadline)" : ")");
+                       })
+      .field("best", &EvolveResult::best)
+      .field("best_fitness", &EvolveResult::best_fitness)
+      .field("seed_fitness", &EvolveResult::seed_fitness)
+      .field("evaluations", &EvolveResult::evaluations)
+      .field("generations", &EvolveResult::generations)
+      .field("stopped_by_deadline", &EvolveResult::stopped_by_deadline);
+
+  pm.def(
       "evolve_placement",
-      [](const std::vector<bool>& seed, const passes::FitnessFn& fitness, int population,
-         int generations, double min_improvement, uint64_t rng_seed, int max_evaluations,
-         double time_budget_s, const passes::ProgressFn& progress,
-         std::function<void(const std::string&)> log) {
-        passes::Context ctx;
-        if (log) ctx.log = log;
-        ctx.SetTimeBudget(time_budget_s);
-        passes::EvolveOptions opts;
-        opts.population = population;
-        opts.generations = generations;
-        opts.min_improvement = min_improvement;
-        opts.seed = rng_seed;
-        opts.max_evaluations = max_evaluations;
-        auto r = passes::EvolvePlacement(seed, fitness, opts, ctx, progress);
-        return py::dict(py::arg("best") = r.best, py::arg("best_fitness") = r.best_fitness,
-                        py::arg("seed_fitness") = r.seed_fitness,
-                        py::arg("evaluations") = r.evaluations,
-                        py::arg("generations") = r.generations,
-                        py::arg("stopped_by_deadline") = r.stopped_by_deadline);
+      [](passes::PassManager& self, const std::vector<bool>& seed,
+         const passes::FitnessFn& fitness, const EvolveOptions& options,
+         const passes::ProgressFn& progress) {
+        return passes::EvolvePlacement(seed, fitness, options, self.context(), progress);
       },
-      py::arg("seed"), py::arg("fitness"), py::arg("population") = 12, py::arg("generations") = 10,
-      py::arg("min_improvement") = 0.02, py::arg("rng_seed") = 0, py::arg("max_evaluations") = 0,
-      py::arg("time_budget_s") = 0.0, py::arg("progress") = nullptr, py::arg("log") = nullptr,
-      "Evolutionary search over offload bits; fitness(bits) -> seconds (lower is better).");
+      py::arg("seed"), py::arg("fitness"), py::arg("options"), py::kw_only(),
+      py::arg("progress") = nullptr,
+      "Evolutionary search over offload bits; fitness(bits) -> seconds (lower is better); stops "
+      "at the manager's time budget.");
 }
 
 }  // namespace tp::bindings

@@ -9,47 +9,71 @@
 #include <string>
 #include <vector>
 
+#include "bindings/typed.h"
+#include "passes/pass_manager.h"
 #include "passes/schedule_tune.h"
 
 namespace py = pybind11;
 
 namespace tp::bindings {
+namespace {
 
-void BindSchedule(py::module_& m) {
-  m.def(
+std::string MethodName(const passes::TuneOptions& o) {
+  return o.method == passes::TuneOptions::Method::kExhaustive ? "exhaustive"
+                                                              : "coordinate_descent";
+}
+
+void SetMethod(passes::TuneOptions& o, const std::string& method) {
+  if (method == "exhaustive") {
+    o.method = passes::TuneOptions::Method::kExhaustive;
+  } else if (method == "coordinate_descent") {
+    o.method = passes::TuneOptions::Method::kCoordinateDescent;
+  } else {
+    throw std::invalid_argument("unknown tuning method '" + method +
+                                "'; methods: exhaustive, coordinate_descent");
+  }
+}
+
+}  // namespace
+
+void BindSchedule(py::module_& m, py::class_<passes::PassManager>& pm) {
+  using passes::TuneOptions;
+  Struct<TuneOptions>(m, "TuneOptions", "Options of schedule_tune.")
+      .property("method", &MethodName, &SetMethod, "'exhaustive' or 'coordinate_descent'")
+      .field("max_evaluations", &TuneOptions::max_evaluations, "<= 0: no limit")
+      .field("seed", &TuneOptions::seed)
+      .field("restarts", &TuneOptions::restarts);
+
+  Struct<passes::TuneTrial>(m, "TuneTrial", "One evaluated point; score None when invalid.")
+      .field("point", &passes::TuneTrial::point)
+      .field("score", &passes::TuneTrial::score);
+
+  using passes::TuneResult;
+  Struct<TuneResult>(m, "TuneResult", "The best point, its score and every trial.",
+                     [](const TuneResult& r) {
+                       std::string best;
+                       for (int i : r.best) best += (best.empty() ? "" : ", ") + std::to_string(i);
+                       return "TuneResult(best=[" + best +
+                              "], best_score=" + std::to_string(r.best_score) + ", " +
+                              std::to_string(r.trials.size()) + " of " +
+                              std::to_string(r.space_size) + " points tried" +
+                              (r.stopped_by_budget ? ", stopped by the budget)" : ")");
+                     })
+      .field("best", &TuneResult::best)
+      .field("best_score", &TuneResult::best_score)
+      .field("trials", &TuneResult::trials)
+      .field("space_size", &TuneResult::space_size)
+      .field("stopped_by_budget", &TuneResult::stopped_by_budget);
+
+  pm.def(
       "tune_schedule",
-      [](const std::vector<int>& sizes, const passes::TuneEvalFn& evaluate,
-         const std::string& method, int max_evaluations, uint64_t seed, int restarts,
-         double time_budget_s, const passes::TuneProgressFn& progress,
-         std::function<void(const std::string&)> log) {
-        passes::Context ctx;
-        if (log) ctx.log = log;
-        ctx.SetTimeBudget(time_budget_s);
-        passes::TuneOptions opts;
-        if (method == "exhaustive") {
-          opts.method = passes::TuneOptions::Method::kExhaustive;
-        } else if (method == "coordinate_descent") {
-          opts.method = passes::TuneOptions::Method::kCoordinateDescent;
-        } else {
-          throw std::invalid_argument("unknown tuning method '" + method +
-                                      "'; methods: exhaustive, coordinate_descent");
-        }
-        opts.max_evaluations = max_evaluations;
-        opts.seed = seed;
-        opts.restarts = restarts;
-        auto r = passes::TuneSchedule(sizes, evaluate, opts, ctx, progress);
-        py::list trials;
-        for (const auto& t : r.trials) {
-          trials.append(py::make_tuple(
-              t.point, t.score ? py::object(py::float_(*t.score)) : py::object(py::none())));
-        }
-        return py::dict(py::arg("best") = r.best, py::arg("best_score") = r.best_score,
-                        py::arg("trials") = trials, py::arg("space_size") = r.space_size,
-                        py::arg("stopped_by_budget") = r.stopped_by_budget);
+      [](passes::PassManager& self, const std::vector<int>& sizes,
+         const passes::TuneEvalFn& evaluate, const TuneOptions& options,
+         const passes::TuneProgressFn& progress) {
+        return passes::TuneSchedule(sizes, evaluate, options, self.context(), progress);
       },
-      py::arg("sizes"), py::arg("evaluate"), py::arg("method") = "exhaustive",
-      py::arg("max_evaluations") = 0, py::arg("seed") = 0, py::arg("restarts") = 1,
-      py::arg("time_budget_s") = 0.0, py::arg("progress") = nullptr, py::arg("log") = nullptr,
+      py::arg("sizes"), py::arg("evaluate"), py::arg("options"), py::kw_only(),
+      py::arg("progress") = nullptr,
       "Search over candidate indices; evaluate(point) -> score (higher is better) or None.");
 }
 

@@ -1,11 +1,13 @@
 // Bindings of the sharding planner (sharding_ilp) and its materialisation
-// (sharding_materialize), as Python dicts. No LibTorch.
+// (sharding_materialize): typed options and plans, methods of the PassManager. No LibTorch.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <map>
 #include <string>
 
+#include "bindings/typed.h"
+#include "passes/pass_manager.h"
 #include "passes/sharding_ilp.h"
 #include "passes/sharding_materialize.h"
 
@@ -34,107 +36,123 @@ ir::ShardSpec SpecFromString(const std::string& s) {
                               "'; use 'R', 'P', 'S(<dim>)' or 'S(<dim>)x<sections>'");
 }
 
-passes::ShardingOptions Options(int world, const std::string& device, bool training,
-                                double memory_budget_bytes, double time_limit_s,
-                                const std::map<std::string, std::string>& pinned,
-                                const std::string& level, double activation_bytes_factor, int dp,
-                                int max_zero_stage) {
-  passes::ShardingOptions o;
-  o.dp = dp, o.max_zero_stage = max_zero_stage;
-  o.level = level;
-  o.activation_bytes_factor = activation_bytes_factor;
-  o.world = world, o.device = device, o.training = training;
-  o.memory_budget_bytes = memory_budget_bytes, o.time_limit_s = time_limit_s;
-  for (const auto& [k, v] : pinned) o.pinned[k] = SpecFromString(v);
-  return o;
+template <class Map>
+std::map<std::string, std::string> SpecStrings(const Map& m) {
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : m) out[k] = v.ToString();
+  return out;
 }
 
-py::dict PlanDict(const passes::ShardingPlan& p) {
-  py::dict spec;
-  for (const auto& [k, v] : p.spec) spec[py::str(k)] = v.ToString();
-  py::list colls;
-  for (const auto& c : p.collectives) {
-    colls.append(py::dict(py::arg("kind") = c.kind, py::arg("value") = c.value,
-                          py::arg("consumer") = c.consumer, py::arg("from") = c.from.ToString(),
-                          py::arg("to") = c.to.ToString(), py::arg("bytes") = c.bytes,
-                          py::arg("seconds") = c.seconds));
-  }
-  py::dict inputs;
-  for (const auto& [node, st] : p.chosen) {
-    py::list specs;
-    for (const auto& s : st.inputs) specs.append(s.ToString());
-    inputs[py::str(node)] = specs;
-  }
-  return py::dict(
-      py::arg("strategy") = p.strategy, py::arg("spec") = spec, py::arg("input_specs") = inputs,
-      py::arg("node_compute_s") = p.node_compute_s, py::arg("collectives") = colls,
-      py::arg("compute_s") = p.compute_s, py::arg("comm_s") = p.comm_s,
-      py::arg("grad_sync_s") = p.grad_sync_s, py::arg("objective") = p.objective,
-      py::arg("param_bytes_per_rank") = p.param_bytes_per_rank,
-      py::arg("activation_bytes_per_rank") = p.activation_bytes_per_rank,
-      py::arg("state_bytes_per_rank") = p.state_bytes_per_rank,
-      py::arg("zero_copies") = p.zero_copies, py::arg("zero_stage") = p.zero_stage,
-      py::arg("zero_gather_s") = p.zero_gather_s,
-      py::arg("variables") = p.variables, py::arg("constraints") = p.constraints,
-      py::arg("classes") = p.classes, py::arg("level") = p.level, py::arg("status") = p.status);
-}
+// A sharded graph: the SPMD graph every rank runs, and what the materialisation inserted.
+struct ShardedGraph {
+  ir::Graph graph;
+  passes::MaterializeStats stats;
+};
 
 }  // namespace
 
-void BindSharding(py::module_& m) {
-  m.def(
-      "plan_sharding",
-      [](const ir::Graph& g, int world, const std::string& device, bool training,
-         double memory_budget_bytes, double time_limit_s,
-         const std::map<std::string, std::string>& pinned, const std::string& level,
-         double activation_bytes_factor, int dp, int max_zero_stage) {
-        return PlanDict(passes::PlanSharding(
-            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned, level,
-                       activation_bytes_factor, dp, max_zero_stage)));
-      },
-      py::arg("graph"), py::arg("world"), py::arg("device") = "a100", py::arg("training") = true,
-      py::arg("memory_budget_bytes") = 0.0, py::arg("time_limit_s") = 30.0,
-      py::arg("pinned") = std::map<std::string, std::string>{}, py::arg("level") = "auto",
-      py::arg("activation_bytes_factor") = 1.0, py::arg("dp") = 1, py::arg("max_zero_stage") = 1,
-      "Sharding plan of an ATen graph on a 1-D mesh of `world` ranks (ILP on CBC): strategy per "
-      "node, spec per value ('R', 'S(d)', 'P'), forward collectives, modelled times. level: "
-      "'exact' (whole graph), 'fast' (repeated layers share variables), 'auto'. The budget "
-      "covers parameters (x optimizer state when training) and, when training, the activations "
-      "kept for the backward (x activation_bytes_factor; 0 leaves them out). dp: data-parallel "
-      "replicas of the graph (each a batch slice; every block's gradient is summed over them). "
-      "max_zero_stage=1 lets the ILP shard a parameter's optimizer state over its copies where "
-      "memory needs it, 2 also its gradient over dp ('zero_copies': name -> copies; "
-      "'zero_stage': name -> 1 or 2; 'state_bytes_per_rank'). Raises PlanError "
-      "(with .min_memory_bytes) when no plan fits the budget.");
+void BindSharding(py::module_& m, py::class_<passes::PassManager>& pm) {
+  using passes::ShardingOptions;
+  using passes::ShardingPlan;
+  Struct<ShardingOptions>(m, "ShardingOptions",
+                          "Options of the sharding ILP (csrc/passes/sharding_ilp.h).")
+      .field("world", &ShardingOptions::world, "ranks on the tensor-parallel axis")
+      .field("device", &ShardingOptions::device, "device profile for the cost model")
+      .field("training", &ShardingOptions::training)
+      .field("state_bytes_factor", &ShardingOptions::state_bytes_factor)
+      .field("memory_budget_bytes", &ShardingOptions::memory_budget_bytes, "0: unlimited")
+      .field("activation_bytes_factor", &ShardingOptions::activation_bytes_factor)
+      .field("dp", &ShardingOptions::dp, "data-parallel replicas of the graph")
+      .field("max_zero_stage", &ShardingOptions::max_zero_stage)
+      .field("time_limit_s", &ShardingOptions::time_limit_s)
+      .field("level", &ShardingOptions::level, "'exact', 'fast' or 'auto'")
+      .field("auto_fast_above", &ShardingOptions::auto_fast_above)
+      .property(
+          "pinned", [](const ShardingOptions& o) { return SpecStrings(o.pinned); },
+          +[](ShardingOptions& o, const std::map<std::string, std::string>& pins) {
+            o.pinned.clear();
+            for (const auto& [k, v] : pins) o.pinned[k] = SpecFromString(v);
+          },
+          "input source or node name -> spec ('R', 'S(d)', 'S(d)xk', 'P')");
 
-  m.def(
-      "shard_graph",
-      [](const ir::Graph& g, int world, int64_t group, const std::string& device, bool training,
-         double memory_budget_bytes, double time_limit_s,
-         const std::map<std::string, std::string>& pinned, const std::string& level,
-         double activation_bytes_factor, int dp, int max_zero_stage) {
-        const passes::ShardingPlan plan = passes::PlanSharding(
-            g, Options(world, device, training, memory_budget_bytes, time_limit_s, pinned, level,
-                       activation_bytes_factor, dp, max_zero_stage));
-        passes::MaterializeOptions mo;
-        mo.world = world, mo.group = group, mo.training = training;
-        passes::MaterializeStats stats;
-        ir::Graph local = passes::MaterializeSharding(g, plan, mo, &stats);
-        py::dict out = PlanDict(plan);
-        out["graph"] = std::move(local);
-        out["reshards"] = stats.reshards;
-        out["grad_syncs"] = stats.grad_syncs;
-        out["views_rewritten"] = stats.views_rewritten;
+  Struct<passes::Collective>(m, "Collective", "One forward resharding the plan priced.")
+      .field("kind", &passes::Collective::kind)
+      .field("value", &passes::Collective::value)
+      .field("consumer", &passes::Collective::consumer)
+      .computed("from_spec", [](const passes::Collective& c) { return c.from.ToString(); })
+      .computed("to_spec", [](const passes::Collective& c) { return c.to.ToString(); })
+      .field("bytes", &passes::Collective::bytes)
+      .field("seconds", &passes::Collective::seconds);
+
+  Struct<ShardingPlan>(m, "ShardingPlan",
+                       "A sharding plan: strategy per node, spec per value, collectives, costs.",
+                       [](const ShardingPlan& p) { return p.ToString(); })
+      .field("strategy", &ShardingPlan::strategy)
+      .computed("spec", [](const ShardingPlan& p) { return SpecStrings(p.spec); })
+      .computed("input_specs",
+                [](const ShardingPlan& p) {
+                  std::map<std::string, std::vector<std::string>> out;
+                  for (const auto& [node, st] : p.chosen)
+                    for (const auto& s : st.inputs) out[node].push_back(s.ToString());
+                  return out;
+                })
+      .field("node_compute_s", &ShardingPlan::node_compute_s)
+      .field("collectives", &ShardingPlan::collectives)
+      .field("compute_s", &ShardingPlan::compute_s)
+      .field("comm_s", &ShardingPlan::comm_s)
+      .field("grad_sync_s", &ShardingPlan::grad_sync_s)
+      .field("objective", &ShardingPlan::objective)
+      .field("param_bytes_per_rank", &ShardingPlan::param_bytes_per_rank)
+      .field("state_bytes_per_rank", &ShardingPlan::state_bytes_per_rank)
+      .field("activation_bytes_per_rank", &ShardingPlan::activation_bytes_per_rank)
+      .field("zero_copies", &ShardingPlan::zero_copies)
+      .field("zero_stage", &ShardingPlan::zero_stage)
+      .field("zero_gather_s", &ShardingPlan::zero_gather_s)
+      .field("variables", &ShardingPlan::variables)
+      .field("constraints", &ShardingPlan::constraints)
+      .field("classes", &ShardingPlan::classes)
+      .field("level", &ShardingPlan::level)
+      .field("status", &ShardingPlan::status);
+
+  Struct<passes::MaterializeOptions>(m, "MaterializeOptions",
+                                     "Options of sharding_materialize.")
+      .field("world", &passes::MaterializeOptions::world)
+      .field("group", &passes::MaterializeOptions::group,
+             "runtime handle of the process group the collectives use")
+      .field("training", &passes::MaterializeOptions::training);
+
+  Struct<ShardedGraph>(m, "ShardedGraph", "The SPMD graph every rank runs on its local shards.",
+                       [](const ShardedGraph& s) {
+                         return "ShardedGraph(" + std::to_string(s.graph.nodes().size()) +
+                                " nodes, " + std::to_string(s.stats.reshards) + " reshards, " +
+                                std::to_string(s.stats.grad_syncs) + " parameters synced, " +
+                                std::to_string(s.stats.views_rewritten) + " views rewritten)";
+                       })
+      .field("graph", &ShardedGraph::graph)
+      .computed("reshards", [](const ShardedGraph& s) { return s.stats.reshards; })
+      .computed("grad_syncs", [](const ShardedGraph& s) { return s.stats.grad_syncs; })
+      .computed("views_rewritten", [](const ShardedGraph& s) { return s.stats.views_rewritten; });
+
+  pm.def(
+      "plan_sharding",
+      [](passes::PassManager&, const ir::Graph& g, const ShardingOptions& o) {
+        py::gil_scoped_release release;  // CBC may run for seconds
+        return passes::PlanSharding(g, o);
+      },
+      py::arg("graph"), py::arg("options"),
+      "Sharding plan of an ATen graph on a 1-D mesh (ILP on CBC). Raises PlanError "
+      "(with .min_memory_bytes) when no plan fits the budget.");
+  pm.def(
+      "materialize_sharding",
+      [](passes::PassManager&, const ir::Graph& g, const ShardingPlan& plan,
+         const passes::MaterializeOptions& o) {
+        ShardedGraph out;
+        out.graph = passes::MaterializeSharding(g, plan, o, &out.stats);
         return out;
       },
-      py::arg("graph"), py::arg("world"), py::arg("group"), py::arg("device") = "a100",
-      py::arg("training") = true, py::arg("memory_budget_bytes") = 0.0,
-      py::arg("time_limit_s") = 30.0, py::arg("pinned") = std::map<std::string, std::string>{},
-      py::arg("level") = "auto", py::arg("activation_bytes_factor") = 1.0, py::arg("dp") = 1,
-      py::arg("max_zero_stage") = 1,
-      "Plans the sharding (as plan_sharding) and materialises it: the dict gains 'graph', the "
-      "SPMD graph every rank runs on its local shards, with torch_plugin::reshard / grad_sync / "
-      "replicated_output nodes on process group handle `group`.");
+      py::arg("graph"), py::arg("plan"), py::arg("options"),
+      "The SPMD graph of a plan, with torch_plugin::reshard / grad_sync / replicated_output "
+      "nodes on process group handle options.group.");
 }
 
 }  // namespace tp::bindings

@@ -1,6 +1,7 @@
 // DType tables and type printing.
 #include "ir/types.h"
 
+#include <algorithm>
 #include <array>
 #include <sstream>
 
@@ -51,6 +52,12 @@ DType DTypeFromName(const std::string& name) {
 
 const char* DTypeName(DType dtype) { return Info(dtype).name; }
 const char* DTypeShortName(DType dtype) { return Info(dtype).short_name; }
+DType DTypeFromShortName(const std::string& name) {
+  for (const auto& info : kDTypes) {
+    if (name == info.short_name) return info.dtype;
+  }
+  return DType::kUnknown;
+}
 int64_t ItemSize(DType dtype) { return Info(dtype).item_size; }
 bool IsFloatingPoint(DType dtype) { return Info(dtype).floating; }
 
@@ -95,16 +102,51 @@ const char* ValueKindName(ValueKind kind) {
   return "?";
 }
 
+namespace {
+
+// A dimension as the text form writes it: "768", "s0", or "s0=4" when a symbol has a hint.
+void PrintDim(std::ostringstream& os, const SymDim& d) {
+  os << d.ToString();
+  if (d.is_symbolic() && d.value >= 0) os << "=" << d.value;
+}
+
+void PrintDims(std::ostringstream& os, const std::vector<SymDim>& dims) {
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) os << ", ";
+    PrintDim(os, dims[i]);
+  }
+}
+
+// True when `stride` is exactly what a contiguous tensor of `shape` has, so the text form can
+// leave it out. Strict on size-1 dims too: passes read those strides (cache_parallel's layout
+// check), so the text must keep them.
+bool ContiguousStride(const TensorType& t) {
+  int64_t expected = 1;
+  for (size_t i = t.shape.size(); i-- > 0;) {
+    const SymDim& s = t.stride[i];
+    if (s.is_symbolic() || t.shape[i].is_symbolic()) return false;
+    if (s.value != expected) return false;
+    expected *= std::max<int64_t>(t.shape[i].value, 1);
+  }
+  return true;
+}
+
+}  // namespace
+
 std::string ValueType::ToString() const {
   std::ostringstream os;
   switch (kind) {
     case ValueKind::kTensor: {
       os << DTypeShortName(tensor.dtype) << "[";
-      for (size_t i = 0; i < tensor.shape.size(); ++i) {
-        if (i) os << ", ";
-        os << tensor.shape[i].ToString();
-      }
+      PrintDims(os, tensor.shape);
       os << "]";
+      // Strides appear only when they say something: unknown (empty) and contiguous layouts
+      // print nothing.
+      if (!tensor.stride.empty() && !ContiguousStride(tensor)) {
+        os << "{";
+        PrintDims(os, tensor.stride);
+        os << "}";
+      }
       if (tensor.device != "cpu") os << "@" << tensor.device;
       if (tensor.requires_grad) os << " grad";
       break;

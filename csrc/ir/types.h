@@ -32,6 +32,8 @@ DType DTypeFromName(const std::string& name);
 const char* DTypeName(DType dtype);
 // Short form used by the printer: f32, bf16, i64, ...
 const char* DTypeShortName(DType dtype);
+// Inverse of DTypeShortName; kUnknown for a name it does not know.
+DType DTypeFromShortName(const std::string& name);
 int64_t ItemSize(DType dtype);
 bool IsFloatingPoint(DType dtype);
 

@@ -430,32 +430,7 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
   return sites;
 }
 
-int ParseInt(const Context& ctx, const std::string& key, int64_t fallback) {
-  const std::string s = ctx.Option(key, "");
-  if (s.empty()) return static_cast<int>(fallback);
-  try {
-    size_t used = 0;
-    long long v = std::stoll(s, &used);
-    if (used != s.size()) throw std::invalid_argument(s);
-    return static_cast<int>(v);
-  } catch (const std::exception&) {
-    throw PassError(kPass, "", "option '" + key + "' must be an integer, got '" + s + "'");
-  }
-}
-
 }  // namespace
-
-CacheParallelOptions CacheParallelOptions::FromContext(const Context& ctx) {
-  CacheParallelOptions o;
-  o.world = ParseInt(ctx, "cache_parallel.world", 0);
-  o.handle = ParseInt(ctx, "cache_parallel.handle", 0);
-  o.scheme = ctx.Option("cache_parallel.scheme", "auto");
-  o.allow_batch_split = ctx.Option("cache_parallel.allow_batch_split", "0") == "1";
-  o.device = ctx.Option("cache_parallel.device", "cpu");
-  o.context = ParseInt(ctx, "cache_parallel.context", 0);
-  o.batch = ParseInt(ctx, "cache_parallel.batch", 0);
-  return o;
-}
 
 namespace {
 
@@ -609,8 +584,27 @@ PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& o, 
   return result;
 }
 
-PassResult CacheParallelPass(const ir::Graph& graph, Context& ctx) {
-  return CacheParallel(graph, CacheParallelOptions::FromContext(ctx), ctx);
+}  // namespace tp::passes
+
+namespace tp::passes {
+
+std::string CacheParallelPlan::ToString() const {
+  std::ostringstream os;
+  os << "cache_parallel plan: " << sites.size() << " site(s), scheme "
+     << (scheme.empty() ? "-" : scheme) << "\n";
+  for (const auto& s : sites) {
+    os << "  site " << s.attention_node << ": caches " << s.cache_k << ", " << s.cache_v
+       << (s.causal ? ", causal" : "") << ", batch " << s.batch << ", heads " << s.q_heads << "/"
+       << s.kv_heads << ", head_dim " << s.head_dim << ", capacity " << s.capacity << "\n";
+  }
+  for (const auto& s : skipped) os << "  skipped " << s << "\n";
+  if (!sites.empty()) {
+    os << "  modelled per layer: gather_partials " << gather_partials_cost.total_s * 1e6
+       << " us";
+    if (gather_qkv_cost.valid) os << ", gather_qkv " << gather_qkv_cost.total_s * 1e6 << " us";
+    os << "\n";
+  }
+  return os.str();
 }
 
 }  // namespace tp::passes

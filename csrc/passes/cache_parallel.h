@@ -37,9 +37,6 @@ struct CacheParallelOptions {
   std::string device = "cpu";      // profile for the cost model
   int64_t context = 0;             // expected KV length for the decision; 0: cache capacity
   int64_t batch = 0;               // global batch for the decision; 0: the traced batch
-
-  // From Context::options ("cache_parallel.world", ...); throws PassError on bad values.
-  static CacheParallelOptions FromContext(const Context& ctx);
 };
 
 struct CacheAttentionSite {
@@ -55,13 +52,14 @@ struct CacheParallelPlan {
   std::string scheme;                // chosen: "gather_partials" or "gather_qkv"
   cost::DecodeCost gather_partials_cost, gather_qkv_cost;  // per layer, modelled
   cost::DecodeLayer layer;                                 // the shape the model was fed
+
+  // Sites, refusals and the modelled costs, one per line (repr, golden files).
+  std::string ToString() const;
 };
 
 CacheParallelPlan PlanCacheParallel(const ir::Graph& graph, const CacheParallelOptions& options);
 
 // Rewrites every site of the plan; the graph is unchanged when there is none.
 PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& options, Context& ctx);
-// The registered form: options from the context.
-PassResult CacheParallelPass(const ir::Graph& graph, Context& ctx);
 
 }  // namespace tp::passes

@@ -1,8 +1,9 @@
-// The pass interface: passes are free functions from a const Graph (+ context) to a result.
+// The pass interface: passes are free functions from a const Graph (+ typed options + context)
+// to a new graph or a typed plan.
 //
 // No pass base class and no global state: a pass reads its input graph, builds a new one (or a
-// plan) and reports whether it changed anything. The pipeline (pipeline.h) runs named passes
-// and verifies the graph after each one.
+// plan) and reports whether it changed anything. The pass manager (pass_manager.h) lists every
+// pass, runs graph rewrites by name and verifies the graph after each one.
 #pragma once
 
 #include <chrono>
@@ -38,8 +39,6 @@ struct Context {
   bool verify_each = true;
   // Searches stop at the deadline and return their best result so far.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-  // Pass options as strings, keyed "<pass>.<option>" (e.g. "cache_parallel.world").
-  std::map<std::string, std::string> options;
 
   // Sets the deadline `seconds` from now; <= 0 leaves it unlimited.
   void SetTimeBudget(double seconds) {
@@ -47,11 +46,6 @@ struct Context {
     deadline = std::chrono::steady_clock::now() +
                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                    std::chrono::duration<double>(seconds));
-  }
-
-  std::string Option(const std::string& key, const std::string& fallback) const {
-    auto it = options.find(key);
-    return it == options.end() ? fallback : it->second;
   }
 
   void Log(const std::string& line) const {
@@ -66,16 +60,7 @@ struct PassResult {
   std::vector<std::string> notes;
 };
 
-using GraphPassFn = std::function<PassResult(const ir::Graph&, Context&)>;
-
-struct PassSpec {
-  std::string name;  // equals the file name under csrc/passes/
-  std::string summary;
-  GraphPassFn fn;
-};
-
 // Graph-to-graph passes, one per file.
 PassResult DeadCodeElimination(const ir::Graph& graph, Context& ctx);
-// cache_parallel.h: PassResult CacheParallelPass(const ir::Graph& graph, Context& ctx);
 
 }  // namespace tp::passes

@@ -587,4 +587,27 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   return plan;
 }
 
+std::string ShardingPlan::ToString() const {
+  std::ostringstream os;
+  os << "sharding plan (" << status << ", level " << level << "): objective "
+     << objective * 1e6 << " us = compute " << compute_s * 1e6 << " + comm " << comm_s * 1e6
+     << " + grad sync " << grad_sync_s * 1e6 << " us; per rank: params " << param_bytes_per_rank
+     << " B, state " << state_bytes_per_rank << " B, activations " << activation_bytes_per_rank
+     << " B\n";
+  for (const auto& [name, s] : spec) {
+    os << "  " << name << ": " << s.ToString();
+    auto st = strategy.find(name);
+    if (st != strategy.end()) os << " by " << st->second;
+    auto z = zero_stage.find(name);
+    if (z != zero_stage.end())
+      os << ", ZeRO-" << z->second << " over " << zero_copies.at(name);
+    os << "\n";
+  }
+  for (const auto& c : collectives) {
+    os << "  " << c.kind << " " << c.value << " " << c.from.ToString() << " -> "
+       << c.to.ToString() << " for " << c.consumer << " (" << c.bytes << " B)\n";
+  }
+  return os.str();
+}
+
 }  // namespace tp::passes

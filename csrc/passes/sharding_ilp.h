@@ -87,6 +87,10 @@ struct ShardingPlan {
   int classes = 0;  // decision units after tying repeated layers (= entities at the exact level)
   std::string level;
   std::string status;
+
+  // Costs, then every value's spec and strategy, then the collectives: the readable form (repr,
+  // golden files). Times in microseconds.
+  std::string ToString() const;
 };
 
 class ShardingError : public std::runtime_error {

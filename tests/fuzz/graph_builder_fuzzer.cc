@@ -15,7 +15,7 @@
 #include "ir/op_registry.h"
 #include "ir/text.h"
 #include "ir/verify.h"
-#include "passes/pipeline.h"
+#include "passes/pass_manager.h"
 
 namespace {
 
@@ -142,9 +142,12 @@ void Exercise(const ir::Graph& g) {
   const auto& reg = ir::OpRegistry::Default();
   for (const auto& n : g.nodes()) (void)reg.Estimate(g, n);
   (void)g.ComputeUsers();
-  passes::Context ctx;
-  ctx.options["cache_parallel.world"] = "2";
-  (void)passes::RunPipeline(g, {"dead_code_elimination", "cache_parallel"}, ctx);
+  passes::RewriteOptions options;
+  options.cache_parallel.world = 2;
+  (void)passes::PassManager().Run(g, {"dead_code_elimination", "cache_parallel"}, options);
+  // The text form reads back as the same text.
+  const std::string text = ir::PrintGraph(g);
+  if (ir::PrintGraph(ir::ParseGraph(text)) != text) __builtin_trap();
 }
 
 }  // namespace

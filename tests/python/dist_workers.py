@@ -111,9 +111,9 @@ def pipeline_step_matches(
                     "loss": loss,
                     "ref_loss": float(ref_loss.detach()),
                     "stages": pp.plan.num_stages,
-                    "depth": pp.plan.raw["depth"],
-                    "micro_batches": [s["micro_batch"] for s in pp.plan.stages],
-                    "replicas": [s["replicas"] for s in pp.plan.stages],
+                    "depth": pp.plan.raw.depth,
+                    "micro_batches": [s.micro_batch for s in pp.plan.stages],
+                    "replicas": [s.replicas for s in pp.plan.stages],
                 }
             )
         )
@@ -228,7 +228,7 @@ def cp_decode_matches(
                     {
                         "rank": rank,
                         "scheme": cp.manager.scheme,
-                        "sites": len(cp.plan["sites"]),
+                        "sites": len(cp.plan.sites),
                         "ref_tokens": ref_tokens,
                         "cp_tokens": cp_tokens,
                         "max_logit_diff": max_diff,
@@ -897,7 +897,7 @@ def schedule_pipeline_composition(
                     "expect": expect,
                     "stage": pp.my_stage,
                     "stages": pp.plan.num_stages,
-                    "micro_batches": [st["micro_batch"] for st in pp.plan.stages],
+                    "micro_batches": [st.micro_batch for st in pp.plan.stages],
                     "params": [n for n, _ in pp.named_parameters()],
                     "segments": [seg.nodes for seg in pp.placed_segments],
                     "placed": [(r.kind, r.backend_counts()) for r in placed],

@@ -92,10 +92,14 @@ def test_dead_code_elimination_through_the_backend_keeps_numerics() -> None:
 
 
 def test_failure_in_pipeline_falls_back_with_one_log_line(monkeypatch, caplog) -> None:
-    def broken(*args, **kwargs):
-        raise _C.PassError("simulated failure")
+    class Broken:
+        def __init__(self, **kwargs: object) -> None:
+            pass
 
-    monkeypatch.setattr(_C, "run_pipeline", broken)
+        def run(self, *args: object) -> None:
+            raise _C.PassError("simulated failure")
+
+    monkeypatch.setattr(_C, "PassManager", Broken)
     model, inputs = small_model("mlp")
     reference = run_model(model, inputs, "aot_eager")
     with caplog.at_level(logging.WARNING, logger="torch_plugin"), collect_stats() as stats:
@@ -129,10 +133,14 @@ def test_unsupported_graph_falls_back(monkeypatch, caplog) -> None:
 
 
 def test_on_error_raise_reraises(monkeypatch) -> None:
-    def broken(*args, **kwargs):
-        raise _C.PassError("simulated failure")
+    class Broken:
+        def __init__(self, **kwargs: object) -> None:
+            pass
 
-    monkeypatch.setattr(_C, "run_pipeline", broken)
+        def run(self, *args: object) -> None:
+            raise _C.PassError("simulated failure")
+
+    monkeypatch.setattr(_C, "PassManager", Broken)
     f = torch.compile(lambda x: x * 2, backend="torch_plugin", options={"on_error": "raise"})
     with pytest.raises(Exception, match="simulated failure"):
         f(torch.randn(3))

@@ -63,14 +63,18 @@ def _llama_graph(batch: int = 2):
 
 def test_pass_plan_on_llama_graph() -> None:
     g = _llama_graph()
-    plan = _C.plan_cache_parallel(g, {"cache_parallel.world": "2"})
-    assert [s["cache_k"] for s in plan["sites"]] == [
+    pm = _C.PassManager()
+    plan = pm.plan_cache_parallel(g, _C.CacheParallelOptions(world=2))
+    assert [s.cache_k for s in plan.sites] == [
         "layers.0.attention.cache_k",
         "layers.1.attention.cache_k",
     ]
-    assert all(s["causal"] and s["capacity"] == 64 and s["kv_heads"] == 2 for s in plan["sites"])
-    assert plan["scheme"] == "gather_partials"  # no batch split without the wrapper
-    new, _ = _C.run_pipeline(g, ["cache_parallel"], True, None, {"cache_parallel.world": "2"})
+    assert all(s.causal and s.capacity == 64 and s.kv_heads == 2 for s in plan.sites)
+    assert plan.scheme == "gather_partials"  # no batch split without the wrapper
+    assert "site " in repr(plan) and plan.to_dict()["sites"][0]["kv_heads"] == 2
+    options = _C.RewriteOptions(cache_parallel=_C.CacheParallelOptions(world=2))
+    new, report = pm.run(g, ["cache_parallel"], options)
+    assert report.passes[0].changed and "rewrote 2 attention node(s)" in report.passes[0].notes[0]
     ops = [n[1] for n in new.records()[1]]
     assert ops.count("torch_plugin::cp_attention.default") == 2
     assert not any("slice_scatter" in o or "copy_" in o or "scaled_dot" in o for o in ops)
@@ -78,11 +82,13 @@ def test_pass_plan_on_llama_graph() -> None:
 
 def test_pass_needs_world_and_says_how() -> None:
     with pytest.raises(torch_plugin.PassError, match=r"cache_parallel\(model, mesh\)"):
-        _C.run_pipeline(_llama_graph(), ["cache_parallel"], True, None, {})
+        _C.PassManager().run(_llama_graph(), ["cache_parallel"])
     with pytest.raises(torch_plugin.PassError, match="valid: auto, gather_partials, gather_qkv"):
-        _C.plan_cache_parallel(
-            _llama_graph(), {"cache_parallel.world": "2", "cache_parallel.scheme": "ring"}
+        _C.PassManager().plan_cache_parallel(
+            _llama_graph(), _C.CacheParallelOptions(world=2, scheme="ring")
         )
+    with pytest.raises(TypeError, match="unknown field 'wrold'; fields: world, handle"):
+        _C.CacheParallelOptions(wrold=2)
 
 
 def test_compile_path_single_process_equals_eager(caplog: pytest.LogCaptureFixture) -> None:

@@ -21,7 +21,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch_plugin import _C, GraphError, PassError, fx_bridge
 
 # Options the registered passes need (cache_parallel: the ranks sharing a KV cache).
-PASS_OPTIONS = {"cache_parallel.world": "2"}
+PASS_OPTIONS = _C.RewriteOptions(cache_parallel=_C.CacheParallelOptions(world=2))
+REWRITES = [p.name for p in _C.registered_passes() if p.rewrite]
 
 EXAMPLES = int(os.environ.get("TP_FUZZ_EXAMPLES", "150"))
 SETTINGS = settings(
@@ -107,9 +108,9 @@ def build(program):
 def test_random_graphs_survive_every_pass(program) -> None:
     gm, inputs = build(program)
     expected = gm(*inputs)
-    for passes in [[]] + [[name] for name, _ in _C.registered_passes()]:
+    for passes in [[]] + [[name] for name in REWRITES]:
         graph, ctx = fx_bridge.to_ir(gm)
-        out_graph, _ = _C.run_pipeline(graph, passes, True, None, PASS_OPTIONS)
+        out_graph, _ = _C.PassManager().run(graph, passes, PASS_OPTIONS)
         new = fx_bridge.from_ir(out_graph, ctx)
         if not passes:
             assert new.code == gm.code
@@ -117,13 +118,22 @@ def test_random_graphs_survive_every_pass(program) -> None:
             assert torch.equal(a, b), f"passes={passes}"
     # The sharding planner takes any graph: a plan (every value with a spec) or PlanError.
     graph, _ = fx_bridge.to_ir(gm)
-    plan = _C.plan_sharding(graph, 2, "cpu", False, 0.0, 10.0)
-    assert plan["status"] in ("optimal", "feasible")
+    pm = _C.PassManager()
+    options = _C.ShardingOptions(world=2, device="cpu", training=False, time_limit_s=10.0)
+    assert pm.plan_sharding(graph, options).status in ("optimal", "feasible")
     # Placement's C++ half takes any graph: candidates of every rule set, then a DP cover in
     # which every node is placed exactly once (measured costs stood in for by group sizes).
     cands = _C.placement_candidates(graph, list(_C.pattern.known_rule_sets()))["candidates"]
-    options = [(c["id"], c["node_ids"], 1e-6 * len(c["node_ids"]), c["backend"]) for c in cands]
-    chosen = _C.place_op_level(graph, options, 1e-7)["chosen"]
+    choices = [
+        _C.PlacementChoice(
+            candidate=c["id"],
+            nodes=c["node_ids"],
+            cost=1e-6 * len(c["node_ids"]),
+            backend=c["backend"],
+        )
+        for c in cands
+    ]
+    chosen = pm.place_op_level(graph, choices, _C.PlacementOptions(), switch_penalty=1e-7).chosen
     by_id = {c["id"]: c for c in cands}
     placed = sorted(n for i in chosen for n in by_id[i]["node_ids"])
     assert placed == list(range(graph.num_nodes))
@@ -178,8 +188,6 @@ def test_corrupted_records_raise_graph_error_not_crash(program, data) -> None:
     rebuilt.estimate()
     rebuilt.records()
     try:
-        _C.run_pipeline(
-            rebuilt, [name for name, _ in _C.registered_passes()], True, None, PASS_OPTIONS
-        )
+        _C.PassManager().run(rebuilt, REWRITES, PASS_OPTIONS)
     except PassError as e:
         pytest.fail(f"a verified graph failed a pass: {e}")

@@ -21,18 +21,18 @@ def test_plans_cover_every_node_once(name: str) -> None:
         plan, traced = plan_pipeline(model, inputs, 4, strategy=strategy, scope_depth=3)
         seen = [n for stage in plan.stage_nodes for n in stage]
         assert sorted(seen) == sorted(n.name for n in traced.nodes)
-        assert sum(s["replicas"] for s in plan.stages) == 4
-        sim = plan.raw["sim"]
-        assert 0 <= sim["bubble_fraction"] < 1 and sim["throughput"] > 0
+        assert sum(s.replicas for s in plan.stages) == 4
+        sim = plan.raw.sim
+        assert 0 <= sim.bubble_fraction < 1 and sim.throughput > 0
         if strategy == "spp":
-            assert plan.raw["depth"] == plan.num_stages
+            assert plan.raw.depth == plan.num_stages
 
 
 def test_gpp_is_shallower_than_spp_on_branches() -> None:
     model, inputs = models.build("candle_uno", small=True, batch=16)
     gpp, traced = plan_pipeline(model, inputs, 8, scope_depth=3, micro_batch_sizes=[2])
     spp, _ = plan_pipeline(traced, strategy="spp", num_devices=8, micro_batch_sizes=[2])
-    assert gpp.raw["depth"] < spp.raw["depth"]
+    assert gpp.raw.depth < spp.raw.depth
 
 
 def test_plan_png_and_summary(tmp_path: Path) -> None:

@@ -18,10 +18,16 @@ def _forward_graph(name: str) -> _C.Graph:
     return aten_graphs.forward_ir(model.eval(), *inputs)
 
 
+def _plan(graph: _C.Graph, **options: object) -> _C.ShardingPlan:
+    return _C.PassManager().plan_sharding(
+        graph, _C.ShardingOptions(**{"world": 2, "device": "a100", **options})
+    )
+
+
 def test_gpt2_mlp_is_megatron() -> None:
-    plan = _C.plan_sharding(_forward_graph("gpt2"), 4, "a100", True)
-    assert plan["status"] == "optimal"
-    spec = plan["spec"]
+    plan = _plan(_forward_graph("gpt2"), world=4)
+    assert plan.status == "optimal"
+    spec = plan.spec
     layers = sorted({k.split(".mlp.")[0] for k in spec if ".mlp.c_fc.weight" in k})
     assert layers
     for layer in layers:  # HF Conv1D weights are [in, out]: column-parallel splits dim 1
@@ -31,24 +37,24 @@ def test_gpt2_mlp_is_megatron() -> None:
         assert spec[f"{layer}.attn.c_attn.weight"] == "S(1)x3"
         assert spec[f"{layer}.attn.c_proj.weight"] == "S(0)"
     # Megatron's traffic: one all-reduce per attention and one per MLP, nothing else.
-    assert [c["kind"] for c in plan["collectives"]] == ["all_reduce"] * (2 * len(layers))
+    assert [c.kind for c in plan.collectives] == ["all_reduce"] * (2 * len(layers))
+    assert "S(1)x3" in repr(plan) and plan.to_dict()["collectives"][0]["kind"] == "all_reduce"
 
 
 def test_bad_sharding_input_is_a_clear_error() -> None:
     g = _forward_graph("mlp")
     with pytest.raises(torch_plugin.PlanError, match="need at least") as info:
-        _C.plan_sharding(g, 2, "a100", True, memory_budget_bytes=1.0)
+        _plan(g, memory_budget_bytes=1.0)
     assert info.value.min_memory_bytes > 1.0
     assert "activations kept for the backward" in str(info.value)
     # Training plans count the activations kept for the backward; inference keeps none.
-    assert _C.plan_sharding(g, 2, "a100", True)["activation_bytes_per_rank"] > 0
-    assert _C.plan_sharding(g, 2, "a100", False)["activation_bytes_per_rank"] == 0
-    unseen = _C.plan_sharding(g, 2, "a100", True, activation_bytes_factor=0.0)
-    assert unseen["activation_bytes_per_rank"] == 0
+    assert _plan(g).activation_bytes_per_rank > 0
+    assert _plan(g, training=False).activation_bytes_per_rank == 0
+    assert _plan(g, activation_bytes_factor=0.0).activation_bytes_per_rank == 0
     with pytest.raises(ValueError, match="bad shard spec"):
-        _C.plan_sharding(g, 2, pinned={"x": "S[0]"})
+        _plan(g, pinned={"x": "S[0]"})
     with pytest.raises(torch_plugin.PlanError, match="names no parameter"):
-        _C.plan_sharding(g, 2, pinned={"no.such.weight": "R"})
+        _plan(g, pinned={"no.such.weight": "R"})
 
 
 @pytest.mark.parametrize("world", [2, 4])

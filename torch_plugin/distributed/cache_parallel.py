@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .. import _C
 from .kv_cache import KVCacheManager, manager_for
 
 
@@ -101,17 +102,17 @@ def group_of(mesh: Any) -> Any:
     )
 
 
-def pass_options(manager: KVCacheManager) -> dict[str, str]:
+def pass_options(manager: KVCacheManager) -> _C.CacheParallelOptions:
     """The cache_parallel pass's options for this manager."""
-    return {
-        "cache_parallel.world": str(manager.world),
-        "cache_parallel.handle": str(manager.handle),
-        "cache_parallel.scheme": manager.scheme or manager.requested_scheme,
-        "cache_parallel.allow_batch_split": "1" if manager.allow_batch_split else "0",
-        "cache_parallel.device": manager.device_profile,
-        "cache_parallel.context": str(manager.context),
-        "cache_parallel.batch": str(manager.global_batch or 0),
-    }
+    return _C.CacheParallelOptions(
+        world=manager.world,
+        handle=manager.handle,
+        scheme=manager.scheme or manager.requested_scheme,
+        allow_batch_split=manager.allow_batch_split,
+        device=manager.device_profile,
+        context=manager.context,
+        batch=manager.global_batch or 0,
+    )
 
 
 class CacheParallel(nn.Module):

@@ -43,41 +43,41 @@ STRATEGIES = ("gpp", "spp")
 class PipelinePlan:
     """A stage graph with micro-batch sizes, replicas, a schedule and its simulation."""
 
-    raw: dict[str, Any]
+    raw: _C.PipelinePlan  # the C++ plan (csrc/passes/pipeline_plan.h)
     stage_nodes: list[list[str]]  # FX node names per stage
 
     @property
-    def stages(self) -> list[dict[str, Any]]:
-        return self.raw["stages"]
+    def stages(self) -> list[_C.PipelineStage]:
+        return self.raw.stages
 
     @property
     def num_stages(self) -> int:
-        return len(self.raw["stages"])
+        return len(self.raw.stages)
 
     def digest(self) -> str:
         """Hash of everything the ranks must agree on (stages, configs, schedule)."""
         key = json.dumps(
             [
                 self.stage_nodes,
-                [(s["micro_batch"], s["replicas"], s["devices"]) for s in self.stages],
-                self.raw["schedule"],
+                [(s.micro_batch, s.replicas, s.devices) for s in self.stages],
+                self.raw.schedule,
             ],
         )
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def summary(self) -> str:
-        sim = self.raw.get("sim", {})
-        lines = [self.raw["text"].rstrip()]
+        sim = self.raw.sim
+        lines = [self.raw.text.rstrip()]
         if sim:
             lines.append(
-                f"simulated ({self.raw['schedule_kind']}): iteration "
-                f"{sim['iteration_time'] * 1e3:.3f} ms, {sim['throughput']:.1f} samples/s, "
-                f"bubble {sim['bubble_fraction']:.1%}"
+                f"simulated ({self.raw.schedule_kind}): iteration "
+                f"{sim.iteration_time * 1e3:.3f} ms, {sim.throughput:.1f} samples/s, "
+                f"bubble {sim.bubble_fraction:.1%}"
             )
-        st = self.raw["stats"]
+        st = self.raw.stats
         lines.append(
-            f"search: {st['search_seconds']:.3f} s, {st['iterations']} binary-search steps, "
-            f"{st['dp_states']} DP states over {st['blocks']} blocks"
+            f"search: {st.search_seconds:.3f} s, {st.iterations} binary-search steps, "
+            f"{st.dp_states} DP states over {st.blocks} blocks"
         )
         return "\n".join(lines)
 
@@ -90,7 +90,7 @@ class PipelinePlan:
 
         n = self.num_stages
         level = [0] * n
-        for a, b, _, _ in sorted(self.raw["edges"], key=lambda e: e[1]):
+        for a, b, _, _ in sorted(self.raw.edges, key=lambda e: e[1]):
             level[b] = max(level[b], level[a] + 1)
         rows: dict[int, int] = {}
         pos = {}
@@ -98,7 +98,7 @@ class PipelinePlan:
             pos[s] = (level[s], rows.get(level[s], 0))
             rows[level[s]] = rows.get(level[s], 0) + 1
         fig, ax = plt.subplots(figsize=(2 + 2.2 * (max(level) + 1), 1 + 1.1 * max(rows.values())))
-        for a, b, _, data in self.raw["edges"]:
+        for a, b, _, data in self.raw.edges:
             (x0, y0), (x1, y1) = pos[a], pos[b]
             ax.annotate(
                 "",
@@ -108,9 +108,7 @@ class PipelinePlan:
             )
         for s, (x, y) in pos.items():
             st = self.stages[s]
-            label = (
-                f"S{s}  b={st['micro_batch']} d={st['replicas']}\n{len(self.stage_nodes[s])} nodes"
-            )
+            label = f"S{s}  b={st.micro_batch} d={st.replicas}\n{len(self.stage_nodes[s])} nodes"
             ax.text(
                 x,
                 y,
@@ -124,13 +122,13 @@ class PipelinePlan:
         ax.set_ylim(-0.6, max(rows.values()) - 0.4)
         ax.invert_yaxis()
         ax.axis("off")
-        ax.set_title(f"{self.raw['kind'].upper()} stage graph, depth {self.raw['depth']}")
+        ax.set_title(f"{self.raw.kind.upper()} stage graph, depth {self.raw.depth}")
         dag = f"{prefix}_stages.png"
         fig.savefig(dag, dpi=110, bbox_inches="tight")
         plt.close(fig)
 
         fig, ax = plt.subplots(figsize=(10, 0.5 + 0.35 * n))
-        for s, _mb, bw, start, end in self.raw.get("sim", {}).get("events", []):
+        for s, _mb, bw, start, end in self.raw.sim.events if self.raw.sim else []:
             ax.barh(
                 s,
                 (end - start) * 1e3,
@@ -139,10 +137,10 @@ class PipelinePlan:
                 edgecolor="white",
                 linewidth=0.3,
             )
-        ax.set_yticks(range(n), [f"S{s} ({len(self.stages[s]['devices'])} dev)" for s in range(n)])
+        ax.set_yticks(range(n), [f"S{s} ({len(self.stages[s].devices)} dev)" for s in range(n)])
         ax.invert_yaxis()
         ax.set_xlabel("ms (forward blue, backward red)")
-        ax.set_title(f"{self.raw['kind'].upper()} {self.raw['schedule_kind']} schedule")
+        ax.set_title(f"{self.raw.kind.upper()} {self.raw.schedule_kind} schedule")
         gantt = f"{prefix}_gantt.png"
         fig.savefig(gantt, dpi=110, bbox_inches="tight")
         plt.close(fig)
@@ -169,21 +167,21 @@ def plan_pipeline(
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown pipeline strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     traced = model if isinstance(model, TracedModel) else cost_records(model, example_inputs)
-    options = {
-        "mini_batch": mini_batch or traced.batch,
-        "num_devices": int(num_devices),
-        "device": device,
-        "memory_limit": float(memory_limit_bytes),
-        "micro_batch_sizes": micro_batch_sizes,
-        "k_values": k_values or [1],
-        "sequential": strategy == "spp",
-        "schedule": schedule,
-        "max_blocks": max_blocks,
-        "scope_depth": scope_depth,
-        "time_limit_s": time_limit_s,
-    }
-    raw = _C.pipeline_plan(traced.records, options)
-    names = [[traced.nodes[i].name for i in st["nodes"]] for st in raw["stages"]]
+    options = _C.PipelineOptions(
+        mini_batch=mini_batch or traced.batch,
+        num_devices=int(num_devices),
+        device=device,
+        memory_limit=float(memory_limit_bytes),
+        micro_batch_sizes=micro_batch_sizes or [],
+        k_values=k_values or [1],
+        sequential=strategy == "spp",
+        schedule=schedule,
+        max_blocks=max_blocks,
+        scope_depth=scope_depth,
+        time_limit_s=time_limit_s,
+    )
+    raw = _C.PassManager().plan_pipeline(traced.records, options)
+    names = [[traced.nodes[i].name for i in nodes] for nodes in raw.stage_nodes]
     return PipelinePlan(raw=raw, stage_nodes=names), traced
 
 
@@ -360,11 +358,11 @@ class PipelineParallel:
         """Every share of a micro-batch a stage runs must have a graph like the whole batch's
         (a stage's micro-batch split over its replicas may give sizes not planned for)."""
         for st in self.plan.stages:
-            for n in set(_split(st["micro_batch"], st["replicas"])):
+            for n in set(_split(st.micro_batch, st.replicas)):
                 differs = same_graph(self.aten, self._trace(n)) if n != self.batch else None
                 if differs is not None:
                     raise RuntimeError(
-                        f"torch_plugin pipeline: stage S{st['id']} runs {n} sample(s) per "
+                        f"torch_plugin pipeline: stage S{st.id} runs {n} sample(s) per "
                         f"replica, where the model's graph differs from the whole batch's (at "
                         f"node {differs!r}); pass micro_batch_sizes (or num_microbatches) so "
                         "every replica runs at least 2 samples"
@@ -384,7 +382,7 @@ class PipelineParallel:
             self.world,
             "every rank must trace the same model with the same options",
         )
-        used = sum(s["replicas"] for s in self.plan.stages)
+        used = sum(s.replicas for s in self.plan.stages)
         if used != self.world:
             raise RuntimeError(f"plan uses {used} devices but the world has {self.world} ranks")
 
@@ -424,8 +422,8 @@ class PipelineParallel:
         # Which stage and replica this rank runs.
         self.my_stage, self.my_replica = -1, -1
         for st in self.stages:
-            if self.rank in st["devices"]:
-                self.my_stage, self.my_replica = st["id"], st["devices"].index(self.rank)
+            if self.rank in st.devices:
+                self.my_stage, self.my_replica = st.id, st.devices.index(self.rank)
         # The loss stage: where the model's last output is computed; every other output is
         # sent there, so loss_fn sees the whole output of a micro-batch.
         computed = [v for v in self.out_leaves if isinstance(v, fx.Node) and v in stage_of]
@@ -491,8 +489,8 @@ class PipelineParallel:
         process group per distinct set of ranks; every rank creates every group, in one order."""
         holders: dict[str, set[int]] = {}
         for st in self.stages:
-            for name in self.params_of[st["id"]]:
-                holders.setdefault(name, set()).update(st["devices"])
+            for name in self.params_of[st.id]:
+                holders.setdefault(name, set()).update(st.devices)
         self.tied = sorted(name for name in holders if sum(name in ps for ps in self.params_of) > 1)
         if self.tied:
             log.info(
@@ -627,21 +625,21 @@ class PipelineParallel:
 
     def _range(self, s: int, j: int, r: int) -> tuple[int, int]:
         st = self.stages[s]
-        sizes = _split(st["micro_batch"], st["replicas"])
-        start = j * st["micro_batch"] + sum(sizes[:r])
+        sizes = _split(st.micro_batch, st.replicas)
+        start = j * st.micro_batch + sum(sizes[:r])
         return start, start + sizes[r]
 
     def _pieces(self, s: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """(rank, start, end) of stage s's replica shares overlapping samples [lo, hi)."""
         st = self.stages[s]
-        b = st["micro_batch"]
+        b = st.micro_batch
         out = []
         for j in range(lo // b, (hi - 1) // b + 1):
-            for r in range(st["replicas"]):
+            for r in range(st.replicas):
                 a, e = self._range(s, j, r)
                 a, e = max(a, lo), min(e, hi)
                 if a < e:
-                    out.append((st["devices"][r], a, e))
+                    out.append((st.devices[r], a, e))
         return out
 
     def _tag(self, v: fx.Node, consumer: int, start: int, backward: bool) -> int:
@@ -710,7 +708,7 @@ class PipelineParallel:
         if self.my_stage >= 0:
             s = self.my_stage
             saved: dict[int, tuple[list[Any], list[Any], torch.Tensor | None]] = {}
-            for j, backward in self.plan.raw["schedule"][s]:
+            for j, backward in self.plan.raw.schedule[s]:
                 lo, hi = self._range(s, j, self.my_replica)
                 if not backward:
                     saved[j] = self._forward(s, j, lo, hi, local, target, sends)

@@ -254,7 +254,7 @@ class ShardingPlan:
     variables: int
     constraints: int
     level: str
-    raw: dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
+    raw: _C.ShardingPlan | None = dataclasses.field(repr=False, default=None)  # the C++ plan
     # Training: activations the forward keeps for the backward, per rank (example batch).
     activation_bytes_per_rank: float = 0.0
     # Training: parameters + gradients + optimizer state per rank, after ZeRO.
@@ -281,7 +281,7 @@ class ShardingPlan:
         lines.append(f"{'collective':<16} {'value':<36} {'from->to':<10} {'bytes':>12} {'ms':>8}")
         for c in self.collectives:
             lines.append(
-                f"{c['kind']:<16} {c['value']:<36} {c['from'] + '->' + c['to']:<10} "
+                f"{c['kind']:<16} {c['value']:<36} {c['from_spec'] + '->' + c['to_spec']:<10} "
                 f"{int(c['bytes']):>12,} {c['seconds'] * 1e3:>8.3f}"
             )
         lines.append(
@@ -504,7 +504,16 @@ class ShardedModule(nn.Module):
         self._autocast_device = next(
             (t.device.type for t in model.parameters() if not t.is_meta), "cpu"
         )
-        self._plan_args = (device, training, time_limit_s, level, zero)
+        self._options = _C.ShardingOptions(
+            world=self.world,
+            device=device,
+            training=training,
+            time_limit_s=time_limit_s,
+            pinned=dict(constraints or {}),
+            level=level,
+            dp=self.dp,
+            max_zero_stage=zero,
+        )
         captured = _capture(model, call)
         graph, ctx = captured.graph, captured.ctx
         pnames, bnames = captured.pnames, captured.bnames
@@ -513,7 +522,9 @@ class ShardedModule(nn.Module):
         # The model's loss read the count (a sum over the batch); otherwise its loss is a
         # mean, and so is the replicas' combination.
         self._summed_loss = self._pass_count and "num_items_in_batch" not in captured.unused_inputs
-        budget = 0.0 if memory_budget_gb is None else memory_budget_gb * 1e9
+        self._options.memory_budget_bytes = (
+            0.0 if memory_budget_gb is None else memory_budget_gb * 1e9
+        )
         log.info(
             "torch_plugin sharding: planning %d ATen nodes on %d ranks (%s level, %.0f s limit)",
             len(graph.records()[1]),
@@ -522,49 +533,36 @@ class ShardedModule(nn.Module):
             time_limit_s,
         )
         t0 = time.perf_counter()
-        result = _C.shard_graph(
-            graph,
-            self.world,
-            self._handle,
-            device,
-            training,
-            budget,
-            time_limit_s,
-            dict(constraints or {}),
-            level,
-            1.0,
-            self.dp,
-            zero,
-        )
+        plan, sharded = self._shard(graph, self._options)
         log.info(
             "torch_plugin sharding: %s plan in %.2f s (%d decision units, %d ILP variables)",
-            result["status"],
+            plan.status,
             time.perf_counter() - t0,
-            result["classes"],
-            result["variables"],
+            plan.classes,
+            plan.variables,
         )
         # The solver stops at its time limit, so a loaded rank could stop at another plan;
         # mismatched plans would meet in mismatched collectives. Compare before any runs.
         check_same(
             comm.group,
             "sharding plans",
-            digest([sorted(result["spec"].items()), result["collectives"]]),
+            digest(str(plan)),
             self.world,
             "every rank must capture the same model with the same options; if the ILP hit its "
             "time limit (see the log), raise time_limit_s or use level='fast'",
         )
         ctx.targets.update(_TARGETS)
-        self.graph_module = fx_bridge.from_ir(result["graph"], ctx)
-        self._random_ops = fx_bridge.has_random_ops(result["graph"])
-        self.local_graph = result["graph"]
+        self.graph_module = fx_bridge.from_ir(sharded.graph, ctx)
+        self._random_ops = fx_bridge.has_random_ops(sharded.graph)
+        self.local_graph = sharded.graph
         state_names = set(pnames) | set(bnames)
-        self._pinned = {n: sp for n, sp in result["spec"].items() if n in state_names}
+        self._pinned = {n: sp for n, sp in plan.spec.items() if n in state_names}
         self._programs: dict[Any, tuple[fx.GraphModule, bool]] = {
             self._autocast_state(): (self.graph_module, self._random_ops)
         }
 
         # This rank's blocks, in placeholder order; the model's own tensors are not kept.
-        spec = result["spec"]
+        spec = plan.spec
         self.param_names = pnames
         self.param_specs = [spec.get(n, "R") for n in pnames]
         self.buffer_names = bnames
@@ -627,21 +625,21 @@ class ShardedModule(nn.Module):
                 (n, tuple(all_params[n].shape), s, p.numel() * p.element_size())
                 for n, s, p in zip(pnames, self.param_specs, self.local_params, strict=True)
             ],
-            collectives=list(result["collectives"]),
-            compute_s=result["compute_s"],
-            comm_s=result["comm_s"],
-            grad_sync_s=result["grad_sync_s"],
-            param_bytes_per_rank=result["param_bytes_per_rank"],
-            solve_status=result["status"],
-            variables=result["variables"],
-            constraints=result["constraints"],
-            level=result["level"],
-            raw=result,
-            activation_bytes_per_rank=result["activation_bytes_per_rank"],
-            state_bytes_per_rank=result["state_bytes_per_rank"],
-            zero_copies=dict(result["zero_copies"]),
-            zero_stage=dict(result["zero_stage"]),
-            zero_gather_s=result["zero_gather_s"],
+            collectives=[c.to_dict() for c in plan.collectives],
+            compute_s=plan.compute_s,
+            comm_s=plan.comm_s,
+            grad_sync_s=plan.grad_sync_s,
+            param_bytes_per_rank=plan.param_bytes_per_rank,
+            solve_status=plan.status,
+            variables=plan.variables,
+            constraints=plan.constraints,
+            level=plan.level,
+            raw=plan,
+            activation_bytes_per_rank=plan.activation_bytes_per_rank,
+            state_bytes_per_rank=plan.state_bytes_per_rank,
+            zero_copies=dict(plan.zero_copies),
+            zero_stage=dict(plan.zero_stage),
+            zero_gather_s=plan.zero_gather_s,
             dp=self.dp,
         )
         # ZeRO-2 blocks: each keeps a flat 1/dp shard (a view of the block) whose gradient the
@@ -650,14 +648,14 @@ class ShardedModule(nn.Module):
         self._unsynced = False  # .grad holds micro-steps not yet summed over dp
         self._zero2: dict[str, _Zero2Shard] = {}
         for name, p in zip(pnames, self.local_params, strict=True):
-            if result["zero_stage"].get(name) == 2 and p.requires_grad:
+            if plan.zero_stage.get(name) == 2 and p.requires_grad:
                 self._zero2[name] = _Zero2Shard(p, self.dp_comm, name, lambda: self._syncing)
         self._zero2_ids = {id(z.param) for z in self._zero2.values()}
         self.mesh_search: list[dict[str, Any]] = []  # shard_model(mesh_shape="auto") fills it
         log.info(
             "torch_plugin sharding: %d reshards, %d grad syncs",
-            result["reshards"],
-            result["grad_syncs"],
+            sharded.reshards,
+            sharded.grad_syncs,
         )
 
     def _owner(self, name: str) -> tuple[nn.Module, str]:
@@ -779,13 +777,27 @@ class ShardedModule(nn.Module):
             return None
         return (dev, torch.get_autocast_dtype(dev))
 
+    def _shard(
+        self, graph: _C.Graph, options: _C.ShardingOptions
+    ) -> tuple[_C.ShardingPlan, _C.ShardedGraph]:
+        """Plans the graph's sharding and materialises the SPMD graph this rank runs."""
+        pm = _C.PassManager()
+        plan = pm.plan_sharding(graph, options)
+        sharded = pm.materialize_sharding(
+            graph,
+            plan,
+            _C.MaterializeOptions(
+                world=options.world, group=self._handle, training=options.training
+            ),
+        )
+        return plan, sharded
+
     def _program(self) -> tuple[fx.GraphModule, bool]:
         """The local program for the current autocast state (captured and planned once)."""
         state = self._autocast_state()
         program = self._programs.get(state)
         if program is not None:
             return program
-        device, training, time_limit_s, level, zero = self._plan_args
         log.info(
             "torch_plugin sharding: first call under autocast %s; capturing the model again "
             "with its specs pinned",
@@ -798,21 +810,10 @@ class ShardedModule(nn.Module):
                 "inside the autocast context the model trains in"
             )
         captured = _capture(self._skeleton, self._capture_call)
-        result = _C.shard_graph(
-            captured.graph,
-            self.world,
-            self._handle,
-            device,
-            training,
-            0.0,
-            time_limit_s,
-            self._pinned,
-            level,
-            1.0,
-            self.dp,
-            zero,
-        )
-        changed = {n: s for n, s in result["spec"].items() if self._pinned.get(n, s) != s}
+        pinned = self._options.to_dict()
+        pinned.update(memory_budget_bytes=0.0, pinned=self._pinned)
+        plan, sharded = self._shard(captured.graph, _C.ShardingOptions(**pinned))
+        changed = {n: s for n, s in plan.spec.items() if self._pinned.get(n, s) != s}
         if changed:
             raise RuntimeError(
                 f"torch_plugin sharding: under autocast {state} the plan moved {changed}; "
@@ -821,14 +822,14 @@ class ShardedModule(nn.Module):
         check_same(
             self.comm.group,
             "sharding plans under autocast",
-            digest([sorted(result["spec"].items()), result["collectives"]]),
+            digest(str(plan)),
             self.world,
             "every rank must run the same autocast state",
         )
         captured.ctx.targets.update(_TARGETS)
         program = (
-            fx_bridge.from_ir(result["graph"], captured.ctx),
-            fx_bridge.has_random_ops(result["graph"]),
+            fx_bridge.from_ir(sharded.graph, captured.ctx),
+            fx_bridge.has_random_ops(sharded.graph),
         )
         self._programs[state] = program
         return program
@@ -1141,20 +1142,21 @@ def search_mesh_shape(
         graph = _capture(model, sliced).graph
         row: dict[str, Any] = {"dp": dp, "tp": world // dp, "objective": None, "why": ""}
         try:
-            plan = _C.plan_sharding(
+            plan = _C.PassManager().plan_sharding(
                 graph,
-                world // dp,
-                device,
-                training,
-                budget,
-                time_limit_s,
-                dict(constraints or {}),
-                level,
-                1.0,
-                dp,
-                zero,
+                _C.ShardingOptions(
+                    world=world // dp,
+                    device=device,
+                    training=training,
+                    memory_budget_bytes=budget,
+                    time_limit_s=time_limit_s,
+                    pinned=dict(constraints or {}),
+                    level=level,
+                    dp=dp,
+                    max_zero_stage=zero,
+                ),
             )
-            row["objective"] = plan["objective"]
+            row["objective"] = plan.objective
         except _C.PlanError as e:
             row["why"] = str(e)
         shapes.append(row)

@@ -208,12 +208,22 @@ def place_graph(
                     entry = _measure_boundary(b, opts.samples)
                     cache.put(key, b.name, "boundary-probe-v1", entry)
                 boundary[b.name] = entry.seconds or 0.0
-    options = [
-        (c["id"], c["node_ids"], costs[c["id"]] + boundary.get(c["backend"], 0.0), c["backend"])
+    choices = [
+        _C.PlacementChoice(
+            candidate=c["id"],
+            nodes=c["node_ids"],
+            cost=costs[c["id"]] + boundary.get(c["backend"], 0.0),
+            backend=c["backend"],
+        )
         for c in cands
         if c["id"] in costs
     ]
-    dp = _C.place_op_level(graph, options, penalty, opts.max_states, log.debug)
+    dp = _C.PassManager(log=log.debug).place_op_level(
+        graph,
+        choices,
+        _C.PlacementOptions(max_states=opts.max_states),
+        switch_penalty=penalty,
+    )
     by_id = {c["id"]: c for c in cands}
     groups = [
         Group(
@@ -225,13 +235,13 @@ def place_graph(
             costs[i],
             [ops_of.get(n, "?") for n in by_id[i]["nodes"]],
         )
-        for i in dp["chosen"]
+        for i in dp.chosen
     ]
     result = PlacementResult(
         groups=groups,
-        dp_cost_s=dp["cost"],
-        dp_exact=dp["exact"],
-        dp_states=dp["states"],
+        dp_cost_s=dp.cost,
+        dp_exact=dp.exact,
+        dp_states=dp.states,
         candidates=len(cands),
         candidates_by_rule=by_rule,
         measured=measured,
@@ -558,18 +568,19 @@ def _evolve_round(
             bar.refresh()
 
     try:
-        r = _C.evolve_placement(
+        pm = _C.PassManager(log=log.debug, time_budget_s=budget_s if budget_s > 0 else 1e-9)
+        r = pm.evolve_placement(
             seed,
             fitness,
-            population=8,
-            generations=10,
-            min_improvement=0.02,
-            rng_seed=opts.seed,
-            max_evaluations=opts.max_evaluations,
-            time_budget_s=budget_s if budget_s > 0 else 1e-9,
+            _C.EvolveOptions(
+                population=8,
+                generations=10,
+                min_improvement=0.02,
+                seed=opts.seed,
+                max_evaluations=opts.max_evaluations,
+            ),
             progress=progress,
-            log=log.debug,
-        )
+        ).to_dict()
     finally:
         if bar is not None:
             bar.close()

@@ -16,6 +16,7 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -129,18 +130,26 @@ def place_whole_graph_first(
                 return ok
 
             try:
-                plan = _C.search_whole_graph_first(
-                    compilers,
-                    compile_step,
-                    time_whole,
-                    lambda: time.perf_counter() - t_start,
-                    {
-                        "turns": 3,
-                        "budget_factor": float(opts.budget_factor),
-                        "fallback_budget_s": float(opts.time_budget_s),
-                        "allow_refine": bool(opts.allow_refine and opts.evolve),
-                        "refine_candidates": len(nodes),
-                    },
+                measurer = SimpleNamespace(
+                    compile=compile_step,
+                    time=time_whole,
+                    elapsed=lambda: time.perf_counter() - t_start,
+                )
+                # As a dict: the profile cache keeps it as JSON.
+                plan = (
+                    _C.PassManager()
+                    .search_whole_graph_first(
+                        compilers,
+                        measurer,
+                        _C.WholeGraphSearchOptions(
+                            turns=3,
+                            budget_factor=float(opts.budget_factor),
+                            fallback_budget_s=float(opts.time_budget_s),
+                            allow_refine=bool(opts.allow_refine and opts.evolve),
+                            refine_candidates=len(nodes),
+                        ),
+                    )
+                    .to_dict()
                 )
             finally:
                 bar.close()

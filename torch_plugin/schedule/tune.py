@@ -150,26 +150,24 @@ def tune(
             bar.set_postfix(best=best)
 
     try:
-        raw = _C.tune_schedule(
+        pm = _C.PassManager(log=log.info, time_budget_s=time_budget_s)
+        raw = pm.tune_schedule(
             [len(c) for c in space.symbols.values()],
             score,
-            method=method,
-            max_evaluations=max_evaluations,
-            seed=seed,
-            restarts=restarts,
-            time_budget_s=time_budget_s,
+            _C.TuneOptions(
+                method=method, max_evaluations=max_evaluations, seed=seed, restarts=restarts
+            ),
             progress=on_trial,
-            log=log.info,
         )
     finally:
         if bar is not None:
             bar.close()
     return TuneResult(
-        best=space.config(raw["best"]) if raw["best"] else None,
-        best_score=raw["best_score"] if raw["best"] else None,
-        trials=[(space.config(p), s) for p, s in raw["trials"]],
-        space_size=raw["space_size"],
+        best=space.config(raw.best) if raw.best else None,
+        best_score=raw.best_score if raw.best else None,
+        trials=[(space.config(t.point), t.score) for t in raw.trials],
+        space_size=raw.space_size,
         method=method,
-        stopped_by_budget=raw["stopped_by_budget"],
+        stopped_by_budget=raw.stopped_by_budget,
         skipped=skipped[0],
     )

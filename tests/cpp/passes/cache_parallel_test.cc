@@ -100,13 +100,19 @@ ir::Graph DecodeGraph(const DecodeGraphSpec& s) {
   return b.Build();
 }
 
-Context WorldContext(int world, const std::string& scheme = "auto", bool split = false) {
+CacheParallelOptions WorldOptions(int world, const std::string& scheme = "auto",
+                                  bool split = false) {
+  CacheParallelOptions o;
+  o.world = world;
+  o.handle = 7;
+  o.scheme = scheme;
+  o.allow_batch_split = split;
+  return o;
+}
+
+PassResult CacheParallelPass(const ir::Graph& g, const CacheParallelOptions& o) {
   Context ctx;
-  ctx.options["cache_parallel.world"] = std::to_string(world);
-  ctx.options["cache_parallel.handle"] = "7";
-  ctx.options["cache_parallel.scheme"] = scheme;
-  ctx.options["cache_parallel.allow_batch_split"] = split ? "1" : "0";
-  return ctx;
+  return CacheParallel(g, o, ctx);
 }
 
 int Count(const ir::Graph& g, const std::string& op) {
@@ -116,7 +122,7 @@ int Count(const ir::Graph& g, const std::string& op) {
 }
 
 TEST(CacheParallel, RewritesCausalDecodeAttention) {
-  Context ctx = WorldContext(2);
+  CacheParallelOptions ctx = WorldOptions(2);
   PassResult r = CacheParallelPass(DecodeGraph({}), ctx);
   ASSERT_TRUE(r.changed);
   ir::Verify(r.graph);
@@ -146,7 +152,7 @@ TEST(CacheParallel, RewritesCausalDecodeAttention) {
 TEST(CacheParallel, NoMaskMeansAllKeysBeforeEnd) {
   DecodeGraphSpec s;
   s.mask = false;
-  Context ctx = WorldContext(4);
+  CacheParallelOptions ctx = WorldOptions(4);
   PassResult r = CacheParallelPass(DecodeGraph(s), ctx);
   ASSERT_TRUE(r.changed);
   for (const auto& n : r.graph.nodes())
@@ -175,7 +181,7 @@ TEST(CacheParallel, LeavesDeviatingAttentionAloneAndSaysWhy) {
     ASSERT_EQ(plan.skipped.size(), 1u);
     EXPECT_NE(plan.skipped[0].find("sdpa: "), std::string::npos);
     EXPECT_NE(plan.skipped[0].find(c.why), std::string::npos) << plan.skipped[0];
-    Context ctx = WorldContext(2);
+    CacheParallelOptions ctx = WorldOptions(2);
     PassResult r = CacheParallelPass(g, ctx);
     EXPECT_FALSE(r.changed);
     EXPECT_EQ(r.graph.nodes().size(), g.nodes().size());
@@ -183,25 +189,21 @@ TEST(CacheParallel, LeavesDeviatingAttentionAloneAndSaysWhy) {
 }
 
 TEST(CacheParallel, OptionErrorsSayWhatToDo) {
-  Context none;
   try {
-    CacheParallelPass(DecodeGraph({}), none);
+    CacheParallelPass(DecodeGraph({}), CacheParallelOptions{});
     FAIL() << "expected PassError";
   } catch (const PassError& e) {
     EXPECT_NE(std::string(e.what()).find("torch_plugin.cache_parallel(model, mesh)"),
               std::string::npos);
   }
-  Context bad_scheme = WorldContext(2, "ring");
+  CacheParallelOptions bad_scheme = WorldOptions(2, "ring");
   EXPECT_THROW(CacheParallelPass(DecodeGraph({}), bad_scheme), PassError);
-  Context no_split = WorldContext(2, "gather_qkv", /*split=*/false);
+  CacheParallelOptions no_split = WorldOptions(2, "gather_qkv", /*split=*/false);
   EXPECT_THROW(CacheParallelPass(DecodeGraph({}), no_split), PassError);
   DecodeGraphSpec odd;
   odd.batch = 3;
-  Context odd_ctx = WorldContext(2, "gather_qkv", /*split=*/true);
+  CacheParallelOptions odd_ctx = WorldOptions(2, "gather_qkv", /*split=*/true);
   EXPECT_THROW(CacheParallelPass(DecodeGraph(odd), odd_ctx), PassError);
-  Context bad_int = WorldContext(2);
-  bad_int.options["cache_parallel.world"] = "two";
-  EXPECT_THROW(CacheParallelPass(DecodeGraph({}), bad_int), PassError);
 }
 
 TEST(CacheParallel, SchemeFollowsTheCostModel) {

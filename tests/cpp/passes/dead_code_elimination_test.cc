@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "ir/text.h"
-#include "passes/pipeline.h"
+#include "passes/pass_manager.h"
 #include "test_graphs.h"
 
 namespace tp::passes {
@@ -63,20 +63,20 @@ TEST(DeadCodeEliminationTest, UnchangedGraphReportsNoChange) {
   EXPECT_EQ(ir::PrintGraph(r.graph), ir::PrintGraph(testing::LinearRelu()));
 }
 
-TEST(PipelineTest, IdentityPipelineVerifiesAndKeepsGraph) {
+TEST(PassManagerTest, IdentityPipelineVerifiesAndKeepsGraph) {
   Context ctx;
-  PipelineReport report;
-  ir::Graph g = RunPipeline(testing::LinearRelu(), {}, ctx, &report);
+  PassReport report;
+  ir::Graph g = PassManager(ctx).Run(testing::LinearRelu(), {}, {}, &report);
   EXPECT_EQ(ir::PrintGraph(g), ir::PrintGraph(testing::LinearRelu()));
   EXPECT_TRUE(report.passes.empty());
 }
 
-TEST(PipelineTest, RunsNamedPassesAndLogs) {
+TEST(PassManagerTest, RunsNamedPassesAndLogs) {
   std::vector<std::string> lines;
   Context ctx;
   ctx.log = [&](const std::string& l) { lines.push_back(l); };
-  PipelineReport report;
-  ir::Graph g = RunPipeline(GraphWithDeadNodes(), {"dead_code_elimination"}, ctx, &report);
+  PassReport report;
+  ir::Graph g = PassManager(ctx).Run(GraphWithDeadNodes(), {"dead_code_elimination"}, {}, &report);
   EXPECT_EQ(g.nodes().size(), 3u);
   ASSERT_EQ(report.passes.size(), 1u);
   EXPECT_EQ(report.passes[0].nodes_before, 4);
@@ -85,26 +85,38 @@ TEST(PipelineTest, RunsNamedPassesAndLogs) {
   EXPECT_NE(lines[0].find("pass dead_code_elimination"), std::string::npos);
 }
 
-TEST(PipelineTest, UnknownPassListsValidOnes) {
+TEST(PassManagerTest, UnknownPassListsValidOnes) {
   Context ctx;
   try {
-    RunPipeline(testing::LinearRelu(), {"fuse_everything"}, ctx);
+    PassManager(ctx).Run(testing::LinearRelu(), {"fuse_everything"}, {});
     FAIL();
   } catch (const PassError& e) {
     EXPECT_EQ(e.pass_name(), "fuse_everything");
-    EXPECT_NE(std::string(e.what()).find("valid passes: dead_code_elimination"),
+    EXPECT_NE(std::string(e.what()).find("rewrites: dead_code_elimination"),
               std::string::npos)
         << e.what();
   }
 }
 
-TEST(PipelineTest, MalformedInputNamesNode) {
+TEST(PassManagerTest, PlanPassesAreListedButNotRunAsRewrites) {
+  bool sharding_listed = false;
+  for (const auto& p : RegisteredPasses()) sharding_listed |= p.name == "sharding_ilp";
+  EXPECT_TRUE(sharding_listed);
+  try {
+    PassManager().Run(testing::LinearRelu(), {"sharding_ilp"}, {});
+    FAIL();
+  } catch (const PassError& e) {
+    EXPECT_NE(std::string(e.what()).find("planning pass"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PassManagerTest, MalformedInputNamesNode) {
   ir::GraphBuilder b;
   auto x = b.AddInput("x", Tensor({4}), ir::InputKind::kUser);
   b.AddNode(Op("bad", "aten::add.Tensor", {V(x), V(9)}, Tensor({4})));
   Context ctx;
   try {
-    RunPipeline(b.BuildUnverified(), {}, ctx);
+    PassManager(ctx).Run(b.BuildUnverified(), {}, {});
     FAIL();
   } catch (const PassError& e) {
     EXPECT_EQ(e.node(), "bad");
