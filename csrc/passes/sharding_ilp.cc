@@ -595,6 +595,7 @@ std::string ShardingPlan::ToString() const {
      << " B, state " << state_bytes_per_rank << " B, activations " << activation_bytes_per_rank
      << " B\n";
   for (const auto& [name, s] : spec) {
+    if (name.empty()) continue;  // an unused tuple element
     os << "  " << name << ": " << s.ToString();
     auto st = strategy.find(name);
     if (st != strategy.end()) os << " by " << st->second;
