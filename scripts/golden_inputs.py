@@ -45,7 +45,8 @@ def main() -> None:
     wide = str(_hf_forward(model, inputs))
     origin = "HF LlamaForCausalLM, 1 layer, hidden 1024, heads 4/2, batch 2 x 16 (inference)"
     for p in ("sharding_ilp", "sharding_materialize"):
-        write(p, "hf_llama_wide", wide, [origin, "made by scripts/golden_inputs.py", "option world=4"])
+        header = [origin, "made by scripts/golden_inputs.py", "option world=4"]
+        write(p, "hf_llama_wide", wide, header)
     # One decode step of the zoo's Llama with its KV caches as buffers (the cache_parallel site).
     zoo = build_llama(small=True).eval()
     decode = str(forward_ir(zoo, torch.zeros(2, 1, dtype=torch.long), 5))
