@@ -54,8 +54,10 @@ def main() -> None:
         "cache_parallel",
         "llama_decode",
         decode,
-        ["torch_plugin.models.llama (small), one decode step at position 5, batch 2",
-         "made by scripts/golden_inputs.py"],
+        [
+            "torch_plugin.models.llama (small), one decode step at position 5, batch 2",
+            "made by scripts/golden_inputs.py",
+        ],
     )
 
 
