@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from .. import _C, fx_bridge
-from .agreement import check_same, digest
+from .agreement import planning_only, check_same, digest
 from .capture import as_call, describe, label_counter, takes_loss_kwargs, trace_call
 from .collectives import Collectives
 from .mesh import DeviceMesh
@@ -571,7 +571,14 @@ class ShardedModule(nn.Module):
         all_buffers = dict(model.named_buffers())
         specs = dict(zip(pnames + bnames, self.param_specs + self.buffer_specs, strict=True))
         meta = any(t.is_meta for t in [*all_params.values(), *all_buffers.values()])
-        if meta:
+        if meta and init_seed is None and planning_only(comm.group):
+            # Planning a large world in one process (torch's fake backend): the blocks keep
+            # their local shapes on the meta device; nothing runs.
+            blocks = {
+                n: self.shard(t.detach(), specs[n])
+                for n, t in [*all_params.items(), *all_buffers.items()]
+            }
+        elif meta:
             if init_seed is None:
                 raise ValueError(
                     "the model is on the meta device: pass init_seed (the seed it would be built "
