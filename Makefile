@@ -85,7 +85,7 @@ cuda-check:
 
 test-py:
 	@echo "[$$(date +%T)] make test-py"
-	$(PYTHON) -m pytest -q tests/python
+	$(PYTHON) -m pytest -q --durations=20 tests/python
 
 # The core must build without LibTorch or Python: only csrc/bindings and kernels/ include them.
 check-core-deps:

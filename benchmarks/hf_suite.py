@@ -504,6 +504,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rank_figures(rank: int, world: int, entry: str, name: str) -> dict[str, Any]:
+    """One rank's share of a distributed cell, in a process group already joined (the suite's
+    fresh processes, or the tests' kept-alive gloo pool). Raises Mismatch when numbers differ."""
+    mesh = DISTRIBUTED[entry][1]
+    if entry.startswith("shard"):
+        return check_shard(name, mesh)
+    if entry == "recipe2x2":
+        return check_recipe(name, mesh)
+    if entry == "bf16_2":
+        return check_bf16(name, mesh)
+    if entry == "pipeline4":
+        return check_pipeline(name, world)
+    return check_cp_decode(name, mesh)
+
+
+def merge_figures(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The worst of the ranks' figures (largest difference), per figure."""
+    figures: dict[str, Any] = {}
+    for key in ranks[0]:
+        values = [r[key] for r in ranks]
+        figures[key] = max(values) if isinstance(values[0], (int, float)) else values[0]
+    return figures
+
+
 def _rank_main(rank: int, world: int, port: int, entry: str, name: str, out: str) -> None:
     import warnings
 
@@ -521,18 +545,7 @@ def _rank_main(rank: int, world: int, port: int, entry: str, name: str, out: str
             world_size=world,
             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
         )
-        mesh = DISTRIBUTED[entry][1]
-        if entry.startswith("shard"):
-            figures = check_shard(name, mesh)
-        elif entry == "recipe2x2":
-            figures = check_recipe(name, mesh)
-        elif entry == "bf16_2":
-            figures = check_bf16(name, mesh)
-        elif entry == "pipeline4":
-            figures = check_pipeline(name, world)
-        else:
-            figures = check_cp_decode(name, mesh)
-        result = {"status": "pass", "figures": figures}
+        result = {"status": "pass", "figures": rank_figures(rank, world, entry, name)}
     except Exception as e:  # noqa: BLE001 - every failure is a cell of the table
         result = {
             "status": "mismatch" if isinstance(e, Mismatch) else "error",
@@ -594,10 +607,7 @@ def run_distributed(entry: str, name: str, deadline_s: float = 300.0) -> dict[st
         causes = [b for b in bad if "died or stalled" not in b.get("error", "")] or bad
         worst = next((b for b in causes if b["status"] == "mismatch"), causes[0])
         return {**worst, "seconds": seconds}
-    figures: dict[str, Any] = {}
-    for key in ranks[0]["figures"]:
-        values = [res["figures"][key] for res in ranks]
-        figures[key] = max(values) if isinstance(values[0], (int, float)) else values[0]
+    figures = merge_figures([res["figures"] for res in ranks])
     return {"status": "pass", "figures": figures, "seconds": seconds}
 
 

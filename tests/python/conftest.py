@@ -38,3 +38,20 @@ def fixed_profile(monkeypatch) -> Callable[[dict[str, float]], None]:
         stub_profile.install_whole_graph(seconds, monkeypatch.setattr)
 
     return apply
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    """gloo(world): `world` gloo ranks kept alive for the test module (gloo_pool.py)."""
+    from gloo_pool import GlooPool
+
+    pools: dict[int, GlooPool] = {}
+
+    def get(world: int) -> GlooPool:
+        if world not in pools:
+            pools[world] = GlooPool(world)
+        return pools[world]
+
+    yield get
+    for pool in pools.values():
+        pool.close()

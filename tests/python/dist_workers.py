@@ -25,11 +25,31 @@ def free_port() -> int:
 
 
 def spawn(fn: Any, world: int, *args: Any) -> None:
-    """Runs fn(rank, world, port, *args) on `world` processes; raises if any rank fails."""
+    """Runs fn(rank, world, port, *args) on `world` fresh processes; raises if any rank fails.
+    For the tests that kill ranks or break the group on purpose; the others run on the
+    kept-alive ranks of `pooled`."""
     mp.spawn(fn, args=(world, free_port(), *args), nprocs=world, join=True)
 
 
+def pooled(pool: Any, fn: Any, *args: Any) -> list[Any]:
+    """Runs fn(rank, world, port, *args) on the kept-alive ranks of a GlooPool (conftest's
+    `gloo` fixture), whose process group is joined already (port unused)."""
+    return pool.run(fn, 0, *args)
+
+
+def _pooled() -> bool:
+    return os.environ.get("TP_GLOO_POOL") == "1"
+
+
+def _finish() -> None:
+    """A spawned worker leaves its group; a pooled one keeps it for the next test."""
+    if not _pooled():
+        dist.destroy_process_group()
+
+
 def _init(rank: int, world: int, port: int) -> None:
+    if _pooled():
+        return
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -118,7 +138,7 @@ def pipeline_step_matches(
             )
         )
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def pipeline_fault(
@@ -241,7 +261,7 @@ def cp_decode_matches(
                 )
             )
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def cp_default_compile(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -285,7 +305,7 @@ def cp_default_compile(rank: int, world: int, port: int, out_dir: str) -> None:
             json.dumps({"got": got, "want": want, "log": lines})
         )
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def cp_fault(rank: int, world: int, port: int, timeout_s: float, out_dir: str) -> None:
@@ -589,7 +609,7 @@ def sharding_step_matches(
             report["bad_input"] = str(e)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def sharding_fault(rank: int, world: int, port: int, timeout_s: float, out_dir: str) -> None:
@@ -645,7 +665,7 @@ def sharding_meta_init(rank: int, world: int, port: int, out_dir: str) -> None:
             json.dumps({"sharded": sharded_count, "params": len(ref)})
         )
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def sharding_plan_mismatch(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -669,7 +689,7 @@ def sharding_plan_mismatch(rank: int, world: int, port: int, out_dir: str) -> No
     Path(out_dir, f"rank{rank}.json").write_text(
         json.dumps({"message": message, "seconds": time.perf_counter() - t0})
     )
-    dist.destroy_process_group()
+    _finish()
 
 
 def _example(name: str) -> Any:
@@ -746,7 +766,7 @@ def schedule_gpt2_matches(rank: int, world: int, port: int, out_dir: str) -> Non
             )
         )
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def schedule_misuse(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -801,7 +821,7 @@ def schedule_misuse(rank: int, world: int, port: int, out_dir: str) -> None:
         attempt("verify_differs", lambda: sch.verify((tokens,)))
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(errors))
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def _launched_mesh(out_dir: str, shape: list[int] | None, timeout_s: float) -> None:
@@ -905,7 +925,7 @@ def schedule_pipeline_composition(
             )
         )
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def schedule_auto_shard(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -938,7 +958,7 @@ def schedule_auto_shard(rank: int, world: int, port: int, out_dir: str) -> None:
             json.dumps({"specs": specs, "grad_diff": grad_diff})
         )
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def parallelize_decorator(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -967,7 +987,7 @@ def parallelize_decorator(rank: int, world: int, port: int, out_dir: str) -> Non
             json.dumps({"type": type(model).__name__, "sharded": model.plan.params[0][2]})
         )
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def schedule_dp_tp(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -1009,7 +1029,7 @@ def schedule_dp_tp(rank: int, world: int, port: int, out_dir: str) -> None:
             )
         )
     finally:
-        dist.destroy_process_group()
+        _finish()
 
 
 def sharding_dropout_matches(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -1050,4 +1070,4 @@ def sharding_dropout_matches(rank: int, world: int, port: int, out_dir: str) -> 
             )
         )
     finally:
-        dist.destroy_process_group()
+        _finish()

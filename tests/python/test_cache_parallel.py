@@ -25,10 +25,10 @@ from torch_plugin.models.llama import build_llama
     ("world", "schemes"), [(2, ["gather_qkv", "auto"]), (4, ["gather_partials"])]
 )
 def test_greedy_decode_matches_single_process(
-    tmp_path: Path, world: int, schemes: list[str]
+    gloo, tmp_path: Path, world: int, schemes: list[str]
 ) -> None:
     steps = 32
-    dist_workers.spawn(dist_workers.cp_decode_matches, world, schemes, steps, str(tmp_path))
+    dist_workers.pooled(gloo(world), dist_workers.cp_decode_matches, schemes, steps, str(tmp_path))
     for scheme in schemes:
         for rank in range(world):
             r = json.loads((tmp_path / f"rank{rank}_{scheme}.json").read_text())
@@ -45,8 +45,8 @@ def test_greedy_decode_matches_single_process(
             assert r["cache_bytes"] == r["full_cache_bytes"] // world
 
 
-def test_default_compile_with_a_mesh_decodes_cache_parallel(tmp_path: Path) -> None:
-    dist_workers.spawn(dist_workers.cp_default_compile, 2, str(tmp_path))
+def test_default_compile_with_a_mesh_decodes_cache_parallel(gloo, tmp_path: Path) -> None:
+    dist_workers.pooled(gloo(2), dist_workers.cp_default_compile, str(tmp_path))
     for rank in range(2):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert r["got"] == r["want"]
@@ -182,7 +182,7 @@ def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("name", "entry"), [("llama", "cp_decode"), ("mistral", "cp_decode4")])
-def test_hf_generate_splits_the_cache_and_keeps_the_tokens(name: str, entry: str) -> None:
+def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entry: str) -> None:
     """cache_parallel(hf_model, DeviceMesh(n)).generate(): 32 greedy tokens for a batch of
     prompts of two lengths (left padding) equal eager generate()'s on every rank; each rank
     holds at most 1/n of the single-process cache plus a block per layer; every decode step of
@@ -190,9 +190,9 @@ def test_hf_generate_splits_the_cache_and_keeps_the_tokens(name: str, entry: str
     prompt: its layers drop what leaves the window, and the kernel starts after it."""
     from benchmarks import hf_suite as runner
 
-    cell = runner.run_distributed(entry, name, deadline_s=240)
-    assert cell["status"] == "pass", cell.get("error")
-    assert cell["figures"]["tokens"] == 32 and cell["figures"]["kernel_calls"] >= 62
+    world = runner.DISTRIBUTED[entry][0]
+    figures = runner.merge_figures(gloo(world).run(runner.rank_figures, entry, name))
+    assert figures["tokens"] == 32 and figures["kernel_calls"] >= 62
 
 
 def test_hf_cache_layers_hold_their_blocks_and_drop_what_leaves_the_window() -> None:

@@ -4,6 +4,8 @@ through the entry points of benchmarks/hf_suite.py: CI's cross-section (the full
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -43,53 +45,56 @@ def test_roundtrip_is_bit_exact_on_hf_calls(name: str) -> None:
     runner.check_roundtrip(name)
 
 
-@pytest.mark.parametrize(
-    ("name", "entry"),
-    [("t5", "shard2"), ("bert", "shard2x2")],
-)
-def test_sharded_hf_models_train_as_one_process(name: str, entry: str) -> None:
-    """parallelize(model, mesh, inputs_dict) then model(**inputs).loss, 3 AdamW steps on gloo:
-    losses equal one process within 1e-5, the model's parameter names and .config are kept.
-    On the (dp, tp) mesh the two replicas' slices hold different numbers of labels (row 1 is
-    padded): BERT's loss is a mean, weighted by each slice's share of the labels."""
-    cell = runner.run_distributed(entry, name, deadline_s=240)
-    assert cell["status"] == "pass", cell.get("error")
-    assert cell["figures"]["max_loss_diff"] <= runner.LOSS_RTOL
+def _cell(pool: Any, entry: str, name: str) -> dict[str, Any]:
+    """A distributed cell of the suite on the kept-alive ranks: the worst rank's figures."""
+    return runner.merge_figures(pool.run(runner.rank_figures, entry, name))
 
 
-def test_accumulation_and_clipping_on_a_dp_tp_mesh_equal_one_process() -> None:
-    """Llama on (dp=2, tp=2), which takes num_items_in_batch: 4 micro-steps, 3 under
-    no_sync() with no gradient collective, then clip_grad_norm_ (the norm equals one
-    process's on the whole batch within 1e-6) and an AdamW step (the next loss within
-    1e-5)."""
-    cell = runner.run_distributed("recipe2x2", "llama", deadline_s=240)
-    assert cell["status"] == "pass", cell.get("error")
-    assert cell["figures"]["norm_rel_diff"] <= 1e-6
-    assert cell["figures"]["max_loss_diff"] <= runner.LOSS_RTOL
-    assert cell["figures"]["quiet_micro_steps"] == 3
+class TestOnTwoRanks:
+    def test_sharded_t5_trains_as_one_process(self, gloo: Any) -> None:
+        """parallelize(model, mesh, inputs_dict) then model(**inputs).loss, 3 AdamW steps on
+        gloo: losses equal one process within 1e-5, the model's parameter names and .config
+        are kept."""
+        figures = _cell(gloo(2), "shard2", "t5")
+        assert figures["max_loss_diff"] <= runner.LOSS_RTOL
+
+    def test_bf16_sharded_decoder_trains_as_one_process_recipe(self, gloo: Any) -> None:
+        """Llama on 2 ranks in bf16, both ways: bf16 parameters stepped as float32 master
+        weights (`optimizer(..., master_weights=True)`, gradients summed in float32), and
+        float32 parameters under torch.autocast(bfloat16); 3 AdamW steps each within 2e-2 of
+        one process running the same recipe."""
+        figures = _cell(gloo(2), "bf16_2", "llama")
+        assert figures["bf16_params_loss_diff"] <= runner.BF16_RTOL
+        assert figures["autocast_loss_diff"] <= runner.BF16_RTOL
 
 
-def test_hf_decoder_pipelines_train_as_one_process() -> None:
-    """OPT (4 layers, its embedding tied to the LM head) on a 4-rank graph pipeline, called
-    the HF way (`parallelize(model, 4, inputs_dict, strategy="pipeline")`, `loss_fn` reading
-    `out.loss`): 3 clipped AdamW steps equal one process within 1e-5 (losses) and 1e-5 (norms).
-    The tied weight is read in two stages, whose gradients are summed."""
-    cell = runner.run_distributed("pipeline4", "opt", deadline_s=240)
-    assert cell["status"] == "pass", cell.get("error")
-    assert cell["figures"]["max_loss_diff"] <= runner.LOSS_RTOL
-    assert cell["figures"]["max_norm_rel_diff"] <= 1e-5
-    assert cell["figures"]["tied"] == 1 and cell["figures"]["stages"] >= 2
+class TestOnFourRanks:
+    def test_sharded_bert_on_a_dp_tp_mesh_trains_as_one_process(self, gloo: Any) -> None:
+        """On the (dp, tp) mesh the two replicas' slices hold different numbers of labels (row
+        1 is padded): BERT's loss is a mean, weighted by each slice's share of the labels."""
+        figures = _cell(gloo(4), "shard2x2", "bert")
+        assert figures["max_loss_diff"] <= runner.LOSS_RTOL
 
+    def test_accumulation_and_clipping_on_a_dp_tp_mesh_equal_one_process(self, gloo: Any) -> None:
+        """Llama on (dp=2, tp=2), which takes num_items_in_batch: 4 micro-steps, 3 under
+        no_sync() with no gradient collective, then clip_grad_norm_ (the norm equals one
+        process's on the whole batch within 1e-6) and an AdamW step (the next loss within
+        1e-5)."""
+        figures = _cell(gloo(4), "recipe2x2", "llama")
+        assert figures["norm_rel_diff"] <= 1e-6
+        assert figures["max_loss_diff"] <= runner.LOSS_RTOL
+        assert figures["quiet_micro_steps"] == 3
 
-def test_bf16_sharded_decoder_trains_as_one_process_recipe() -> None:
-    """Llama on 2 ranks in bf16, both ways: bf16 parameters stepped as float32 master weights
-    (`optimizer(..., master_weights=True)`, gradients summed in float32), and float32
-    parameters under torch.autocast(bfloat16); 3 AdamW steps each within 2e-2 of one process
-    running the same recipe."""
-    cell = runner.run_distributed("bf16_2", "llama", deadline_s=240)
-    assert cell["status"] == "pass", cell.get("error")
-    assert cell["figures"]["bf16_params_loss_diff"] <= runner.BF16_RTOL
-    assert cell["figures"]["autocast_loss_diff"] <= runner.BF16_RTOL
+    def test_hf_decoder_pipelines_train_as_one_process(self, gloo: Any) -> None:
+        """OPT (4 layers, its embedding tied to the LM head) on a 4-rank graph pipeline,
+        called the HF way (`parallelize(model, 4, inputs_dict, strategy="pipeline")`,
+        `loss_fn` reading `out.loss`): 3 clipped AdamW steps equal one process within 1e-5
+        (losses) and 1e-5 (norms). The tied weight is read in two stages, whose gradients
+        are summed."""
+        figures = _cell(gloo(4), "pipeline4", "opt")
+        assert figures["max_loss_diff"] <= runner.LOSS_RTOL
+        assert figures["max_norm_rel_diff"] <= 1e-5
+        assert figures["tied"] == 1 and figures["stages"] >= 2
 
 
 def test_aten_pipeline_graph_recomputes_what_does_not_depend_on_the_batch() -> None:

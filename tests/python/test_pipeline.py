@@ -87,10 +87,10 @@ def test_runtime_requires_distributed() -> None:
     ],
 )
 def test_four_rank_step_equals_single_process(
-    model_name: str, strategy: str, micro: list[int] | None, tmp_path: Path
+    gloo, model_name: str, strategy: str, micro: list[int] | None, tmp_path: Path
 ) -> None:
-    dist_workers.spawn(
-        dist_workers.pipeline_step_matches, 4, model_name, strategy, micro, 8, str(tmp_path)
+    dist_workers.pooled(
+        gloo(4), dist_workers.pipeline_step_matches, model_name, strategy, micro, 8, str(tmp_path)
     )
     reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert len(reports) == 4

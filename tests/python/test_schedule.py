@@ -17,8 +17,8 @@ from torch_plugin.models import gpt
 from torch_plugin.schedule import ScheduleError
 
 
-def test_megatron_gpt2_schedule_equals_single_process(tmp_path: Path) -> None:
-    dist_workers.spawn(dist_workers.schedule_gpt2_matches, 2, str(tmp_path))
+def test_megatron_gpt2_schedule_equals_single_process(gloo, tmp_path: Path) -> None:
+    dist_workers.pooled(gloo(2), dist_workers.schedule_gpt2_matches, str(tmp_path))
     for r in range(2):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         print(r, {k: v for k, v in res.items() if k != "forward_all_reduces"})
@@ -35,8 +35,8 @@ def test_megatron_gpt2_schedule_equals_single_process(tmp_path: Path) -> None:
         assert res["local_bytes"] < 0.6 * res["full_bytes"]
 
 
-def test_schedule_misuse_gives_clear_errors(tmp_path: Path) -> None:
-    dist_workers.spawn(dist_workers.schedule_misuse, 2, str(tmp_path))
+def test_schedule_misuse_gives_clear_errors(gloo, tmp_path: Path) -> None:
+    dist_workers.pooled(gloo(2), dist_workers.schedule_misuse, str(tmp_path))
     errors = json.loads((tmp_path / "rank0.json").read_text())
     print(json.dumps(errors, indent=1))
     assert errors["wrong_path"].startswith('sch["model.transformer.h.0"] (GPT2Block) has no sub')
@@ -302,13 +302,15 @@ def test_autotune_with_an_evaluation_script() -> None:
 
 
 @pytest.mark.parametrize("pinned", [False, True], ids=["partitioned", "pinned+placement"])
-def test_schedule_composes_with_graph_pipeline_on_4_ranks(tmp_path: Path, pinned: bool) -> None:
+def test_schedule_composes_with_graph_pipeline_on_4_ranks(
+    gloo, tmp_path: Path, pinned: bool
+) -> None:
     """Mesh (pp=2, tp=2): the Megatron schedule over 'tp', two pipeline stages over 'pp' (cut
     by the partitioner, or where pipeline_split pins it); 3 SGD steps equal one process.
     The pinned run also places each stage's compute (placement pass, forward and backward)."""
     placement = pinned
-    dist_workers.spawn(
-        dist_workers.schedule_pipeline_composition, 4, str(tmp_path), pinned, placement
+    dist_workers.pooled(
+        gloo(4), dist_workers.schedule_pipeline_composition, str(tmp_path), pinned, placement
     )
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     diffs = [abs(a - b) for r in res for a, b in zip(r["losses"], r["expect"], strict=True)]
@@ -339,8 +341,8 @@ def test_schedule_composes_with_graph_pipeline_on_4_ranks(tmp_path: Path, pinned
         print("placement per rank:", [r["placed"] for r in res])
 
 
-def test_schedule_pins_and_the_ilp_plans_the_rest(tmp_path: Path) -> None:
-    dist_workers.spawn(dist_workers.schedule_auto_shard, 2, str(tmp_path))
+def test_schedule_pins_and_the_ilp_plans_the_rest(gloo, tmp_path: Path) -> None:
+    dist_workers.pooled(gloo(2), dist_workers.schedule_auto_shard, str(tmp_path))
     for r in range(2):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         specs = res["specs"]
@@ -364,8 +366,8 @@ def test_auto_shard_refuses_syncs_it_would_replace() -> None:
         torch_plugin.build(sch, auto="pipeline")
 
 
-def test_parallelize_decorator_on_a_module_class(tmp_path: Path) -> None:
-    dist_workers.spawn(dist_workers.parallelize_decorator, 2, str(tmp_path))
+def test_parallelize_decorator_on_a_module_class(gloo, tmp_path: Path) -> None:
+    dist_workers.pooled(gloo(2), dist_workers.parallelize_decorator, str(tmp_path))
     for r in range(2):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["type"] == "ShardedModule"
@@ -373,8 +375,8 @@ def test_parallelize_decorator_on_a_module_class(tmp_path: Path) -> None:
         torch_plugin.parallelize(gpt.GPT)
 
 
-def test_schedule_with_data_parallel_replicas_on_4_ranks(tmp_path: Path) -> None:
-    dist_workers.spawn(dist_workers.schedule_dp_tp, 4, str(tmp_path))
+def test_schedule_with_data_parallel_replicas_on_4_ranks(gloo, tmp_path: Path) -> None:
+    dist_workers.pooled(gloo(4), dist_workers.schedule_dp_tp, str(tmp_path))
     for r in range(4):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["type"] == "DataParallelSchedule"

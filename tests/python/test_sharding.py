@@ -58,7 +58,7 @@ def test_bad_sharding_input_is_a_clear_error() -> None:
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path) -> None:
+def test_sharded_training_step_equals_single_process(gloo, world: int, tmp_path: Path) -> None:
     """Issue 5 acceptance: MLP, 4-layer GPT-2 and BERT configs (+ our GPT, Llama, a matmul
     attention and a two-convolution net, the last two pinned through rules free plans skip) on
     gloo; outputs, gradients and the parameters after one SGD step equal single-process
@@ -66,7 +66,7 @@ def test_sharded_training_step_equals_single_process(world: int, tmp_path: Path)
     sharded parameters. bert_vocab pins the vocabulary-parallel embedding (padding_idx 0).
     On 4 ranks, a 2 x 2 (dp, tp) mesh too, and ZeRO-1 chosen under a budget with Adam."""
     names = ["mlp", "gpt2", "bert", "bert_vocab", "gpt", "llama", "matmul_attn", "conv"]
-    dist_workers.spawn(dist_workers.sharding_step_matches, world, names, 8, str(tmp_path))
+    dist_workers.pooled(gloo(world), dist_workers.sharding_step_matches, names, 8, str(tmp_path))
     for r in range(world):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         for name in names:
@@ -127,15 +127,15 @@ def test_mesh_and_parallelize_errors() -> None:
         torch_plugin.parallelize(model, 2, inputs, strategy="zero")
 
 
-def test_meta_model_is_materialised_block_by_block(tmp_path: Path) -> None:
-    dist_workers.spawn(dist_workers.sharding_meta_init, 2, str(tmp_path))
+def test_meta_model_is_materialised_block_by_block(gloo, tmp_path: Path) -> None:
+    dist_workers.pooled(gloo(2), dist_workers.sharding_meta_init, str(tmp_path))
     for r in range(2):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["sharded"] > 0
 
 
-def test_dropout_masks_equal_one_process(tmp_path: Path) -> None:
-    dist_workers.spawn(dist_workers.sharding_dropout_matches, 2, str(tmp_path))
+def test_dropout_masks_equal_one_process(gloo, tmp_path: Path) -> None:
+    dist_workers.pooled(gloo(2), dist_workers.sharding_dropout_matches, str(tmp_path))
     for r in range(2):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["random"] and res["sharded"] > 0

@@ -1,0 +1,122 @@
+"""Gloo processes kept alive across tests: a class of multi-rank tests pays for starting Python,
+importing torch and joining a process group once, not once per test.
+
+`pool.run(fn, *args)` calls fn(rank, world, *args) on every rank (fn: a module-level function,
+found again by module and name in the workers) and returns each rank's result; the assertions
+stay in the test. A rank that raises fails the run with its traceback; a run past its deadline
+kills the pool (nothing hangs), and after either the next run starts fresh processes, since a
+failed collective can leave the group out of step. Tests that kill ranks on purpose keep
+spawning their own.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any
+
+import torch.multiprocessing as mp
+
+COLLECTIVE_TIMEOUT_S = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    # TP_GLOO_POOL: dist_workers' functions skip joining and leaving the group.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TP_GLOO_POOL="1")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
+    while (task := tasks.get()) is not None:
+        (module, name), args = task
+        try:
+            import torch._dynamo
+
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            fn = getattr(importlib.import_module(module), name)
+            results.put((rank, True, fn(rank, world, *args)))
+        except BaseException:  # noqa: BLE001 - reported to the test, with the traceback
+            results.put((rank, False, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class GlooPool:
+    def __init__(self, world: int, deadline_s: float = 300.0) -> None:
+        self.world, self.deadline_s = world, deadline_s
+        self._procs: list[Any] = []
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._tasks = [ctx.Queue() for _ in range(self.world)]
+        self._results = ctx.Queue()
+        self._procs = [
+            ctx.Process(
+                target=_serve,
+                args=(r, self.world, port, self._tasks[r], self._results),
+                daemon=True,
+            )
+            for r in range(self.world)
+        ]
+        for p in self._procs:
+            p.start()
+
+    def run(self, fn: Any, *args: Any, deadline_s: float | None = None) -> list[Any]:
+        """fn(rank, world, *args) on every rank; their results in rank order."""
+        if not self._procs or not all(p.is_alive() for p in self._procs):
+            self.close()
+            self._start()
+        for q in self._tasks:
+            q.put(((fn.__module__, fn.__name__), args))
+        deadline = time.monotonic() + (deadline_s or self.deadline_s)
+        got: dict[int, tuple[bool, Any]] = {}
+        while len(got) < self.world:
+            try:
+                rank, ok, value = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                missing = sorted(set(range(self.world)) - set(got))
+                self.close()
+                raise TimeoutError(
+                    f"{fn.__name__}: ranks {missing} gave no result within the deadline"
+                ) from None
+            got[rank] = (ok, value)
+        failed = {r: v for r, (ok, v) in got.items() if not ok}
+        if failed:
+            self.close()
+            # The cause first: a rank that failed on its own, before those that then waited on
+            # it in vain.
+            r = min(failed, key=lambda r: ("Connection closed" in failed[r], r))
+            raise RuntimeError(f"{fn.__name__} failed on rank {r}:\n{failed[r]}")
+        return [got[r][1] for r in range(self.world)]
+
+    def close(self) -> None:
+        for p, q in zip(self._procs, getattr(self, "_tasks", []), strict=False):
+            if p.is_alive():
+                q.put(None)
+        for p in self._procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self._procs = []
