@@ -79,7 +79,12 @@ def _dump(opts: Options, tag: str, text: str) -> None:
 
 
 def _cache_parallel_options(
-    pm: _C.PassManager, graph: Any, manager: Any, kind: str, auto: bool = False
+    pm: _C.PassManager,
+    graph: Any,
+    manager: Any,
+    kind: str,
+    auto: bool = False,
+    on_error: str = "fallback",
 ) -> _C.CacheParallelOptions | None:
     """Plans cache parallelism once per graph; the first plan fixes the manager's scheme.
     auto (the default backend with a mesh): None where the graph has no decode attention,
@@ -105,11 +110,23 @@ def _cache_parallel_options(
             manager.scheme,
         )
     elif kind in ("forward", "inference"):
-        log.warning(
-            "torch_plugin cache_parallel: no decode attention over a KV cache in this graph; it "
-            "runs unsplit%s",
-            ": " + "; ".join(plan.skipped) if plan.skipped else "",
+        # Asked for and applied nowhere: say so loudly, naming each attention node and why it
+        # was left alone (once per model), or raise under on_error="raise".
+        why = (
+            "; ".join(plan.skipped)
+            if plan.skipped
+            else "the graph has no scaled_dot_product_attention node"
         )
+        message = (
+            f"torch_plugin cache_parallel: nothing to split in this {kind} graph, it runs "
+            f"unsplit: {why}. The pass splits decode attention over a KV cache buffer written "
+            "in the step (docs/features/cache_parallelism.md)"
+        )
+        if on_error == "raise":
+            raise RuntimeError(message)
+        if message not in manager.warned:
+            manager.warned.add(message)
+            log.warning("%s", message)
     return pass_options(manager)
 
 
@@ -281,7 +298,9 @@ def rewrite_aten_graph(
         rewrite = _C.RewriteOptions()
         cpp_passes = [p for p in opts.passes or () if p not in PYTHON_PASSES]
         if cache_manager is not None:
-            planned = _cache_parallel_options(pm, graph, cache_manager, kind, opts.auto)
+            planned = _cache_parallel_options(
+                pm, graph, cache_manager, kind, opts.auto, opts.on_error
+            )
             if planned is None:
                 cache_manager = None
             else:

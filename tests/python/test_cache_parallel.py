@@ -108,14 +108,36 @@ def test_compile_path_single_process_equals_eager(caplog: pytest.LogCaptureFixtu
     assert "2 attention site(s)" in caplog.text
 
 
-def test_model_without_cache_runs_unsplit_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    torch._dynamo.reset()
+def test_nothing_to_split_is_loud_and_names_each_attention_node(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Llama called without its cache (no start position): its attention reads no cache
+    buffer. The compile option warns once per model, naming each attention node and why; under
+    on_error="raise" (and through cache_parallel(model), which raises) it is an error."""
     model = build_llama(small=True).eval()
     tokens = torch.randint(0, 1000, (2, 5))
-    cp = torch_plugin.cache_parallel(copy.deepcopy(model))
+    compiled = torch.compile(
+        copy.deepcopy(model), backend="torch_plugin", options={"passes": ["cache_parallel"]}
+    )
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="torch_plugin"):
-        torch.testing.assert_close(cp(tokens), model(tokens), rtol=1e-5, atol=1e-5)
-    assert "no decode attention over a KV cache" in caplog.text
+        torch.testing.assert_close(compiled(tokens), model(tokens), rtol=1e-5, atol=1e-5)
+        compiled(tokens[:1])  # a recompile of the same model: no second warning
+    warnings = [r.getMessage() for r in caplog.records if "nothing to split" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    for layer in range(2):  # each attention node, with the reason it was left alone
+        assert f"layers_{layer}_attention" in warnings[0] or "scaled_dot_product" in warnings[0]
+    assert "KV-cache buffer" in warnings[0], warnings[0]
+    torch._dynamo.reset()
+    strict = torch.compile(
+        copy.deepcopy(model),
+        backend="torch_plugin",
+        options={"passes": ["cache_parallel"], "on_error": "raise"},
+    )
+    with torch.no_grad(), pytest.raises(Exception, match="nothing to split in this"):
+        strict(tokens)
+    torch._dynamo.reset()
+    with torch.no_grad(), pytest.raises(Exception, match="nothing to split in this"):
+        torch_plugin.cache_parallel(copy.deepcopy(model))(tokens)
 
 
 def test_kv_cache_placement_is_balanced_and_prefix_ordered() -> None:

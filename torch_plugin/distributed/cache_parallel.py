@@ -153,7 +153,7 @@ class CacheParallel(nn.Module):
         self._compiled = torch.compile(module, backend=backend, dynamic=True)
 
     @property
-    def plan(self) -> dict[str, Any] | None:
+    def plan(self) -> _C.CacheParallelPlan | None:
         return self.manager.plan
 
     def forward(self, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

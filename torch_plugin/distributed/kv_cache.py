@@ -138,7 +138,8 @@ class KVCacheManager(BlockPlacement):
         self.global_batch: int | None = None  # set per call by the wrapper
         self.comm = Collectives(group, world, rank, "torch_plugin cache_parallel")
         self.layers: dict[str, _LayerShard] = {}
-        self.plan: dict[str, Any] | None = None
+        self.plan: Any = None  # the pass's CacheParallelPlan, once a graph had sites
+        self.warned: set[str] = set()  # "nothing to split" messages already logged
         with _LOCK:
             self.handle = next(_NEXT_HANDLE)
             _MANAGERS[self.handle] = self

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from .. import _C, fx_bridge
-from .agreement import planning_only, check_same, digest
+from .agreement import check_same, digest, planning_only
 from .capture import as_call, describe, label_counter, takes_loss_kwargs, trace_call
 from .collectives import Collectives
 from .mesh import DeviceMesh
