@@ -67,6 +67,8 @@ void BindSharding(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("time_limit_s", &ShardingOptions::time_limit_s)
       .field("level", &ShardingOptions::level, "'exact', 'fast' or 'auto'")
       .field("auto_fast_above", &ShardingOptions::auto_fast_above)
+      .field("reduce_scatter", &ShardingOptions::reduce_scatter,
+             "the runtime's library has reduce-scatter (NCCL); False prices all-reduce (gloo)")
       .property(
           "pinned", [](const ShardingOptions& o) { return SpecStrings(o.pinned); },
           +[](ShardingOptions& o, const std::map<std::string, std::string>& pins) {

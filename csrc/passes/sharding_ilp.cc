@@ -40,7 +40,8 @@ double Bytes(const ir::Graph& g, ir::ValueId v) {
 
 // The collective turning `from` into `to` for a tensor of `bytes`, and its time.
 std::pair<std::string, double> Reshard(const ShardSpec& from, const ShardSpec& to, double bytes,
-                                       int world, const cost::DeviceProfile& d) {
+                                       int world, const cost::DeviceProfile& d,
+                                       bool has_reduce_scatter) {
   if (from == to) return {"", 0};
   if (from.kind == Kind::kReplicate) return {"", 0};  // a local slice (or zero-padded copy)
   if (to.kind == Kind::kPartial && from.kind != Kind::kPartial) return {"", 0};  // zero-pad
@@ -49,12 +50,21 @@ std::pair<std::string, double> Reshard(const ShardSpec& from, const ShardSpec& t
   const double launch = d.kernel_overhead;
   if (from.kind == Kind::kShard && to.kind == Kind::kReplicate)
     return {"all_gather", launch + cost::AllGatherTime(d, bytes, world)};
-  if (from.kind == Kind::kShard && to.kind == Kind::kShard)
+  // Priced as the runtime (torch_plugin/distributed/sharding.py, _reshard_local) runs it: a
+  // split moved to another dim is one all-to-all; to other sections of the same dim, the whole
+  // is gathered and sliced; a partial sum becomes a block by reduce-scatter where the library
+  // has one, else by all-reduce.
+  if (from.kind == Kind::kShard && to.kind == Kind::kShard) {
+    if (from.dim == to.dim) return {"all_gather", launch + cost::AllGatherTime(d, bytes, world)};
     return {"all_to_all", launch + cost::AllToAllTime(d, bytes / world, world)};
+  }
   if (from.kind == Kind::kPartial && to.kind == Kind::kReplicate)
     return {"all_reduce", launch + cost::AllReduceTime(d, bytes, world)};
-  if (from.kind == Kind::kPartial && to.kind == Kind::kShard)
+  if (from.kind == Kind::kPartial && to.kind == Kind::kShard) {
+    if (!has_reduce_scatter)
+      return {"all_reduce", launch + cost::AllReduceTime(d, bytes, world)};
     return {"reduce_scatter", launch + cost::AllGatherTime(d, bytes, world)};
+  }
   return {"", 0};
 }
 
@@ -299,7 +309,10 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   };
   auto zero2_extra = [&](const Entity& e, size_t s) {
     const double b = block_bytes(e, s);
-    return 2 * device.kernel_overhead + 2 * cost::AllGatherTime(device, b, o.dp) -
+    // Without a reduce-scatter the runtime reduces the gradient with an all-reduce.
+    const double reduce = o.reduce_scatter ? cost::AllGatherTime(device, b, o.dp)
+                                           : cost::AllReduceTime(device, b, o.dp);
+    return 2 * device.kernel_overhead + reduce + cost::AllGatherTime(device, b, o.dp) -
            cost::AllReduceTime(device, b, o.dp);
   };
 
@@ -484,7 +497,8 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     if (grp.c < 0) {
       for (size_t sp = 0; sp < pe.strategies.size(); ++sp) {
         const ShardSpec& from = pe.strategies[sp].outputs[static_cast<size_t>(grp.k)];
-        auto [kind, secs] = Reshard(from, ShardSpec::R(), bytes, o.world, device);
+        auto [kind, secs] =
+            Reshard(from, ShardSpec::R(), bytes, o.world, device, o.reduce_scatter);
         if (secs <= 0) continue;
         const int y = m.AddVariable(0.0, 1.0, kMicro * count * comm_factor * secs, false);
         m.AddConstraint({{y, 1.0}, {pe.vars[sp], -1.0}}, solver::Sense::kEqual, 0.0);
@@ -500,7 +514,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
       for (size_t sc = 0; sc < ce.strategies.size(); ++sc) {
         const ShardSpec& from = pe.strategies[sp].outputs[static_cast<size_t>(grp.k)];
         const ShardSpec& to = ce.strategies[sc].inputs[static_cast<size_t>(grp.i)];
-        auto [kind, secs] = Reshard(from, to, bytes, o.world, device);
+        auto [kind, secs] = Reshard(from, to, bytes, o.world, device, o.reduce_scatter);
         e[sp][sc] = m.AddVariable(0.0, 1.0, kMicro * count * comm_factor * secs, false);
         if (secs > 0)
           edges.push_back({&grp, static_cast<int>(sp), static_cast<int>(sc), kind, from, to, secs});

@@ -49,6 +49,9 @@ struct ShardingOptions {
   // state on every rank.
   int max_zero_stage = 1;
   double time_limit_s = 30;
+  // The runtime's collective library has a reduce-scatter (NCCL). Without one (gloo) a partial
+  // sum becomes a block by all-reduce, and is priced so: the plan prices what runs.
+  bool reduce_scatter = true;
   // "exact": one ILP variable set per node. "fast": nodes with identical neighbourhoods (the
   // repeats of a layer) share one, so a 96-layer model costs about one layer's ILP (Rhino's
   // coarse level; exact within that restriction). "auto": fast above `auto_fast_above` entities.

@@ -8,6 +8,7 @@ from pathlib import Path
 import aten_graphs
 import dist_workers
 import pytest
+import torch
 
 import torch_plugin
 from torch_plugin import _C, models
@@ -140,3 +141,89 @@ def test_dropout_masks_equal_one_process(gloo, tmp_path: Path) -> None:
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["random"] and res["sharded"] > 0
         assert res["out_diff"] < 1e-5 and res["grad_diff"] < 1e-5, res
+
+
+# Every reshard the ILP prices, as the runtime runs it (runs on the kept-alive gloo ranks).
+RESHARDS = [
+    ("S(0)", "S(1)"),
+    ("S(1)", "S(0)x2"),
+    ("S(0)x2", "S(1)"),
+    ("S(1)", "S(1)x2"),
+    ("P", "S(0)"),
+    ("P", "S(1)x2"),
+    ("P", "R"),
+    ("S(1)", "R"),
+]
+
+
+def reshard_cases(rank: int, world: int, _port: int) -> dict[str, dict[str, object]]:
+    """Each rank's block of a seeded whole tensor (or its summand, for P) resharded: the max
+    difference from the block of the target spec, and which collectives ran."""
+    import torch.distributed as dist
+
+    from torch_plugin.distributed import sharding
+    from torch_plugin.distributed.collectives import Collectives
+
+    comm = Collectives(dist.group.WORLD, world, rank, "test")
+    calls: list[str] = []
+    originals = {n: getattr(dist, n) for n in ("all_to_all_single", "all_gather", "all_reduce")}
+
+    def counting(name: str):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(name)
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    out: dict[str, dict[str, object]] = {}
+    try:
+        for n in originals:
+            setattr(dist, n, counting(n))
+        for src, dst in RESHARDS:
+            torch.manual_seed(0)
+            whole = torch.randn(8, 16)  # divisible by 2 sections x 4 ranks both ways
+            if src == "P":  # rank r holds the summand seeded 1 + r
+                parts = [
+                    torch.randn(8, 16, generator=torch.Generator().manual_seed(1 + r))
+                    for r in range(world)
+                ]
+                local, whole = parts[rank], torch.stack(parts).sum(0)
+            else:
+                _, d, n = sharding._parse(src)
+                local = sharding._block(whole, d, n, world, rank)
+            calls.clear()
+            got = sharding._reshard_local(local, src, dst, comm)
+            if dst == "R":
+                want = whole
+            else:
+                _, d, n = sharding._parse(dst)
+                want = sharding._block(whole, d, n, world, rank)
+            out[f"{src}->{dst}"] = {
+                "diff": float((got - want).abs().max()),
+                "calls": list(calls),
+            }
+    finally:
+        for n, f in originals.items():
+            setattr(dist, n, f)
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_reshards_run_the_collective_the_plan_priced(gloo, world: int) -> None:
+    """S(i) -> S(j) is one all-to-all, a strided P -> S one reduce-scatter (gloo: all-reduce,
+    which the plan then prices); values equal the target spec's blocks of the whole."""
+    results = dist_workers.pooled(gloo(world), reshard_cases)
+    pm = _C.PassManager()
+    for res in results:
+        for case, r in res.items():
+            assert r["diff"] < 1e-5, (case, r)
+        assert res["S(0)->S(1)"]["calls"] == ["all_to_all_single"]
+        assert res["S(0)x2->S(1)"]["calls"] == ["all_to_all_single"]
+        assert res["S(1)->S(0)x2"]["calls"] == ["all_to_all_single"]
+        assert res["S(1)->S(1)x2"]["calls"] == ["all_gather"]
+        assert res["P->S(1)x2"]["calls"] == ["all_reduce"]  # gloo has no reduce-scatter
+    # The plan names the same collectives: on a gloo mesh a partial sum becomes a block by
+    # all-reduce, never a reduce-scatter the runtime would not run.
+    g = _forward_graph("gpt2")
+    gloo_plan = pm.plan_sharding(g, _C.ShardingOptions(world=4, reduce_scatter=False))
+    assert "reduce_scatter" not in {c.kind for c in gloo_plan.collectives}

@@ -44,7 +44,8 @@ class Collectives:
         self.calls: dict[str, int] = defaultdict(int)
         self._all_to_all_ok: bool | None = None
         backend = dist.get_backend(group) if dist.is_initialized() else "gloo"
-        self._has_reduce_scatter = backend == "nccl"
+        # gloo has none; the fake backend stands in for NCCL when planning large worlds.
+        self.has_reduce_scatter = backend in ("nccl", "fake")
 
     def _release_groups(self) -> None:
         self.group = None
@@ -93,7 +94,7 @@ class Collectives:
         """This rank's block along `dim` of the sum of every rank's t."""
         if self.world == 1:
             return t.contiguous().clone()
-        if self._has_reduce_scatter:
+        if self.has_reduce_scatter:
             moved = t.movedim(dim, 0).contiguous()
             out = torch.empty(
                 (moved.shape[0] // self.world, *moved.shape[1:]), dtype=t.dtype, device=t.device

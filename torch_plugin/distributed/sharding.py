@@ -110,7 +110,13 @@ def _reshard_local(x: torch.Tensor, src: str, dst: str, comm: Collectives) -> to
         out = x.new_zeros(shape)
         own = _block(torch.arange(shape[sd], device=x.device), 0, sn, w, r)
         return out.index_copy_(sd, own, x)
-    if sk == "S":  # to R, or to another split: gather the whole first
+    if sk == "S" and dk == "S" and sd != dd:  # one all-to-all, as the ILP prices it
+        # Piece k: the part of this rank's block that rank k keeps along dd; what arrives from
+        # rank s is rank s's block along sd of this rank's part, joined along sd.
+        send = torch.stack([_block(x, dd, dn, w, k) for k in range(w)])
+        got = comm.all_to_all(send.flatten(0, 1), "reshard")  # [w, *piece]
+        return _whole(list(got.unbind(0)), sd, sn)
+    if sk == "S":  # to R, or to another split of the same dim: gather the whole first
         whole = _whole(list(comm.all_gather(x, "reshard").unbind(0)), sd, sn)
         return whole if dk == "R" else _block(whole, dd, dn, w, r)
     if sk == "R" and dk == "S":
@@ -120,9 +126,11 @@ def _reshard_local(x: torch.Tensor, src: str, dst: str, comm: Collectives) -> to
     if sk == "P" and dk == "R":
         return comm.all_reduce(x, "reshard")
     if sk == "P" and dk == "S":
-        if dn == 1:
-            return comm.reduce_scatter(x, dd, "reshard")
-        return _block(comm.all_reduce(x, "reshard"), dd, dn, w, r)
+        # Strided: the sections made rank-major, so each rank's block is one contiguous chunk
+        # and one reduce-scatter (as priced) delivers it.
+        if dn > 1:
+            x = x.unflatten(dd, (dn, w, -1)).transpose(dd, dd + 1).flatten(dd, dd + 2)
+        return comm.reduce_scatter(x, dd, "reshard")
     raise ValueError(f"no reshard from {src} to {dst}")
 
 
@@ -505,6 +513,7 @@ class ShardedModule(nn.Module):
             (t.device.type for t in model.parameters() if not t.is_meta), "cpu"
         )
         self._options = _C.ShardingOptions(
+            reduce_scatter=comm.has_reduce_scatter,  # the plan prices what this backend runs
             world=self.world,
             device=device,
             training=training,
@@ -1152,6 +1161,9 @@ def search_mesh_shape(
             plan = _C.PassManager().plan_sharding(
                 graph,
                 _C.ShardingOptions(
+                    # Priced for the backend that will run it (gloo has no reduce-scatter).
+                    reduce_scatter=not dist.is_initialized()
+                    or dist.get_backend() in ("nccl", "fake"),
                     world=world // dp,
                     device=device,
                     training=training,
