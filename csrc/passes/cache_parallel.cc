@@ -131,6 +131,59 @@ ir::ValueId ThroughSlices(const ir::Graph& g, ir::ValueId v, std::vector<Slice>*
   return v;
 }
 
+// Grouped-query heads expanded for attention, as users write it: repeat_interleave(x, r, dim=1),
+// or transformers' repeat_kv, view(clone(expand(unsqueeze(x, 2), [b, kv, r, s, d])), [b, kv*r,
+// s, d]) (identity slices allowed). Returns x, or `v` itself when it is no such expansion; the
+// expansion's nodes go to `nodes`. cp_attention takes the cache's own heads (GQA natively).
+ir::ValueId PeelGqa(const ir::Graph& g, ir::ValueId v, std::set<const ir::Node*>* nodes) {
+  const ir::Node* p = Producer(g, v);
+  if (p == nullptr) return v;
+  auto dim_is = [&](const ir::Node& n, size_t pos, int64_t want) {
+    auto d = Number(GetArg(n, pos, "dim"));
+    if (!d) return false;
+    int64_t dd = static_cast<int64_t>(*d);
+    auto in = ValueArg(GetArg(n, 0, "self"));
+    if (dd < 0 && in && g.type(*in).is_tensor()) dd += g.type(*in).tensor.rank();
+    return dd == want;
+  };
+  if (p->op == "aten::repeat_interleave.self_int") {
+    auto src = ValueArg(GetArg(*p, 0, "self"));
+    if (!src || !dim_is(*p, 2, 1)) return v;
+    nodes->insert(p);
+    return *src;
+  }
+  if (p->op != "aten::view.default" && p->op != "aten::_unsafe_view.default" &&
+      p->op != "aten::reshape.default")
+    return v;
+  std::set<const ir::Node*> seen = {p};
+  auto cur = ValueArg(GetArg(*p, 0, "self"));
+  const ir::Node* q = cur ? Producer(g, *cur) : nullptr;
+  if (q != nullptr && q->op == "aten::clone.default") {
+    seen.insert(q);
+    cur = ValueArg(GetArg(*q, 0, "self"));
+    q = cur ? Producer(g, *cur) : nullptr;
+  }
+  if (q == nullptr || q->op != "aten::expand.default") return v;
+  seen.insert(q);
+  cur = ValueArg(GetArg(*q, 0, "self"));
+  q = cur ? Producer(g, *cur) : nullptr;
+  // Slices that keep everything (x[:, :, None, :, :] emits some).
+  while (q != nullptr && q->op == "aten::slice.Tensor" && IsZeroOrNone(GetArg(*q, 2, "start"))) {
+    const ir::Arg* end = GetArg(*q, 3, "end");
+    auto e = Number(end);
+    if (!IsNone(end) && !(e && *e >= 9.2e18)) break;
+    seen.insert(q);
+    cur = ValueArg(GetArg(*q, 0, "self"));
+    q = cur ? Producer(g, *cur) : nullptr;
+  }
+  if (q == nullptr || q->op != "aten::unsqueeze.default" || !dim_is(*q, 1, 2)) return v;
+  auto src = ValueArg(GetArg(*q, 0, "self"));
+  if (!src) return v;
+  seen.insert(q);
+  nodes->insert(seen.begin(), seen.end());
+  return *src;
+}
+
 // The functionalised cache write rooted at buffer input `buffer`: `updated` is what copy_
 // writes back.
 struct CacheWrite {
@@ -341,12 +394,14 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
       return w;
     };
     std::string why;
-    auto wk = write_for(call->k, &why);
+    std::set<const ir::Node*> gqa;  // expansions of the cache's heads to the query's
+    const ir::ValueId keys = PeelGqa(g, call->k, &gqa), values = PeelGqa(g, call->v, &gqa);
+    auto wk = write_for(keys, &why);
     if (!wk) {
       skip(why);
       continue;
     }
-    auto wv = write_for(call->v, &why);
+    auto wv = write_for(values, &why);
     if (!wv) {
       skip(why);
       continue;
@@ -383,9 +438,9 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
       causal = true;
     }
     // Everything reading the updated caches must be this attention (or the copy_ back).
-    std::set<const ir::Node*> chain;
-    if (!IsReadOfWrite(g, call->k, *wk, &chain, &why) ||
-        !IsReadOfWrite(g, call->v, *wv, &chain, &why)) {
+    std::set<const ir::Node*> chain = gqa;
+    if (!IsReadOfWrite(g, keys, *wk, &chain, &why) ||
+        !IsReadOfWrite(g, values, *wv, &chain, &why)) {
       skip(why);
       continue;
     }

@@ -91,10 +91,15 @@ def test_pass_needs_world_and_says_how() -> None:
         _C.CacheParallelOptions(wrold=2)
 
 
-def test_compile_path_single_process_equals_eager(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("gqa", ["sdpa", "repeat_interleave", "repeat_kv"])
+def test_compile_path_single_process_equals_eager(
+    caplog: pytest.LogCaptureFixture, gqa: str
+) -> None:
+    """Grouped-query heads as models write them: SDPA's enable_gqa, repeat_interleave, and
+    transformers' repeat_kv (expand + reshape); every one is a site."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = build_llama(small=True).eval()
+    model = build_llama(small=True, gqa=gqa).eval()
     ref = copy.deepcopy(model)
     compiled = torch.compile(
         model, backend="torch_plugin", options={"passes": ["cache_parallel"]}, dynamic=True

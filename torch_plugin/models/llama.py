@@ -28,6 +28,9 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     seq_len: int = 128  # length of the example inputs
+    # How the KV heads reach the query heads in cached attention, as models write it: "sdpa"
+    # (enable_gqa), "repeat_interleave", or "repeat_kv" (transformers: expand + reshape).
+    gqa: str = "sdpa"
 
 
 class RMSNorm(nn.Module):
@@ -52,6 +55,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        self.gqa = cfg.gqa
         self.head_dim = cfg.dim // cfg.n_heads
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.head_dim, bias=False)
@@ -79,8 +83,21 @@ class Attention(nn.Module):
             keys, values = self.cache_k[:b, :, :end], self.cache_v[:b, :, :end]
             # Query i sits at position start_pos + i and sees keys up to it.
             mask = torch.ones(s, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            keys, values = self._expand(keys), self._expand(values)
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, enable_gqa=self.gqa == "sdpa"
+            )
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def _expand(self, kv: torch.Tensor) -> torch.Tensor:
+        """[b, kv_heads, s, d] -> [b, heads, s, d] the way cfg.gqa says (sdpa: unexpanded)."""
+        rep = self.n_heads // self.n_kv_heads
+        if self.gqa == "repeat_interleave":
+            return kv.repeat_interleave(rep, dim=1)
+        if self.gqa == "repeat_kv":
+            b, h, s, d = kv.shape
+            return kv[:, :, None, :, :].expand(b, h, rep, s, d).reshape(b, h * rep, s, d)
+        return kv
 
 
 class FeedForward(nn.Module):

@@ -27,6 +27,9 @@ struct DecodeGraphSpec {
   bool leak_cache = false;  // the updated cache is also a graph output
   bool dropout = false;
   int64_t seq_dim = 2;
+  // How the cache's 2 heads reach the query's 4: "" (SDPA's own GQA), "repeat_interleave", or
+  // "repeat_kv" (transformers: unsqueeze, expand, clone, view).
+  std::string gqa;
 };
 
 ir::Graph DecodeGraph(const DecodeGraphSpec& s) {
@@ -66,6 +69,33 @@ ir::Graph DecodeGraph(const DecodeGraphSpec& s) {
   };
   auto [kup, keys] = chain("k_", ck, kn);
   auto [vup, values] = chain("v_", cv, vn);
+  auto expand = [&](const std::string& p, ir::ValueId x) {
+    if (s.gqa == "repeat_interleave" || s.gqa == "repeat_interleave_seq") {
+      const bool seq = s.gqa == "repeat_interleave_seq";
+      ir::NodeSpec r = Op(p + "rep", "aten::repeat_interleave.self_int", {V(x), I(H / HKV)},
+                          seq ? Tensor({B, HKV, 2, D}) : Tensor({B, H, 1, D}));
+      r.kwargs.push_back({"dim", I(seq ? 2 : 1)});
+      return out0(b.AddNode(r));
+    }
+    if (s.gqa == "repeat_kv") {
+      auto u = out0(b.AddNode(
+          Op(p + "unsq", "aten::unsqueeze.default", {V(x), I(2)}, Tensor({B, HKV, 1, 1, D}))));
+      auto sl = out0(b.AddNode(Op(p + "all", "aten::slice.Tensor",
+                                  {V(u), I(3), I(0), I(9223372036854775807)},
+                                  Tensor({B, HKV, 1, 1, D}))));
+      auto e = out0(b.AddNode(Op(p + "exp", "aten::expand.default",
+                                 {V(sl), ir::Arg::List({I(B), I(HKV), I(H / HKV), I(1), I(D)})},
+                                 Tensor({B, HKV, H / HKV, 1, D}))));
+      auto c = out0(
+          b.AddNode(Op(p + "clone", "aten::clone.default", {V(e)}, Tensor({B, HKV, H / HKV, 1, D}))));
+      return out0(b.AddNode(Op(p + "view", "aten::_unsafe_view.default",
+                               {V(c), ir::Arg::List({I(B), I(H), I(1), I(D)})},
+                               Tensor({B, H, 1, D}))));
+    }
+    return x;
+  };
+  keys = expand("k_", keys);
+  values = expand("v_", values);
   ir::NodeSpec sdpa = Op("sdpa", "aten::_scaled_dot_product_flash_attention_for_cpu.default",
                          {V(q), V(keys), V(values)}, Tensor({B, H, 1, D}));
   if (s.dropout) sdpa.args.push_back(ir::Arg::Double(0.1));
@@ -186,6 +216,34 @@ TEST(CacheParallel, LeavesDeviatingAttentionAloneAndSaysWhy) {
     EXPECT_FALSE(r.changed);
     EXPECT_EQ(r.graph.nodes().size(), g.nodes().size());
   }
+}
+
+TEST(CacheParallel, SeesThroughGroupedQueryExpansions) {
+  for (const std::string gqa : {"repeat_interleave", "repeat_kv"}) {
+    DecodeGraphSpec spec;
+    spec.gqa = gqa;
+    const ir::Graph g = DecodeGraph(spec);
+    const CacheParallelPlan plan = PlanCacheParallel(g, WorldOptions(2));
+    ASSERT_EQ(plan.sites.size(), 1u) << gqa << ": " << plan.ToString();
+    EXPECT_EQ(plan.sites[0].q_heads, 4);
+    EXPECT_EQ(plan.sites[0].kv_heads, 2);
+    PassResult r = CacheParallelPass(g, WorldOptions(2));
+    ASSERT_TRUE(r.changed) << gqa;
+    ir::Verify(r.graph);
+    EXPECT_EQ(Count(r.graph, "torch_plugin::cp_attention.default"), 1) << gqa;
+    for (const char* gone : {"aten::repeat_interleave.self_int", "aten::expand.default",
+                             "aten::_unsafe_view.default", "aten::unsqueeze.default"})
+      EXPECT_EQ(Count(r.graph, gone), 0) << gqa << " left " << gone;
+  }
+  // A repeat along the sequence is no GQA: left alone, with its reason.
+  DecodeGraphSpec seq;
+  seq.gqa = "repeat_interleave_seq";
+  const CacheParallelPlan plan = PlanCacheParallel(DecodeGraph(seq), WorldOptions(2));
+  EXPECT_TRUE(plan.sites.empty());
+  ASSERT_EQ(plan.skipped.size(), 1u);
+  EXPECT_NE(plan.skipped[0].find("sdpa: keys/values do not come from a KV-cache buffer"),
+            std::string::npos)
+      << plan.skipped[0];
 }
 
 TEST(CacheParallel, OptionErrorsSayWhatToDo) {
