@@ -161,7 +161,7 @@ def test_keyword_capture_sees_every_tensor_argument() -> None:
 def test_a_dp_axis_is_refused_where_batch_norm_couples_the_samples() -> None:
     """ResNet in training on a (dp, tp) mesh would normalise each replica by its slice's
     statistics (other numbers than one process): refused, naming the module."""
-    from torch_plugin.distributed.sharding import _refuse_batch_statistics
+    from torch_plugin.distributed.sharding_capture import _refuse_batch_statistics
 
     model, _ = hf_suite.build("resnet")
     with pytest.raises(NotImplementedError, match=r"module 'resnet\.embedder.*BatchNorm2d"):

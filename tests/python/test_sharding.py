@@ -161,7 +161,7 @@ def reshard_cases(rank: int, world: int, _port: int) -> dict[str, dict[str, obje
     difference from the block of the target spec, and which collectives ran."""
     import torch.distributed as dist
 
-    from torch_plugin.distributed import sharding
+    from torch_plugin.distributed import spmd_ops as sharding
     from torch_plugin.distributed.collectives import Collectives
 
     comm = Collectives(dist.group.WORLD, world, rank, "test")

@@ -13,7 +13,7 @@ from .graph import TracedModel, cost_records, trace_module_level
 from .kv_cache import CacheCapacityError, KVCacheManager
 from .mesh import DeviceMesh
 from .pipeline import PipelineParallel, PipelinePlan, plan_pipeline
-from .sharding import ShardedModule, ShardedOptimizer, ShardingPlan, shard_model
+from .sharding import ShardedModule, ShardedOptimizer, ShardingPlan, ShardOptions, shard_model
 
 __all__ = [
     "CacheCapacityError",
@@ -27,6 +27,7 @@ __all__ = [
     "ShardedModule",
     "ShardedOptimizer",
     "ShardingPlan",
+    "ShardOptions",
     "shard_model",
     "KVCacheManager",
     "cache_parallel",

@@ -634,7 +634,7 @@ def full_state_dict(model: Any, rank0_only: bool = True) -> dict[str, torch.Tens
     tensor by tensor (each a collective over the blocks' ranks); on rank 0 only by default
     (the other ranks get {}). It loads into the plain model: HF save_pretrained works on it."""
     if _is_sharded(model):
-        from .sharding import _parse, _whole
+        from .spmd_ops import _parse, _whole
 
         rank = dist.get_rank() if dist.is_initialized() else 0
         whole: dict[str, torch.Tensor] = {}

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
-from .sharding import _parse
+from .spmd_ops import _parse
 
 
 def rank_range(size: int, world: int, rank: int) -> tuple[int, int]:

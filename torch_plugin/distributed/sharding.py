@@ -17,433 +17,114 @@ on the local graph exact.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import itertools
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from .. import _C, fx_bridge
 from .agreement import check_same, digest, planning_only
-from .capture import as_call, describe, label_counter, takes_loss_kwargs, trace_call
+from .capture import as_call, describe, label_counter, takes_loss_kwargs
 from .collectives import Collectives
 from .mesh import DeviceMesh
+from .sharded_optim import ShardedOptimizer, _Zero2Shard
+from .sharding_capture import (
+    _capture,
+    _init_blocks_like_constructor,
+    _meta_copy,
+    _refuse_batch_statistics,
+    capture_graph,
+)
+from .sharding_report import ShardingPlan
+from .spmd_ops import (
+    _TARGETS,
+    _BatchLoss,
+    _block,
+    _parse,
+    _register_group,
+    grad_sync,
+    replicated_output,
+    reshard,
+)
+
+__all__ = [
+    "ShardedModule",
+    "ShardedOptimizer",
+    "ShardingPlan",
+    "capture_graph",
+    "search_mesh_shape",
+    "shard_model",
+]
 
 log = logging.getLogger("torch_plugin.sharding")
 
-# Process groups by handle: the graph's reshard nodes carry an int, not a Python object.
-_GROUPS: dict[int, Collectives] = {}
-_GROUP_IDS = itertools.count(1)
-_LOCK = threading.Lock()
 
+@dataclasses.dataclass(frozen=True)
+class ShardOptions:
+    """What sharding takes besides the model, the mesh and the inputs: validated once where the
+    user's keywords come in (parallelize, shard_model, ShardedModule), then passed as one.
 
-def _register_group(comm: Collectives) -> int:
-    with _LOCK:
-        handle = next(_GROUP_IDS)
-        _GROUPS[handle] = comm
-    return handle
+    constraints: spec pins by parameter name or graph node ({"mlp.fc1.weight": "S(0)"});
+    memory_budget_gb: per rank, parameters x optimizer state (+ activations when training);
+    device: the cost model's device profile; training: None follows model.training;
+    level: the ILP's "exact", "fast" or "auto"; zero: the highest ZeRO stage offered (0-2);
+    init_seed: a meta-device model's blocks are initialised as its constructor would with this
+    seed; mesh_shape: "auto" searches the (dp, tp) shape of a 1-D mesh."""
 
+    constraints: dict[str, str] = dataclasses.field(default_factory=dict)
+    memory_budget_gb: float | None = None
+    device: str = "a100"
+    training: bool | None = None
+    time_limit_s: float = 30.0
+    level: str = "auto"
+    zero: int = 1
+    init_seed: int | None = None
+    mesh_shape: str | None = None
 
-def _group(handle: int) -> Collectives:
-    try:
-        return _GROUPS[handle]
-    except KeyError:
-        raise RuntimeError(
-            f"torch_plugin sharding: process group handle {handle} is unknown in this process; "
-            "a sharded graph runs only in the process that built it"
-        ) from None
-
-
-def _parse(spec: str) -> tuple[str, int, int]:
-    """(kind, dim, sections) of 'R', 'P', 'S(d)' or the strided 'S(d)xN'."""
-    if spec in ("R", "P"):
-        return spec, -1, 1
-    if spec.startswith("S("):
-        close = spec.index(")")
-        sections = int(spec[close + 2 :]) if spec[close + 1 :].startswith("x") else 1
-        if close + 1 < len(spec) and not spec[close + 1 :].startswith("x"):
-            raise ValueError(f"bad shard spec {spec!r}")
-        return "S", int(spec[2:close]), sections
-    raise ValueError(f"bad shard spec {spec!r}")
-
-
-def _dual(spec: str) -> str:
-    """The spec of a value's gradient under the convention of sharding_materialize.h."""
-    return {"R": "P", "P": "R"}.get(spec, spec)
-
-
-def _block(x: torch.Tensor, dim: int, sections: int, world: int, rank: int) -> torch.Tensor:
-    """This rank's block of a whole tensor split along `dim` (each of `sections` parts split)."""
-    if sections == 1:
-        return x.chunk(world, dim)[rank].contiguous()
-    parts = x.unflatten(dim, (sections, -1))
-    return parts.chunk(world, dim + 1)[rank].flatten(dim, dim + 1).contiguous()
-
-
-def _whole(blocks: list[torch.Tensor], dim: int, sections: int) -> torch.Tensor:
-    """Inverse of _block over every rank's block."""
-    if sections == 1:
-        return torch.cat(blocks, dim=dim)
-    parts = [b.unflatten(dim, (sections, -1)) for b in blocks]
-    return torch.cat(parts, dim=dim + 1).flatten(dim, dim + 1)
-
-
-def _reshard_local(x: torch.Tensor, src: str, dst: str, comm: Collectives) -> torch.Tensor:
-    """The value held as `src` on this rank, as `dst` (not differentiable; see _Reshard)."""
-    (sk, sd, sn), (dk, dd, dn) = _parse(src), _parse(dst)
-    w, r = comm.world, comm.rank
-    if src == dst:
-        return x
-    if sk == "S" and dk == "P":  # zero-padded to the whole shape (local: no traffic)
-        shape = list(x.shape)
-        shape[sd] *= w
-        out = x.new_zeros(shape)
-        own = _block(torch.arange(shape[sd], device=x.device), 0, sn, w, r)
-        return out.index_copy_(sd, own, x)
-    if sk == "S" and dk == "S" and sd != dd:  # one all-to-all, as the ILP prices it
-        # Piece k: the part of this rank's block that rank k keeps along dd; what arrives from
-        # rank s is rank s's block along sd of this rank's part, joined along sd.
-        send = torch.stack([_block(x, dd, dn, w, k) for k in range(w)])
-        got = comm.all_to_all(send.flatten(0, 1), "reshard")  # [w, *piece]
-        return _whole(list(got.unbind(0)), sd, sn)
-    if sk == "S":  # to R, or to another split of the same dim: gather the whole first
-        whole = _whole(list(comm.all_gather(x, "reshard").unbind(0)), sd, sn)
-        return whole if dk == "R" else _block(whole, dd, dn, w, r)
-    if sk == "R" and dk == "S":
-        return _block(x, dd, dn, w, r)
-    if sk == "R" and dk == "P":  # one rank holds the value, the others zero summands
-        return x.clone() if r == 0 else torch.zeros_like(x)
-    if sk == "P" and dk == "R":
-        return comm.all_reduce(x, "reshard")
-    if sk == "P" and dk == "S":
-        # Strided: the sections made rank-major, so each rank's block is one contiguous chunk
-        # and one reduce-scatter (as priced) delivers it.
-        if dn > 1:
-            x = x.unflatten(dd, (dn, w, -1)).transpose(dd, dd + 1).flatten(dd, dd + 2)
-        return comm.reduce_scatter(x, dd, "reshard")
-    raise ValueError(f"no reshard from {src} to {dst}")
-
-
-class _Reshard(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, src: str, dst: str, handle: int) -> torch.Tensor:
-        ctx.spec = (src, dst, handle)
-        return _reshard_local(x, src, dst, _group(handle))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        src, dst, handle = ctx.spec
-        return _Reshard.apply(grad, _dual(dst), _dual(src), handle), None, None, None
-
-
-class _GradSync(torch.autograd.Function):
-    """Identity on the replicated parameters; the backward sums their gradient summands over
-    ranks in one flat all-reduce (one bucket rather than a collective per parameter)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, handle: int, pending: list[Any] | None, *params: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        ctx.handle = handle
-        ctx.pending = pending
-        return tuple(p.view_as(p) for p in params)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        if ctx.pending is not None:  # gradients accumulated under no_sync() join this sum
-            grads = tuple(
-                g if q is None else g + q for g, q in zip(grads, ctx.pending, strict=True)
+    @classmethod
+    def of(cls, options: ShardOptions | None = None, **kwargs: Any) -> ShardOptions:
+        """`options` updated by keywords; an unknown keyword or value is a clear error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(
+                f"torch_plugin sharding: unknown option(s) {unknown}; options: "
+                + ", ".join(sorted(names))
             )
-        # Low-precision gradients are summed in float32 (bf16 sums over many ranks lose bits).
-        flat = torch.cat(
-            [g.reshape(-1).to(torch.promote_types(g.dtype, torch.float32)) for g in grads]
+        out = dataclasses.replace(options or cls(), **kwargs)
+        if out.constraints is None:
+            out = dataclasses.replace(out, constraints={})
+        if out.level not in ("exact", "fast", "auto"):
+            raise ValueError(f"level {out.level!r}: 'exact', 'fast' or 'auto'")
+        if out.zero not in (0, 1, 2):
+            raise ValueError(f"zero {out.zero!r}: 0, 1 or 2")
+        if out.mesh_shape not in (None, "auto"):
+            raise ValueError(f"mesh_shape {out.mesh_shape!r}: None (the mesh as given) or 'auto'")
+        return out
+
+    def ilp(self, world: int, dp: int, training: bool, reduce_scatter: bool) -> _C.ShardingOptions:
+        """The C++ planner's options for `world` tp ranks and `dp` replicas."""
+        return _C.ShardingOptions(
+            world=world,
+            dp=dp,
+            training=training,
+            reduce_scatter=reduce_scatter,
+            device=self.device,
+            time_limit_s=self.time_limit_s,
+            memory_budget_bytes=0.0
+            if self.memory_budget_gb is None
+            else self.memory_budget_gb * 1e9,
+            pinned=dict(self.constraints),
+            level=self.level,
+            max_zero_stage=self.zero,
         )
-        summed = _group(ctx.handle).all_reduce(flat, "grad_sync")
-        out, at = [], 0
-        for g in grads:
-            out.append(summed[at : at + g.numel()].view(g.shape).to(g.dtype))
-            at += g.numel()
-        return (None, None, *out)
-
-
-class _ReplicatedOutput(torch.autograd.Function):
-    """Identity; every rank seeds the same loss gradient, so each holds 1/world of it."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, handle: int) -> torch.Tensor:
-        ctx.world = _group(handle).world
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return grad / ctx.world, None
-
-
-class _BatchLoss(torch.autograd.Function):
-    """A scalar of one dp replica's batch slice (its loss) made the whole batch's:
-    sum over replicas of weight * x. The weight is 1 when the model divided by the whole
-    batch's label count (HF's num_items_in_batch), the slice's share of the labels when its
-    loss is a mean over them, 1/dp without labels. Every rank seeds the same gradient and the
-    dp gradient sync sums the replicas, so the backward scales as the forward did."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, handle: int, weight: float) -> torch.Tensor:
-        ctx.weight = weight
-        return _group(handle).all_reduce(x.detach() * weight, "batch loss")
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return grad * ctx.weight, None, None
-
-
-def reshard(x: torch.Tensor, src: str, dst: str, group: int) -> torch.Tensor:
-    return _Reshard.apply(x, src, dst, group)
-
-
-def grad_sync(
-    params: list[torch.Tensor], group: int, pending: list[Any] | None = None
-) -> tuple[torch.Tensor, ...]:
-    """pending: per parameter, a gradient accumulated locally (under no_sync) to add to this
-    backward's before the sum over ranks, or None."""
-    return _GradSync.apply(group, pending, *params)
-
-
-def replicated_output(x: torch.Tensor, group: int) -> torch.Tensor:
-    return _ReplicatedOutput.apply(x, group)
-
-
-def vocab_embedding(
-    weight: torch.Tensor, indices: torch.Tensor, padding_idx: int, group: int
-) -> torch.Tensor:
-    """Megatron's vocabulary-parallel lookup: `weight` is this rank's rows of the vocabulary;
-    lookups outside them give zeros, so the sum over ranks is the whole embedding (spec P).
-    Plain ops, so autograd gives each rank its rows' gradient."""
-    comm = _group(group)
-    rows = weight.shape[0]
-    local = indices - comm.rank * rows
-    mine = (local >= 0) & (local < rows)
-    pad = padding_idx - comm.rank * rows
-    own_pad = pad if padding_idx >= 0 and 0 <= pad < rows else None
-    out = F.embedding(local.clamp(0, rows - 1), weight, padding_idx=own_pad)
-    return out * mine.unsqueeze(-1).to(out.dtype)
-
-
-_TARGETS: dict[str, Callable[..., Any]] = {
-    "torch_plugin::vocab_embedding.default": vocab_embedding,
-    "torch_plugin::reshard.default": reshard,
-    "torch_plugin::grad_sync.default": grad_sync,
-    "torch_plugin::replicated_output.default": replicated_output,
-}
-
-
-@dataclasses.dataclass
-class ShardingPlan:
-    """What the planner chose, for people: `print(plan)` shows the table, `save_png` a chart."""
-
-    world: int
-    device: str
-    params: list[tuple[str, tuple[int, ...], str, int]]  # name, shape, spec, bytes on this rank
-    collectives: list[dict[str, Any]]
-    compute_s: float
-    comm_s: float
-    grad_sync_s: float
-    param_bytes_per_rank: float
-    solve_status: str
-    variables: int
-    constraints: int
-    level: str
-    raw: _C.ShardingPlan | None = dataclasses.field(repr=False, default=None)  # the C++ plan
-    # Training: activations the forward keeps for the backward, per rank (example batch).
-    activation_bytes_per_rank: float = 0.0
-    # Training: parameters + gradients + optimizer state per rank, after ZeRO.
-    state_bytes_per_rank: float = 0.0
-    # Parameters whose optimizer state is sharded (ZeRO-1) -> over how many copies.
-    zero_copies: dict[str, int] = dataclasses.field(default_factory=dict)
-    zero_stage: dict[str, int] = dataclasses.field(default_factory=dict)  # 1 or 2
-    zero_gather_s: float = 0.0
-    dp: int = 1
-
-    def table(self) -> str:
-        lines = [
-            f"sharding plan on {f'{self.dp} dp x ' if self.dp > 1 else ''}{self.world} tp ranks "
-            f"(modelled on {self.device}; {self.level} ILP, "
-            f"{self.variables} variables, {self.constraints} constraints, {self.solve_status})",
-            f"{'parameter':<52} {'shape':<16} {'spec':<6} {'bytes/rank':>12} "
-            f"{'optimizer state':>16}",
-        ]
-        for name, shape, spec, nbytes in self.params:
-            copies = self.zero_copies.get(name)
-            stage = self.zero_stage.get(name, 1)
-            state = f"1/{copies} (ZeRO-{stage})" if copies else "whole"
-            lines.append(f"{name:<52} {str(list(shape)):<16} {spec:<6} {nbytes:>12,} {state:>16}")
-        lines.append(f"{'collective':<16} {'value':<36} {'from->to':<10} {'bytes':>12} {'ms':>8}")
-        for c in self.collectives:
-            lines.append(
-                f"{c['kind']:<16} {c['value']:<36} {c['from_spec'] + '->' + c['to_spec']:<10} "
-                f"{int(c['bytes']):>12,} {c['seconds'] * 1e3:>8.3f}"
-            )
-        lines.append(
-            f"modelled per step: compute {self.compute_s * 1e3:.3f} ms, collectives "
-            f"{self.comm_s * 1e3:.3f} ms, gradient sync {self.grad_sync_s * 1e3:.3f} ms"
-            + (f" (and over {self.dp} dp replicas)" if self.dp > 1 else "")
-            + (f", ZeRO collectives {self.zero_gather_s * 1e3:.3f} ms" if self.zero_copies else "")
-            + f"; parameters {self.param_bytes_per_rank / 2**20:.2f} MiB per rank, with gradients "
-            f"and optimizer state {self.state_bytes_per_rank / 2**20:.2f} MiB, saved "
-            f"activations {self.activation_bytes_per_rank / 2**20:.2f} MiB per rank"
-        )
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.table()
-
-    def save_png(self, path: str) -> None:
-        """A bar chart of parameter bytes per rank by spec and of modelled time by kind."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        by_spec: dict[str, int] = {}
-        for _, _, spec, nbytes in self.params:
-            by_spec[spec] = by_spec.get(spec, 0) + nbytes
-        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-        a.bar(list(by_spec), [v / 2**20 for v in by_spec.values()])
-        a.set_title("parameter MiB per rank by spec")
-        kinds = {
-            "compute": self.compute_s,
-            "collectives": self.comm_s,
-            "grad sync": self.grad_sync_s,
-        }
-        b.bar(list(kinds), [v * 1e3 for v in kinds.values()])
-        b.set_title(f"modelled ms per step ({self.device}, {self.world} ranks)")
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-
-
-@dataclasses.dataclass
-class _Captured:
-    graph: _C.Graph  # over (parameters, buffers, tensor leaves of the call)
-    ctx: fx_bridge.BridgeContext
-    pnames: list[str]
-    bnames: list[str]
-    in_spec: pytree.TreeSpec  # of the call's (args, kwargs)
-    constants: dict[int, Any]  # leaf index -> a non-tensor argument, fixed in the graph
-    out_spec: pytree.TreeSpec
-    unused_inputs: set[str]  # keyword arguments the graph does not read
-
-
-def _refuse_batch_statistics(model: nn.Module) -> None:
-    """Batch norm in training normalises by statistics over the whole batch: dp replicas
-    would each use their slice's (ResNet on a (2, 2) mesh trained 1.0% away from one
-    process), so a dp axis is refused rather than run with other numbers."""
-    from torch.nn.modules.batchnorm import _BatchNorm
-
-    for name, mod in model.named_modules():
-        if isinstance(mod, _BatchNorm) and mod.training:
-            raise NotImplementedError(
-                f"module '{name}' ({type(mod).__name__}) normalises over the batch in training, "
-                "and a dp axis would split its statistics: use a 1-D (tensor-parallel) mesh, "
-                "or call parallelize on the model in eval mode"
-            )
-
-
-def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> _Captured:
-    """ATen forward graph of model(*args, **kwargs) over (params, buffers, the call's tensors),
-    on fake tensors, as the planner's IR."""
-    traced = trace_call(model, call)
-    n_user = len(traced.tensor_at)
-    kinds = (
-        [("parameter", n) for n in traced.pnames]
-        + [("buffer", n) for n in traced.bnames]
-        + [("user", "")] * n_user
-    )
-    graph, ctx = fx_bridge.to_ir(traced.gm, kinds)
-    return _Captured(
-        graph,
-        ctx,
-        traced.pnames,
-        traced.bnames,
-        traced.in_spec,
-        traced.constants,
-        traced.out_spec,
-        traced.unused_inputs,
-    )
-
-
-def capture_graph(model: nn.Module, example_inputs: Any) -> _C.Graph:
-    """The ATen forward graph the sharding planner sees (no process group needed; a model on
-    the `meta` device works, so plans of models too big for this machine can be modelled).
-    example_inputs: positional arguments, or a dict of keyword arguments."""
-    return _capture(model, as_call(example_inputs)).graph
-
-
-def _meta_copy(model: nn.Module) -> nn.Module:
-    """The model's structure with its parameters and buffers on the meta device (no copy of
-    their data): what a second capture traces."""
-    memo: dict[int, Any] = {}
-    for t in itertools.chain(model.parameters(), model.buffers()):
-        if id(t) not in memo:
-            meta = torch.empty_like(t, device="meta")
-            memo[id(t)] = (
-                nn.Parameter(meta, requires_grad=t.requires_grad)
-                if isinstance(t, nn.Parameter)
-                else meta
-            )
-    try:
-        return copy.deepcopy(model, memo)
-    except Exception as e:  # noqa: BLE001 - only a second capture needs it
-        log.info(
-            "torch_plugin sharding: no meta copy of the model (%s); autocast is then "
-            "taken as captured",
-            e,
-        )
-        return None  # type: ignore[return-value]
-
-
-def _init_blocks_like_constructor(
-    model: nn.Module, seed: int, block_of: Callable[[str, torch.Tensor], torch.Tensor]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """This rank's blocks of a `meta` model's tensors, initialised as a single process building
-    the model after `torch.manual_seed(seed)` would: module by module in registration order
-    (the constructor's order), each module's tensors made whole on the CPU, reset, cut to this
-    rank's block and dropped, so peak memory is one module's tensors, not the model's."""
-    rng = torch.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        for mod_name, mod in model.named_modules():
-            direct = [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]
-            if not direct:
-                continue
-            if not hasattr(mod, "reset_parameters"):
-                raise ValueError(
-                    f"module '{mod_name}' ({type(mod).__name__}) is on the meta device and has no "
-                    "reset_parameters(); build it on the CPU, or give it one"
-                )
-            whole = copy.copy(mod)  # shallow: materialise its own tensors, not the model's
-            whole._parameters = dict(mod._parameters)
-            whole._buffers = dict(mod._buffers)
-            whole._modules = {}
-            whole.to_empty(device="cpu", recurse=False)
-            with torch.no_grad():
-                whole.reset_parameters()
-            prefix = f"{mod_name}." if mod_name else ""
-            for name, _ in direct:
-                t = getattr(whole, name)
-                yield prefix + name, block_of(prefix + name, t.detach()).clone()
-            del whole
-    finally:
-        torch.set_rng_state(rng)
 
 
 class ShardedModule(nn.Module):
@@ -454,17 +135,17 @@ class ShardedModule(nn.Module):
         model: nn.Module,
         mesh: DeviceMesh,
         example_inputs: Sequence[Any] | dict[str, Any],
-        *,
-        constraints: dict[str, str] | None = None,
-        memory_budget_gb: float | None = None,
-        device: str = "a100",
-        training: bool | None = None,
-        time_limit_s: float = 30.0,
-        level: str = "auto",
-        init_seed: int | None = None,
-        zero: int = 1,
+        options: ShardOptions | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__()
+        opts = ShardOptions.of(options, **kwargs)
+        training, level, time_limit_s, init_seed = (
+            opts.training,
+            opts.level,
+            opts.time_limit_s,
+            opts.init_seed,
+        )
         if len(mesh.shape) == 2 and mesh.axis_names != ("dp", "tp"):
             raise NotImplementedError(
                 f"{mesh}: a 2-D mesh must have axes ('dp', 'tp'): data parallel over 'dp', the "
@@ -512,17 +193,8 @@ class ShardedModule(nn.Module):
         self._autocast_device = next(
             (t.device.type for t in model.parameters() if not t.is_meta), "cpu"
         )
-        self._options = _C.ShardingOptions(
-            reduce_scatter=comm.has_reduce_scatter,  # the plan prices what this backend runs
-            world=self.world,
-            device=device,
-            training=training,
-            time_limit_s=time_limit_s,
-            pinned=dict(constraints or {}),
-            level=level,
-            dp=self.dp,
-            max_zero_stage=zero,
-        )
+        # The plan prices what this backend runs (gloo has no reduce-scatter).
+        self._options = opts.ilp(self.world, self.dp, training, comm.has_reduce_scatter)
         captured = _capture(model, call)
         graph, ctx = captured.graph, captured.ctx
         pnames, bnames = captured.pnames, captured.bnames
@@ -531,9 +203,6 @@ class ShardedModule(nn.Module):
         # The model's loss read the count (a sum over the batch); otherwise its loss is a
         # mean, and so is the replicas' combination.
         self._summed_loss = self._pass_count and "num_items_in_batch" not in captured.unused_inputs
-        self._options.memory_budget_bytes = (
-            0.0 if memory_budget_gb is None else memory_budget_gb * 1e9
-        )
         log.info(
             "torch_plugin sharding: planning %d ATen nodes on %d ranks (%s level, %.0f s limit)",
             len(graph.records()[1]),
@@ -636,7 +305,7 @@ class ShardedModule(nn.Module):
         ]
         self.plan = ShardingPlan(
             world=self.world,
-            device=device,
+            device=opts.device,
             params=[
                 (n, tuple(all_params[n].shape), s, p.numel() * p.element_size())
                 for n, s, p in zip(pnames, self.param_specs, self.local_params, strict=True)
@@ -950,203 +619,24 @@ class ShardedModule(nn.Module):
         return x.chunk(self.dp, 0)[self.dp_rank]
 
 
-class _Zero2Shard:
-    """A ZeRO-2 block's flat 1/dp shard: `shard` is a Parameter viewing this dp rank's part of
-    the flattened block (its update writes the block in place). A hook on the block reduce-
-    scatters each accumulated gradient over dp into shard.grad and frees the whole one, so a
-    rank keeps 1/dp of this block's gradient and optimizer state; `gather` rebuilds the block
-    from every rank's updated shard after the step."""
-
-    def __init__(
-        self, param: nn.Parameter, comm: Collectives, name: str, syncing: Callable[[], bool]
-    ) -> None:
-        self.param, self.comm, self.name = param, comm, name
-        self.syncing = syncing
-        n = param.numel()
-        self.chunk = -(-n // comm.world)  # ceil: the last rank's part is zero-padded
-        lo = min(n, comm.rank * self.chunk)
-        hi = min(n, lo + self.chunk)
-        self.shard = nn.Parameter(param.detach().view(-1)[lo:hi])
-        param.register_post_accumulate_grad_hook(self._reduce_scatter)
-
-    def _padded(self, flat: torch.Tensor) -> torch.Tensor:
-        extra = self.chunk * self.comm.world - flat.numel()
-        return F.pad(flat, (0, extra)) if extra else flat
-
-    def _reduce_scatter(self, param: torch.Tensor) -> None:
-        if not self.syncing():  # no_sync(): the whole block's gradient accumulates here
-            return
-        grad = param.grad
-        param.grad = None
-        mine = self.comm.reduce_scatter(self._padded(grad.reshape(-1)), 0, "zero2_grad")
-        mine = mine[: self.shard.numel()]
-        self.shard.grad = mine if self.shard.grad is None else self.shard.grad + mine
-
-    def gather(self) -> None:
-        with torch.no_grad():
-            part = self.shard.detach().reshape(-1)
-            if part.numel() < self.chunk:  # the last ranks' parts are short (or empty)
-                part = F.pad(part, (0, self.chunk - part.numel()))
-            whole = self.comm.all_gather(part.contiguous(), "zero2_param")
-            self.param.view(-1).copy_(whole.reshape(-1)[: self.param.numel()])
-
-
-# Optimizers whose update of an element reads only that element's gradient and state: stepping
-# a flat slice of a block is then stepping the block (ZeRO-2's shards need this).
-_ELEMENTWISE_OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "RMSprop", "NAdam", "RAdam")
-
-
-class ShardedOptimizer(torch.optim.Optimizer):
-    """One step over a ShardedModule's blocks: a plain optimizer for the blocks whose state
-    stays whole, one ZeroRedundancyOptimizer per group of ranks that share copies of the
-    other blocks (the whole mesh for tp-replicated blocks, the dp axis for tp-sharded ones).
-    The gradients are already summed over those copies when backward returns (the graph's
-    grad_sync and the dp bucket), so each ZeRO rank steps its part of the blocks and broadcasts
-    the result: ZeRO-1. ZeRO-2 blocks step their flat 1/dp shards (gradients reduce-scattered
-    by the backward) with a plain `optimizer_class`, then all-gather the blocks; that needs an
-    elementwise optimizer (SGD, Adam, AdamW, ...).
-
-    It is a torch.optim.Optimizer whose `param_groups` are its parts' own group dicts, so LR
-    schedulers (CosineAnnealingLR, LambdaLR, ...) drive every part; its state is checkpointed
-    by torch_plugin.save_checkpoint (each rank its part), not by state_dict()."""
-
-    def __init__(
-        self,
-        module: ShardedModule,
-        optimizer_class: type[torch.optim.Optimizer],
-        *,
-        master_weights: bool = False,
-        **defaults: Any,
-    ) -> None:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        # Master weights: float32 copies of the low-precision blocks are what the parts step.
-        self.masters: list[tuple[nn.Parameter, nn.Parameter]] = []
-        master_of: dict[int, nn.Parameter] = {}
-        if master_weights:
-            if module._zero2:
-                raise NotImplementedError(
-                    "master_weights with ZeRO-2 blocks: parallelize with zero=1 (ZeRO-1 parts "
-                    "and plain parts keep float32 masters)"
-                )
-            for _, p, _ in module.named_local_parameters():
-                if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
-                    m = nn.Parameter(p.detach().float().clone())
-                    self.masters.append((p, m))
-                    master_of[id(p)] = m
-
-        whole_mesh = module.dp * module.world
-        by_copies: dict[int, list[nn.Parameter]] = {}
-        plain: list[nn.Parameter] = []
-        self.zero2 = list(module._zero2.values())
-        if self.zero2 and optimizer_class.__name__ not in _ELEMENTWISE_OPTIMIZERS:
-            raise ValueError(
-                f"{optimizer_class.__name__}: the plan uses ZeRO-2 for "
-                f"{', '.join(z.name for z in self.zero2[:3])}..., whose flat shards need an "
-                f"elementwise optimizer ({', '.join(_ELEMENTWISE_OPTIMIZERS)}); use one, or "
-                "parallelize with zero=1"
-            )
-        for name, p, _ in module.named_local_parameters():
-            if id(p) in module._zero2_ids:
-                continue
-            copies = module.plan.zero_copies.get(name)
-            p = master_of.get(id(p), p)
-            if copies is None or not p.requires_grad:
-                plain.append(p)
-            else:
-                by_copies.setdefault(copies, []).append(p)
-        self.optimizers: list[torch.optim.Optimizer] = []
-        if plain:
-            self.optimizers.append(optimizer_class(plain, **defaults))
-        if self.zero2:
-            self.optimizers.append(optimizer_class([z.shard for z in self.zero2], **defaults))
-        for copies, params in sorted(by_copies.items()):
-            if copies == whole_mesh:
-                group = module.comm.group if module.dp == 1 else dist.group.WORLD
-            elif copies == module.dp and module.dp > 1:
-                group = module.dp_comm.group
-            else:
-                raise RuntimeError(
-                    f"the plan shards optimizer state over {copies} copies, but this mesh has "
-                    f"{module.dp} dp x {module.world} tp ranks; plan and mesh disagree"
-                )
-            self.optimizers.append(
-                ZeroRedundancyOptimizer(
-                    params, optimizer_class=optimizer_class, process_group=group, **defaults
-                )
-            )
-        # The base class's bookkeeping (hooks, defaults) over every local block; then its
-        # groups become the parts' (a scheduler's lr edits reach them).
-        local = [master_of.get(id(p), p) for _, p, _ in module.named_local_parameters()]
-        local += [z.shard for z in self.zero2]
-        super().__init__(local, dict(defaults))
-        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
-
-    def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError(
-            "a ShardedOptimizer's state is split over ranks: save it with "
-            "torch_plugin.save_checkpoint(path, model, optimizer) (each rank writes its part; "
-            "it loads into any mesh)"
-        )
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        raise NotImplementedError(
-            "load a ShardedOptimizer with torch_plugin.load_checkpoint(path, model, optimizer)"
-        )
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=set_to_none)
-        for p, _ in self.masters:
-            p.grad = None
-
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        if closure is not None:
-            raise ValueError("ShardedOptimizer.step takes no closure (its parts step separately)")
-        for p, m in self.masters:
-            m.grad = None if p.grad is None else p.grad.float()
-        for o in self.optimizers:
-            o.step()
-        with torch.no_grad():
-            for p, m in self.masters:
-                p.copy_(m)
-        for z in self.zero2:
-            z.gather()
-
-    def state_bytes(self) -> int:
-        """Bytes of optimizer state this rank holds (for the ZeRO parts: its partition)."""
-        total = 0
-        for o in self.optimizers:
-            inner = getattr(o, "optim", o)
-            for st in inner.state.values():
-                for v in st.values():
-                    if isinstance(v, torch.Tensor) and v.dim() > 0:
-                        total += v.numel() * v.element_size()
-        return total
-
-
 def search_mesh_shape(
     model: nn.Module,
     world: int,
     example_inputs: Sequence[Any] | dict[str, Any],
-    *,
-    constraints: dict[str, str] | None = None,
-    memory_budget_gb: float | None = None,
-    device: str = "a100",
-    training: bool | None = None,
-    time_limit_s: float = 30.0,
-    level: str = "auto",
-    zero: int = 1,
+    options: ShardOptions | None = None,
+    **kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Every (dp, tp) shape of `world` ranks whose dp divides the batch, each planned by the
     ILP (one dp replica's batch slice, the dp axis's gradient sync and ZeRO-1 inside it):
     [{"dp", "tp", "objective" (modelled step s, None if no plan fits), "why"}], fastest first.
     Pure data parallelism is the (world, 1) shape; no process group is needed."""
+    opts = ShardOptions.of(options, **kwargs)
     call = as_call(example_inputs)
     flat = [x for x in pytree.tree_leaves(call) if isinstance(x, torch.Tensor)]
     batch = next((int(x.shape[0]) for x in flat if x.dim() > 0), 1)
-    training = model.training if training is None else training
-    budget = 0.0 if memory_budget_gb is None else memory_budget_gb * 1e9
+    training = model.training if opts.training is None else opts.training
+    # Priced for the backend that will run it (gloo has no reduce-scatter).
+    reduce_scatter = not dist.is_initialized() or dist.get_backend() in ("nccl", "fake")
     shapes = []
     for dp in (d for d in range(1, world + 1) if world % d == 0 and batch % d == 0):
         sliced = pytree.tree_map(
@@ -1158,24 +648,8 @@ def search_mesh_shape(
         graph = _capture(model, sliced).graph
         row: dict[str, Any] = {"dp": dp, "tp": world // dp, "objective": None, "why": ""}
         try:
-            plan = _C.PassManager().plan_sharding(
-                graph,
-                _C.ShardingOptions(
-                    # Priced for the backend that will run it (gloo has no reduce-scatter).
-                    reduce_scatter=not dist.is_initialized()
-                    or dist.get_backend() in ("nccl", "fake"),
-                    world=world // dp,
-                    device=device,
-                    training=training,
-                    memory_budget_bytes=budget,
-                    time_limit_s=time_limit_s,
-                    pinned=dict(constraints or {}),
-                    level=level,
-                    dp=dp,
-                    max_zero_stage=zero,
-                ),
-            )
-            row["objective"] = plan.objective
+            ilp = opts.ilp(world // dp, dp, training, reduce_scatter)
+            row["objective"] = _C.PassManager().plan_sharding(graph, ilp).objective
         except _C.PlanError as e:
             row["why"] = str(e)
         shapes.append(row)
@@ -1187,33 +661,21 @@ def shard_model(
     model: nn.Module,
     mesh: DeviceMesh,
     example_inputs: Sequence[Any] | dict[str, Any],
-    *,
-    constraints: dict[str, str] | None = None,
-    memory_budget_gb: float | None = None,
-    mesh_shape: str | None = None,
-    **options: Any,
+    options: ShardOptions | None = None,
+    **kwargs: Any,
 ) -> ShardedModule:
-    """The sharded form of `model` on `mesh` (see ShardedModule); `constraints` pins specs by
-    parameter name or graph node, e.g. {"mlp.fc1.weight": "S(0)"}. mesh_shape="auto" on a 1-D
-    mesh: the (dp, tp) shape of its ranks with the least modelled step (search_mesh_shape)
-    becomes a 2-D ("dp", "tp") mesh over the same ranks; `.mesh_search` lists every shape."""
+    """The sharded form of `model` on `mesh` (see ShardedModule and ShardOptions).
+    mesh_shape="auto" on a 1-D mesh: the (dp, tp) shape of its ranks with the least modelled
+    step (search_mesh_shape) becomes a 2-D ("dp", "tp") mesh over the same ranks;
+    `.mesh_search` lists every shape."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised; build a DeviceMesh first")
+    opts = ShardOptions.of(options, **kwargs)
     search: list[dict[str, Any]] = []
-    if mesh_shape not in (None, "auto"):
-        raise ValueError(f"mesh_shape {mesh_shape!r}: None (the mesh as given) or 'auto'")
-    if mesh_shape == "auto":
+    if opts.mesh_shape == "auto":
         if len(mesh.shape) != 1:
             raise ValueError(f"mesh_shape='auto' reshapes a 1-D mesh; {mesh} is already 2-D")
-        keys = ("device", "training", "time_limit_s", "level", "zero")
-        search = search_mesh_shape(
-            model,
-            mesh.size(),
-            example_inputs,
-            constraints=constraints,
-            memory_budget_gb=memory_budget_gb,
-            **{k: options[k] for k in keys if k in options},
-        )
+        search = search_mesh_shape(model, mesh.size(), example_inputs, opts)
         best = search[0]
         if best["objective"] is None:
             raise _C.PlanError(
@@ -1237,13 +699,6 @@ def shard_model(
                 timeout_s=mesh.timeout_s,
                 backend=mesh.backend,
             )
-    sharded = ShardedModule(
-        model,
-        mesh,
-        example_inputs,
-        constraints=constraints,
-        memory_budget_gb=memory_budget_gb,
-        **options,
-    )
+    sharded = ShardedModule(model, mesh, example_inputs, opts)
     sharded.mesh_search = search
     return sharded

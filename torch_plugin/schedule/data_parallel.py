@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch.func import functional_call
 
 from ..distributed.collectives import Collectives
-from ..distributed.sharding import _register_group, grad_sync
+from ..distributed.spmd_ops import _register_group, grad_sync
 
 
 class _GatherBatch(torch.autograd.Function):

@@ -34,7 +34,7 @@ import torch.utils._pytree as pytree
 
 from ..distributed.collectives import Collectives
 from ..distributed.mesh import DeviceMesh
-from ..distributed.sharding import _block
+from ..distributed.spmd_ops import _block
 from . import comm as tp
 
 log = logging.getLogger("torch_plugin.schedule")

@@ -1,0 +1,135 @@
+"""Capturing a model for sharding: its forward as one ATen graph over fake tensors, a meta copy
+to capture again under autocast, and blocks initialised as the model's constructor would."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.utils._pytree as pytree
+
+from .. import _C, fx_bridge
+from .capture import as_call, trace_call
+
+log = logging.getLogger("torch_plugin.sharding")
+
+
+@dataclasses.dataclass
+class _Captured:
+    graph: _C.Graph  # over (parameters, buffers, tensor leaves of the call)
+    ctx: fx_bridge.BridgeContext
+    pnames: list[str]
+    bnames: list[str]
+    in_spec: pytree.TreeSpec  # of the call's (args, kwargs)
+    constants: dict[int, Any]  # leaf index -> a non-tensor argument, fixed in the graph
+    out_spec: pytree.TreeSpec
+    unused_inputs: set[str]  # keyword arguments the graph does not read
+
+
+def _refuse_batch_statistics(model: nn.Module) -> None:
+    """Batch norm in training normalises by statistics over the whole batch: dp replicas
+    would each use their slice's (ResNet on a (2, 2) mesh trained 1.0% away from one
+    process), so a dp axis is refused rather than run with other numbers."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, _BatchNorm) and mod.training:
+            raise NotImplementedError(
+                f"module '{name}' ({type(mod).__name__}) normalises over the batch in training, "
+                "and a dp axis would split its statistics: use a 1-D (tensor-parallel) mesh, "
+                "or call parallelize on the model in eval mode"
+            )
+
+
+def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> _Captured:
+    """ATen forward graph of model(*args, **kwargs) over (params, buffers, the call's tensors),
+    on fake tensors, as the planner's IR."""
+    traced = trace_call(model, call)
+    n_user = len(traced.tensor_at)
+    kinds = (
+        [("parameter", n) for n in traced.pnames]
+        + [("buffer", n) for n in traced.bnames]
+        + [("user", "")] * n_user
+    )
+    graph, ctx = fx_bridge.to_ir(traced.gm, kinds)
+    return _Captured(
+        graph,
+        ctx,
+        traced.pnames,
+        traced.bnames,
+        traced.in_spec,
+        traced.constants,
+        traced.out_spec,
+        traced.unused_inputs,
+    )
+
+
+def capture_graph(model: nn.Module, example_inputs: Any) -> _C.Graph:
+    """The ATen forward graph the sharding planner sees (no process group needed; a model on
+    the `meta` device works, so plans of models too big for this machine can be modelled).
+    example_inputs: positional arguments, or a dict of keyword arguments."""
+    return _capture(model, as_call(example_inputs)).graph
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """The model's structure with its parameters and buffers on the meta device (no copy of
+    their data): what a second capture traces."""
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if id(t) not in memo:
+            meta = torch.empty_like(t, device="meta")
+            memo[id(t)] = (
+                nn.Parameter(meta, requires_grad=t.requires_grad)
+                if isinstance(t, nn.Parameter)
+                else meta
+            )
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as e:  # noqa: BLE001 - only a second capture needs it
+        log.info(
+            "torch_plugin sharding: no meta copy of the model (%s); autocast is then "
+            "taken as captured",
+            e,
+        )
+        return None  # type: ignore[return-value]
+
+
+def _init_blocks_like_constructor(
+    model: nn.Module, seed: int, block_of: Callable[[str, torch.Tensor], torch.Tensor]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """This rank's blocks of a `meta` model's tensors, initialised as a single process building
+    the model after `torch.manual_seed(seed)` would: module by module in registration order
+    (the constructor's order), each module's tensors made whole on the CPU, reset, cut to this
+    rank's block and dropped, so peak memory is one module's tensors, not the model's."""
+    rng = torch.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for mod_name, mod in model.named_modules():
+            direct = [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]
+            if not direct:
+                continue
+            if not hasattr(mod, "reset_parameters"):
+                raise ValueError(
+                    f"module '{mod_name}' ({type(mod).__name__}) is on the meta device and has no "
+                    "reset_parameters(); build it on the CPU, or give it one"
+                )
+            whole = copy.copy(mod)  # shallow: materialise its own tensors, not the model's
+            whole._parameters = dict(mod._parameters)
+            whole._buffers = dict(mod._buffers)
+            whole._modules = {}
+            whole.to_empty(device="cpu", recurse=False)
+            with torch.no_grad():
+                whole.reset_parameters()
+            prefix = f"{mod_name}." if mod_name else ""
+            for name, _ in direct:
+                t = getattr(whole, name)
+                yield prefix + name, block_of(prefix + name, t.detach()).clone()
+            del whole
+    finally:
+        torch.set_rng_state(rng)

@@ -1,0 +1,223 @@
+"""What the torch_plugin:: nodes of a sharded (SPMD) graph run: reshards, the bucketed gradient
+sync, replicated outputs and the vocabulary-parallel lookup, as autograd functions over
+torch.distributed (see sharding_materialize.h for the gradient convention). The graph carries
+process groups as int handles, registered here."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .collectives import Collectives
+
+log = logging.getLogger("torch_plugin.sharding")
+
+# Process groups by handle: the graph's reshard nodes carry an int, not a Python object.
+_GROUPS: dict[int, Collectives] = {}
+_GROUP_IDS = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+def _register_group(comm: Collectives) -> int:
+    with _LOCK:
+        handle = next(_GROUP_IDS)
+        _GROUPS[handle] = comm
+    return handle
+
+
+def _group(handle: int) -> Collectives:
+    try:
+        return _GROUPS[handle]
+    except KeyError:
+        raise RuntimeError(
+            f"torch_plugin sharding: process group handle {handle} is unknown in this process; "
+            "a sharded graph runs only in the process that built it"
+        ) from None
+
+
+def _parse(spec: str) -> tuple[str, int, int]:
+    """(kind, dim, sections) of 'R', 'P', 'S(d)' or the strided 'S(d)xN'."""
+    if spec in ("R", "P"):
+        return spec, -1, 1
+    if spec.startswith("S("):
+        close = spec.index(")")
+        sections = int(spec[close + 2 :]) if spec[close + 1 :].startswith("x") else 1
+        if close + 1 < len(spec) and not spec[close + 1 :].startswith("x"):
+            raise ValueError(f"bad shard spec {spec!r}")
+        return "S", int(spec[2:close]), sections
+    raise ValueError(f"bad shard spec {spec!r}")
+
+
+def _dual(spec: str) -> str:
+    """The spec of a value's gradient under the convention of sharding_materialize.h."""
+    return {"R": "P", "P": "R"}.get(spec, spec)
+
+
+def _block(x: torch.Tensor, dim: int, sections: int, world: int, rank: int) -> torch.Tensor:
+    """This rank's block of a whole tensor split along `dim` (each of `sections` parts split)."""
+    if sections == 1:
+        return x.chunk(world, dim)[rank].contiguous()
+    parts = x.unflatten(dim, (sections, -1))
+    return parts.chunk(world, dim + 1)[rank].flatten(dim, dim + 1).contiguous()
+
+
+def _whole(blocks: list[torch.Tensor], dim: int, sections: int) -> torch.Tensor:
+    """Inverse of _block over every rank's block."""
+    if sections == 1:
+        return torch.cat(blocks, dim=dim)
+    parts = [b.unflatten(dim, (sections, -1)) for b in blocks]
+    return torch.cat(parts, dim=dim + 1).flatten(dim, dim + 1)
+
+
+def _reshard_local(x: torch.Tensor, src: str, dst: str, comm: Collectives) -> torch.Tensor:
+    """The value held as `src` on this rank, as `dst` (not differentiable; see _Reshard)."""
+    (sk, sd, sn), (dk, dd, dn) = _parse(src), _parse(dst)
+    w, r = comm.world, comm.rank
+    if src == dst:
+        return x
+    if sk == "S" and dk == "P":  # zero-padded to the whole shape (local: no traffic)
+        shape = list(x.shape)
+        shape[sd] *= w
+        out = x.new_zeros(shape)
+        own = _block(torch.arange(shape[sd], device=x.device), 0, sn, w, r)
+        return out.index_copy_(sd, own, x)
+    if sk == "S" and dk == "S" and sd != dd:  # one all-to-all, as the ILP prices it
+        # Piece k: the part of this rank's block that rank k keeps along dd; what arrives from
+        # rank s is rank s's block along sd of this rank's part, joined along sd.
+        send = torch.stack([_block(x, dd, dn, w, k) for k in range(w)])
+        got = comm.all_to_all(send.flatten(0, 1), "reshard")  # [w, *piece]
+        return _whole(list(got.unbind(0)), sd, sn)
+    if sk == "S":  # to R, or to another split of the same dim: gather the whole first
+        whole = _whole(list(comm.all_gather(x, "reshard").unbind(0)), sd, sn)
+        return whole if dk == "R" else _block(whole, dd, dn, w, r)
+    if sk == "R" and dk == "S":
+        return _block(x, dd, dn, w, r)
+    if sk == "R" and dk == "P":  # one rank holds the value, the others zero summands
+        return x.clone() if r == 0 else torch.zeros_like(x)
+    if sk == "P" and dk == "R":
+        return comm.all_reduce(x, "reshard")
+    if sk == "P" and dk == "S":
+        # Strided: the sections made rank-major, so each rank's block is one contiguous chunk
+        # and one reduce-scatter (as priced) delivers it.
+        if dn > 1:
+            x = x.unflatten(dd, (dn, w, -1)).transpose(dd, dd + 1).flatten(dd, dd + 2)
+        return comm.reduce_scatter(x, dd, "reshard")
+    raise ValueError(f"no reshard from {src} to {dst}")
+
+
+class _Reshard(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, src: str, dst: str, handle: int) -> torch.Tensor:
+        ctx.spec = (src, dst, handle)
+        return _reshard_local(x, src, dst, _group(handle))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        src, dst, handle = ctx.spec
+        return _Reshard.apply(grad, _dual(dst), _dual(src), handle), None, None, None
+
+
+class _GradSync(torch.autograd.Function):
+    """Identity on the replicated parameters; the backward sums their gradient summands over
+    ranks in one flat all-reduce (one bucket rather than a collective per parameter)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, handle: int, pending: list[Any] | None, *params: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.handle = handle
+        ctx.pending = pending
+        return tuple(p.view_as(p) for p in params)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        if ctx.pending is not None:  # gradients accumulated under no_sync() join this sum
+            grads = tuple(
+                g if q is None else g + q for g, q in zip(grads, ctx.pending, strict=True)
+            )
+        # Low-precision gradients are summed in float32 (bf16 sums over many ranks lose bits).
+        flat = torch.cat(
+            [g.reshape(-1).to(torch.promote_types(g.dtype, torch.float32)) for g in grads]
+        )
+        summed = _group(ctx.handle).all_reduce(flat, "grad_sync")
+        out, at = [], 0
+        for g in grads:
+            out.append(summed[at : at + g.numel()].view(g.shape).to(g.dtype))
+            at += g.numel()
+        return (None, None, *out)
+
+
+class _ReplicatedOutput(torch.autograd.Function):
+    """Identity; every rank seeds the same loss gradient, so each holds 1/world of it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, handle: int) -> torch.Tensor:
+        ctx.world = _group(handle).world
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad / ctx.world, None
+
+
+class _BatchLoss(torch.autograd.Function):
+    """A scalar of one dp replica's batch slice (its loss) made the whole batch's:
+    sum over replicas of weight * x. The weight is 1 when the model divided by the whole
+    batch's label count (HF's num_items_in_batch), the slice's share of the labels when its
+    loss is a mean over them, 1/dp without labels. Every rank seeds the same gradient and the
+    dp gradient sync sums the replicas, so the backward scales as the forward did."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, handle: int, weight: float) -> torch.Tensor:
+        ctx.weight = weight
+        return _group(handle).all_reduce(x.detach() * weight, "batch loss")
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad * ctx.weight, None, None
+
+
+def reshard(x: torch.Tensor, src: str, dst: str, group: int) -> torch.Tensor:
+    return _Reshard.apply(x, src, dst, group)
+
+
+def grad_sync(
+    params: list[torch.Tensor], group: int, pending: list[Any] | None = None
+) -> tuple[torch.Tensor, ...]:
+    """pending: per parameter, a gradient accumulated locally (under no_sync) to add to this
+    backward's before the sum over ranks, or None."""
+    return _GradSync.apply(group, pending, *params)
+
+
+def replicated_output(x: torch.Tensor, group: int) -> torch.Tensor:
+    return _ReplicatedOutput.apply(x, group)
+
+
+def vocab_embedding(
+    weight: torch.Tensor, indices: torch.Tensor, padding_idx: int, group: int
+) -> torch.Tensor:
+    """Megatron's vocabulary-parallel lookup: `weight` is this rank's rows of the vocabulary;
+    lookups outside them give zeros, so the sum over ranks is the whole embedding (spec P).
+    Plain ops, so autograd gives each rank its rows' gradient."""
+    comm = _group(group)
+    rows = weight.shape[0]
+    local = indices - comm.rank * rows
+    mine = (local >= 0) & (local < rows)
+    pad = padding_idx - comm.rank * rows
+    own_pad = pad if padding_idx >= 0 and 0 <= pad < rows else None
+    out = F.embedding(local.clamp(0, rows - 1), weight, padding_idx=own_pad)
+    return out * mine.unsqueeze(-1).to(out.dtype)
+
+
+_TARGETS: dict[str, Callable[..., Any]] = {
+    "torch_plugin::vocab_embedding.default": vocab_embedding,
+    "torch_plugin::reshard.default": reshard,
+    "torch_plugin::grad_sync.default": grad_sync,
+    "torch_plugin::replicated_output.default": replicated_output,
+}
