@@ -135,10 +135,27 @@ def hf_suite_page(data: dict[str, Any]) -> str:
             if c.get("status") not in ("pass", "n/a", None) and e not in first_errors:
                 first_errors[e] = fmt(c.get("error", ""))
     errs = [f"- **{e}**: {msg}" for e, msg in first_errors.items()]
+    # Parameter bytes each rank holds, as a fraction of one process's, per sharding entry.
+    fractions = []
+    for e in entries:
+        vals = sorted(
+            c[e]["figures"]["param_fraction"]
+            for c in data["cells"].values()
+            if c.get(e, {}).get("status") == "pass"
+            and "param_fraction" in c[e].get("figures", {})
+        )
+        if vals:
+            small = sum(v <= 0.6 for v in vals)
+            fractions.append(
+                f"- **{e}**: {small} of {len(vals)} passing architectures at most 0.6; median "
+                f"{vals[len(vals) // 2]:.3f}, largest {vals[-1]:.3f}"
+            )
     return (
         f"- **transformers**: {data.get('transformers')}, **torch**: {data.get('torch')}\n\n"
         "## Pass rates\n\n"
         + "\n".join(summary)
+        + "\n\n## Parameter bytes per rank (fraction of one process's)\n\n"
+        + ("\n".join(fractions) or "none recorded")
         + "\n\n## Every cell\n\n"
         + "\n".join(lines)
         + "\n\n## First failure per entry point\n\n"

@@ -91,15 +91,18 @@ def test_dead_code_elimination_through_the_backend_keeps_numerics() -> None:
     assert all(r["passes"][0]["name"] == "dead_code_elimination" for r in stats)
 
 
+class _BrokenPassManager:
+    """A pass manager whose every run fails, as a bug of ours would."""
+
+    def __init__(self, **kwargs: object) -> None:
+        pass
+
+    def run(self, *args: object) -> None:
+        raise _C.PassError("simulated failure")
+
+
 def test_failure_in_pipeline_falls_back_with_one_log_line(monkeypatch, caplog) -> None:
-    class Broken:
-        def __init__(self, **kwargs: object) -> None:
-            pass
-
-        def run(self, *args: object) -> None:
-            raise _C.PassError("simulated failure")
-
-    monkeypatch.setattr(_C, "PassManager", Broken)
+    monkeypatch.setattr(_C, "PassManager", _BrokenPassManager)
     model, inputs = small_model("mlp")
     reference = run_model(model, inputs, "aot_eager")
     with caplog.at_level(logging.WARNING, logger="torch_plugin"), collect_stats() as stats:
@@ -133,14 +136,7 @@ def test_unsupported_graph_falls_back(monkeypatch, caplog) -> None:
 
 
 def test_on_error_raise_reraises(monkeypatch) -> None:
-    class Broken:
-        def __init__(self, **kwargs: object) -> None:
-            pass
-
-        def run(self, *args: object) -> None:
-            raise _C.PassError("simulated failure")
-
-    monkeypatch.setattr(_C, "PassManager", Broken)
+    monkeypatch.setattr(_C, "PassManager", _BrokenPassManager)
     f = torch.compile(lambda x: x * 2, backend="torch_plugin", options={"on_error": "raise"})
     with pytest.raises(Exception, match="simulated failure"):
         f(torch.randn(3))
