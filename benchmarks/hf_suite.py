@@ -11,6 +11,8 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
   shard2, shard4   torch_plugin.parallelize(model, DeviceMesh(n), inputs): 3 AdamW steps on
                    n gloo ranks, each loss within 1e-5 of one process's
   shard2x2         the same on a (dp=2, tp=2) mesh
+  shard2_lean      shard2 with the memory budget at the least any plan needs (what a model that
+                   does not fit one device asks for): the parameter bytes each rank holds
   bf16_2           on decoders, 2 ranks: bf16 parameters with float32 master weights, and
                    float32 parameters with the forward under torch.autocast(bfloat16), each
                    within 2e-2 of one process running the same recipe
@@ -71,6 +73,7 @@ ENTRIES = [
     "shard2",
     "shard4",
     "shard2x2",
+    "shard2_lean",
     "bf16_2",
     "pipeline4",
     "cp_decode",
@@ -81,6 +84,7 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "shard2": (2, (2,)),
     "shard4": (4, (4,)),
     "shard2x2": (4, (2, 2)),
+    "shard2_lean": (2, (2,)),
     "pipeline4": (4, None),
     "cp_decode": (2, (2,)),
     "cp_decode4": (4, (4,)),
@@ -274,7 +278,8 @@ LOCAL: dict[str, Callable[..., dict[str, Any]]] = {
 # ---- what each rank checks -----------------------------------------------------------------
 
 
-def check_shard(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
+def check_shard(name: str, mesh_shape: tuple[int, ...], lean: bool = False) -> dict[str, Any]:
+    """lean: the memory budget set to the least any plan needs (the ILP's PlanError says it)."""
     import torch_plugin
     from torch_plugin.models import hf_suite
 
@@ -282,7 +287,14 @@ def check_shard(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     want = _reference_losses(model, inputs)
     whole = sum(p.numel() * p.element_size() for p in model.parameters())
     mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
-    sharded = torch_plugin.parallelize(model, mesh, inputs)
+    budget = None
+    if lean:
+        try:
+            torch_plugin.parallelize(model, mesh, inputs, memory_budget_gb=1e-12, level="fast")
+            raise Mismatch("a plan fitted a budget of 1e-12 GB")
+        except torch_plugin.PlanError as e:
+            budget = e.min_memory_bytes * 1.0001 / 1e9
+    sharded = torch_plugin.parallelize(model, mesh, inputs, memory_budget_gb=budget)
     names = [n for n, _ in model.named_parameters()]
     if [n for n, _ in sharded.named_parameters()] != names:
         raise Mismatch("the sharded module does not keep the model's parameter names")
@@ -509,7 +521,7 @@ def rank_figures(rank: int, world: int, entry: str, name: str) -> dict[str, Any]
     fresh processes, or the tests' kept-alive gloo pool). Raises Mismatch when numbers differ."""
     mesh = DISTRIBUTED[entry][1]
     if entry.startswith("shard"):
-        return check_shard(name, mesh)
+        return check_shard(name, mesh, lean=entry.endswith("_lean"))
     if entry == "recipe2x2":
         return check_recipe(name, mesh)
     if entry == "bf16_2":
