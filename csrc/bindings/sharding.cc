@@ -68,7 +68,7 @@ void BindSharding(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("level", &ShardingOptions::level, "'exact', 'fast' or 'auto'")
       .field("auto_fast_above", &ShardingOptions::auto_fast_above)
       .field("reduce_scatter", &ShardingOptions::reduce_scatter,
-             "the runtime's library has reduce-scatter (NCCL); False prices all-reduce (gloo)")
+             "the runtime's library has reduce-scatter (NCCL, gloo); False prices all-reduce")
       .property(
           "pinned", [](const ShardingOptions& o) { return SpecStrings(o.pinned); },
           +[](ShardingOptions& o, const std::map<std::string, std::string>& pins) {

@@ -49,7 +49,7 @@ struct ShardingOptions {
   // state on every rank.
   int max_zero_stage = 1;
   double time_limit_s = 30;
-  // The runtime's collective library has a reduce-scatter (NCCL). Without one (gloo) a partial
+  // The runtime's collective library has a reduce-scatter (NCCL, gloo). Without one a partial
   // sum becomes a block by all-reduce, and is priced so: the plan prices what runs.
   bool reduce_scatter = true;
   // "exact": one ILP variable set per node. "fast": nodes with identical neighbourhoods (the

@@ -166,7 +166,10 @@ def reshard_cases(rank: int, world: int, _port: int) -> dict[str, dict[str, obje
 
     comm = Collectives(dist.group.WORLD, world, rank, "test")
     calls: list[str] = []
-    originals = {n: getattr(dist, n) for n in ("all_to_all_single", "all_gather", "all_reduce")}
+    originals = {
+        n: getattr(dist, n)
+        for n in ("all_to_all_single", "all_gather", "all_reduce", "reduce_scatter_tensor")
+    }
 
     def counting(name: str):  # type: ignore[no-untyped-def]
         def call(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -210,8 +213,8 @@ def reshard_cases(rank: int, world: int, _port: int) -> dict[str, dict[str, obje
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_reshards_run_the_collective_the_plan_priced(gloo, world: int) -> None:
-    """S(i) -> S(j) is one all-to-all, a strided P -> S one reduce-scatter (gloo: all-reduce,
-    which the plan then prices); values equal the target spec's blocks of the whole."""
+    """S(i) -> S(j) is one all-to-all, a (strided) P -> S one reduce-scatter, as the plan
+    prices them; values equal the target spec's blocks of the whole."""
     results = dist_workers.pooled(gloo(world), reshard_cases)
     pm = _C.PassManager()
     for res in results:
@@ -221,9 +224,11 @@ def test_reshards_run_the_collective_the_plan_priced(gloo, world: int) -> None:
         assert res["S(0)x2->S(1)"]["calls"] == ["all_to_all_single"]
         assert res["S(1)->S(0)x2"]["calls"] == ["all_to_all_single"]
         assert res["S(1)->S(1)x2"]["calls"] == ["all_gather"]
-        assert res["P->S(1)x2"]["calls"] == ["all_reduce"]  # gloo has no reduce-scatter
-    # The plan names the same collectives: on a gloo mesh a partial sum becomes a block by
-    # all-reduce, never a reduce-scatter the runtime would not run.
+        assert res["P->S(1)x2"]["calls"] == ["reduce_scatter_tensor"]
+        assert res["P->S(0)"]["calls"] == ["reduce_scatter_tensor"]
+        assert res["P->R"]["calls"] == ["all_reduce"]
+    # A backend without reduce-scatter: the plan prices (and names) the all-reduce it would
+    # run instead, never a reduce-scatter.
     g = _forward_graph("gpt2")
-    gloo_plan = pm.plan_sharding(g, _C.ShardingOptions(world=4, reduce_scatter=False))
-    assert "reduce_scatter" not in {c.kind for c in gloo_plan.collectives}
+    plan = pm.plan_sharding(g, _C.ShardingOptions(world=4, reduce_scatter=False))
+    assert "reduce_scatter" not in {c.kind for c in plan.collectives}

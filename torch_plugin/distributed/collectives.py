@@ -44,8 +44,9 @@ class Collectives:
         self.calls: dict[str, int] = defaultdict(int)
         self._all_to_all_ok: bool | None = None
         backend = dist.get_backend(group) if dist.is_initialized() else "gloo"
-        # gloo has none; the fake backend stands in for NCCL when planning large worlds.
-        self.has_reduce_scatter = backend in ("nccl", "fake")
+        # NCCL and gloo (torch >= 2.6) have one; the fake backend stands in for NCCL when
+        # planning large worlds. The sharding ILP prices what this says (ShardingOptions).
+        self.has_reduce_scatter = backend in ("nccl", "gloo", "fake")
 
     def _release_groups(self) -> None:
         self.group = None
@@ -105,7 +106,8 @@ class Collectives:
                 raise self._fail("reduce_scatter", kind, e) from e
             self._count(kind, (self.world - 1) / self.world * t.numel() * t.element_size())
             return out.movedim(0, dim).contiguous()
-        # gloo: an all-reduce, keeping this rank's block (twice the volume; counted as such).
+        # A backend without one: an all-reduce, keeping this rank's block (twice the volume;
+        # counted as such).
         whole = self.all_reduce(t, kind)
         return whole.chunk(self.world, dim)[self.rank].contiguous()
 

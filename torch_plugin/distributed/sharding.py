@@ -193,7 +193,7 @@ class ShardedModule(nn.Module):
         self._autocast_device = next(
             (t.device.type for t in model.parameters() if not t.is_meta), "cpu"
         )
-        # The plan prices what this backend runs (gloo has no reduce-scatter).
+        # The plan prices what this backend runs (a reduce-scatter, or an all-reduce without).
         self._options = opts.ilp(self.world, self.dp, training, comm.has_reduce_scatter)
         captured = _capture(model, call)
         graph, ctx = captured.graph, captured.ctx
@@ -635,8 +635,8 @@ def search_mesh_shape(
     flat = [x for x in pytree.tree_leaves(call) if isinstance(x, torch.Tensor)]
     batch = next((int(x.shape[0]) for x in flat if x.dim() > 0), 1)
     training = model.training if opts.training is None else opts.training
-    # Priced for the backend that will run it (gloo has no reduce-scatter).
-    reduce_scatter = not dist.is_initialized() or dist.get_backend() in ("nccl", "fake")
+    # Priced for the backend that will run it.
+    reduce_scatter = not dist.is_initialized() or dist.get_backend() in ("nccl", "gloo", "fake")
     shapes = []
     for dp in (d for d in range(1, world + 1) if world % d == 0 and batch % d == 0):
         sliced = pytree.tree_map(
