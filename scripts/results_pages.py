@@ -33,6 +33,11 @@ PAGES = {
     "placement_reruns": ("Placement reruns", "placement.py", PLACE),
     "fused_attention": ("Fused attention kernel", "fused_attention.py", "features/fused_attention"),
     "sharding": ("Automatic sharding", "sharding.py", "features/automatic_sharding"),
+    "hf_sharding": (
+        "HF Llama on 4 ranks: ours vs DTensor TP and FSDP2",
+        "hf_sharding.py",
+        "features/automatic_sharding",
+    ),
     "graphpipe_search": ("Graph pipelines: search", "graphpipe_search.py", PIPE),
     "graphpipe_throughput": ("Graph pipelines: throughput", "graphpipe_throughput.py", PIPE),
     "cache_parallel": ("Cache parallelism", "cache_parallel.py", "features/cache_parallelism"),
@@ -141,8 +146,7 @@ def hf_suite_page(data: dict[str, Any]) -> str:
         vals = sorted(
             c[e]["figures"]["param_fraction"]
             for c in data["cells"].values()
-            if c.get(e, {}).get("status") == "pass"
-            and "param_fraction" in c[e].get("figures", {})
+            if c.get(e, {}).get("status") == "pass" and "param_fraction" in c[e].get("figures", {})
         )
         if vals:
             small = sum(v <= 0.6 for v in vals)
