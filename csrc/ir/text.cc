@@ -486,6 +486,11 @@ std::string PrintArg(const Graph& graph, const Arg& arg) {
 }
 
 std::string PrintGraph(const Graph& graph) {
+  // An unnamed tuple element prints as "_" unless something reads it: then it is %v<id> where
+  // it is defined too, so the text reads back.
+  std::set<ValueId> used;
+  for (const Node& node : graph.nodes()) node.ForEachInput([&](ValueId v) { used.insert(v); });
+  graph.output().ForEachValue([&](ValueId v) { used.insert(v); });
   std::ostringstream os;
   os << "graph(";
   for (size_t i = 0; i < graph.inputs().size(); ++i) {
@@ -503,7 +508,8 @@ std::string PrintGraph(const Graph& graph) {
       for (size_t i = 0; i < node.outputs.size(); ++i) {
         if (i) os << ", ";
         const Value& v = graph.value(node.outputs[i]);
-        os << (v.name.empty() ? "_" : "%" + v.name) << ": " << v.type.ToString();
+        const bool blank = v.name.empty() && !used.count(v.id);
+        os << (blank ? "_" : ValueName(graph, v.id)) << ": " << v.type.ToString();
       }
       os << ") %" << node.name;
     } else {

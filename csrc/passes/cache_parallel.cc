@@ -146,9 +146,19 @@ ir::ValueId PeelGqa(const ir::Graph& g, ir::ValueId v, std::set<const ir::Node*>
     if (dd < 0 && in && g.type(*in).is_tensor()) dd += g.type(*in).tensor.rank();
     return dd == want;
   };
+  // Only the heads may grow: [b, kv, s, d] -> [b, kv * r, s, d].
+  auto heads_only = [&](ir::ValueId src) {
+    const auto &in = g.type(src), &out = g.type(v);
+    if (!in.is_tensor() || !out.is_tensor() || in.tensor.rank() != 4 || out.tensor.rank() != 4)
+      return false;
+    for (int d : {0, 2, 3})
+      if (!(in.tensor.shape[d] == out.tensor.shape[d])) return false;
+    const auto kv = in.tensor.shape[1].hint(), heads = out.tensor.shape[1].hint();
+    return kv && heads && *kv > 0 && *heads % *kv == 0;
+  };
   if (p->op == "aten::repeat_interleave.self_int") {
     auto src = ValueArg(GetArg(*p, 0, "self"));
-    if (!src || !dim_is(*p, 2, 1)) return v;
+    if (!src || !dim_is(*p, 2, 1) || !heads_only(*src)) return v;
     nodes->insert(p);
     return *src;
   }
@@ -170,8 +180,10 @@ ir::ValueId PeelGqa(const ir::Graph& g, ir::ValueId v, std::set<const ir::Node*>
   // Slices that keep everything (x[:, :, None, :, :] emits some).
   while (q != nullptr && q->op == "aten::slice.Tensor" && IsZeroOrNone(GetArg(*q, 2, "start"))) {
     const ir::Arg* end = GetArg(*q, 3, "end");
+    const ir::Arg* step = GetArg(*q, 4, "step");
     auto e = Number(end);
     if (!IsNone(end) && !(e && *e >= 9.2e18)) break;
+    if (!IsNone(step) && Number(step) != 1.0) break;  // a strided slice drops positions
     seen.insert(q);
     cur = ValueArg(GetArg(*q, 0, "self"));
     q = cur ? Producer(g, *cur) : nullptr;
@@ -179,6 +191,7 @@ ir::ValueId PeelGqa(const ir::Graph& g, ir::ValueId v, std::set<const ir::Node*>
   if (q == nullptr || q->op != "aten::unsqueeze.default" || !dim_is(*q, 1, 2)) return v;
   auto src = ValueArg(GetArg(*q, 0, "self"));
   if (!src) return v;
+  if (!heads_only(*src)) return v;
   seen.insert(q);
   nodes->insert(seen.begin(), seen.end());
   return *src;

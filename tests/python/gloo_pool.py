@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
+import pickle
 import queue
 import socket
 import time
@@ -47,7 +48,16 @@ def _serve(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
         world_size=world,
         timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
-    while (task := tasks.get()) is not None:
+    parent = os.getppid()
+    while True:
+        try:
+            task = tasks.get(timeout=5)
+        except queue.Empty:
+            if os.getppid() != parent:  # the test process died: do not linger
+                break
+            continue
+        if task is None:
+            break
         (module, name), args = task
         try:
             import torch._dynamo
@@ -55,7 +65,9 @@ def _serve(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
             torch._dynamo.reset()
             torch.manual_seed(0)
             fn = getattr(importlib.import_module(module), name)
-            results.put((rank, True, fn(rank, world, *args)))
+            value = fn(rank, world, *args)
+            pickle.dumps(value)  # an unpicklable result fails here, with its name, not silently
+            results.put((rank, True, value))
         except BaseException:  # noqa: BLE001 - reported to the test, with the traceback
             results.put((rank, False, traceback.format_exc()))
     dist.destroy_process_group()
@@ -91,16 +103,22 @@ class GlooPool:
             q.put(((fn.__module__, fn.__name__), args))
         deadline = time.monotonic() + (deadline_s or self.deadline_s)
         got: dict[int, tuple[bool, Any]] = {}
-        while len(got) < self.world:
-            try:
-                rank, ok, value = self._results.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                missing = sorted(set(range(self.world)) - set(got))
-                self.close()
-                raise TimeoutError(
-                    f"{fn.__name__}: ranks {missing} gave no result within the deadline"
-                ) from None
-            got[rank] = (ok, value)
+        try:
+            while len(got) < self.world:
+                try:
+                    rank, ok, value = self._results.get(timeout=1.0)
+                except queue.Empty:
+                    missing = sorted(set(range(self.world)) - set(got))
+                    dead = [r for r in missing if not self._procs[r].is_alive()]
+                    if dead or time.monotonic() > deadline:
+                        why = f"ranks {dead} died" if dead else "gave no result within the deadline"
+                        raise TimeoutError(f"{fn.__name__}: ranks {missing}: {why}") from None
+                    continue
+                got[rank] = (ok, value)
+        except BaseException:
+            # Whatever went wrong, no result of this run may be read by the next one.
+            self.close()
+            raise
         failed = {r: v for r, (ok, v) in got.items() if not ok}
         if failed:
             self.close()

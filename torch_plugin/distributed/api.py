@@ -91,12 +91,13 @@ def parallelize(
             raise ValueError("strategy 'shard' needs a DeviceMesh (DeviceMesh.from_torchrun())")
         if loss_fn is not None or num_microbatches is not None:
             raise ValueError("loss_fn / num_microbatches are pipeline options, not sharding ones")
+        # Only what was given: parallelize(..., options=ShardOptions(...)) keeps its own.
+        given = {"constraints": constraints, "memory_budget_gb": memory_budget_gb}
         return shard_model(
             model,
             mesh,
             example_inputs,
-            constraints=constraints,
-            memory_budget_gb=memory_budget_gb,
+            **{k: v for k, v in given.items() if v is not None},
             **options,
         )
     if constraints is not None or memory_budget_gb is not None:

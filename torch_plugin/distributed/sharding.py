@@ -66,6 +66,12 @@ __all__ = [
 log = logging.getLogger("torch_plugin.sharding")
 
 
+def _plan_digest(plan: _C.ShardingPlan) -> str:
+    """What every rank must agree on: specs, strategies and collectives (not the solver's status
+    or objective, which a rank that hit the time limit with the same plan may report apart)."""
+    return digest([plan.spec, plan.strategy, [c.to_dict() for c in plan.collectives]])
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardOptions:
     """What sharding takes besides the model, the mesh and the inputs: validated once where the
@@ -224,7 +230,7 @@ class ShardedModule(nn.Module):
         check_same(
             comm.group,
             "sharding plans",
-            digest(str(plan)),
+            _plan_digest(plan),
             self.world,
             "every rank must capture the same model with the same options; if the ILP hit its "
             "time limit (see the log), raise time_limit_s or use level='fast'",
@@ -507,7 +513,7 @@ class ShardedModule(nn.Module):
         check_same(
             self.comm.group,
             "sharding plans under autocast",
-            digest(str(plan)),
+            _plan_digest(plan),
             self.world,
             "every rank must run the same autocast state",
         )

@@ -143,6 +143,22 @@ TEST(TextTest, ParseReadsBackWhatPrintWrote) {
     EXPECT_EQ(PrintArg(parsed, parsed.output()), PrintArg(g, g.output()));
   }
 }
+TEST(TextTest, AnUnnamedTupleElementThatIsReadGetsAName) {
+  GraphBuilder b;
+  auto x = b.AddInput("x", testing::Tensor({4, 8}), InputKind::kUser);
+  NodeSpec split = testing::Op("split", "aten::split.Tensor", {Arg::Value(x), Arg::Int(4)},
+                               testing::Tensor({4, 4}));
+  split.output_types.push_back(testing::Tensor({4, 4}));
+  split.output_names = {"", ""};
+  split.tuple_output = true;
+  b.AddNode(split);
+  b.AddNode(testing::Op("relu", "aten::relu.default", {Arg::Value(2)}, testing::Tensor({4, 4})));
+  b.SetOutput(Arg::List({Arg::Value(3)}, true));
+  const std::string text = PrintGraph(b.Build());
+  EXPECT_NE(text.find("(_: f32[4, 4], %v2: f32[4, 4]) %split"), std::string::npos) << text;
+  EXPECT_EQ(PrintGraph(ParseGraph(text)), text);
+}
+
 TEST(TextTest, ParseSkipsCommentLinesAndNamesTheLineOfAnError) {
   const std::string ok =
       "// a golden file's header\n"

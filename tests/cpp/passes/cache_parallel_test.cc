@@ -77,12 +77,13 @@ ir::Graph DecodeGraph(const DecodeGraphSpec& s) {
       r.kwargs.push_back({"dim", I(seq ? 2 : 1)});
       return out0(b.AddNode(r));
     }
-    if (s.gqa == "repeat_kv") {
+    if (s.gqa == "repeat_kv" || s.gqa == "repeat_kv_strided") {
       auto u = out0(b.AddNode(
           Op(p + "unsq", "aten::unsqueeze.default", {V(x), I(2)}, Tensor({B, HKV, 1, 1, D}))));
-      auto sl = out0(b.AddNode(Op(p + "all", "aten::slice.Tensor",
-                                  {V(u), I(3), I(0), I(9223372036854775807)},
-                                  Tensor({B, HKV, 1, 1, D}))));
+      ir::NodeSpec all = Op(p + "all", "aten::slice.Tensor",
+                            {V(u), I(3), I(0), I(9223372036854775807)}, Tensor({B, HKV, 1, 1, D}));
+      if (s.gqa == "repeat_kv_strided") all.args.push_back(I(2));  // every other position
+      auto sl = out0(b.AddNode(all));
       auto e = out0(b.AddNode(Op(p + "exp", "aten::expand.default",
                                  {V(sl), ir::Arg::List({I(B), I(HKV), I(H / HKV), I(1), I(D)})},
                                  Tensor({B, HKV, H / HKV, 1, D}))));
@@ -235,15 +236,18 @@ TEST(CacheParallel, SeesThroughGroupedQueryExpansions) {
                              "aten::_unsafe_view.default", "aten::unsqueeze.default"})
       EXPECT_EQ(Count(r.graph, gone), 0) << gqa << " left " << gone;
   }
-  // A repeat along the sequence is no GQA: left alone, with its reason.
-  DecodeGraphSpec seq;
-  seq.gqa = "repeat_interleave_seq";
-  const CacheParallelPlan plan = PlanCacheParallel(DecodeGraph(seq), WorldOptions(2));
-  EXPECT_TRUE(plan.sites.empty());
-  ASSERT_EQ(plan.skipped.size(), 1u);
-  EXPECT_NE(plan.skipped[0].find("sdpa: keys/values do not come from a KV-cache buffer"),
-            std::string::npos)
-      << plan.skipped[0];
+  // A repeat along the sequence, or a strided slice on the way, is no GQA: left alone, with
+  // its reason.
+  for (const std::string gqa : {"repeat_interleave_seq", "repeat_kv_strided"}) {
+    DecodeGraphSpec spec;
+    spec.gqa = gqa;
+    const CacheParallelPlan plan = PlanCacheParallel(DecodeGraph(spec), WorldOptions(2));
+    EXPECT_TRUE(plan.sites.empty()) << gqa;
+    ASSERT_EQ(plan.skipped.size(), 1u) << gqa;
+    EXPECT_NE(plan.skipped[0].find("sdpa: keys/values do not come from a KV-cache buffer"),
+              std::string::npos)
+        << plan.skipped[0];
+  }
 }
 
 TEST(CacheParallel, OptionErrorsSayWhatToDo) {
