@@ -156,11 +156,9 @@ def _rank(rank: int, port: int, contender: str, steps: int, out: str) -> None:
 
 
 def run_distributed(contender: str, steps: int) -> dict[str, Any]:
-    import socket
+    from hf_suite import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(_rank, args=(port, contender, steps, out), nprocs=WORLD, join=True)
         ranks = [json.loads(Path(out, f"{contender}.{r}.json").read_text()) for r in range(WORLD)]

@@ -510,7 +510,7 @@ def check_cp_decode(name: str, mesh_shape: tuple[int, ...], new_tokens: int = 32
     }
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -538,6 +538,12 @@ def merge_figures(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in ranks]
         figures[key] = max(values) if isinstance(values[0], (int, float)) else values[0]
     return figures
+
+
+def run_on_pool(pool: Any, entry: str, name: str) -> dict[str, Any]:
+    """A distributed cell on ranks already joined (the tests' kept-alive gloo pool: anything
+    with run(fn, *args) -> each rank's result): the worst rank's figures."""
+    return merge_figures(pool.run(rank_figures, entry, name))
 
 
 def _rank_main(rank: int, world: int, port: int, entry: str, name: str, out: str) -> None:
@@ -577,7 +583,7 @@ def run_distributed(entry: str, name: str, deadline_s: float = 300.0) -> dict[st
     """Runs one (entry, model) cell on fresh gloo processes; the worst rank's result."""
     world = DISTRIBUTED[entry][0]
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         procs = [

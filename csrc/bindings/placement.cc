@@ -185,10 +185,7 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       "place_op_level",
       [](passes::PassManager& self, const ir::Graph& g, const std::vector<PlacementChoice>& choices,
          const PlacementDpOptions& options, double switch_penalty) {
-        passes::PlacementProblem p;
-        p.num_nodes = static_cast<int>(g.nodes().size());
-        p.preds = passes::NodePredecessors(g);
-        for (const auto& n : g.nodes()) p.node_names.push_back(n.name);
+        passes::PlacementProblem p = passes::PlacementProblemFor(g);
         for (const auto& c : choices) p.options.push_back(c);
         p.switch_penalty = switch_penalty;
         passes::OpLevelPlacement r;

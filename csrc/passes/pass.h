@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <functional>
-#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>

@@ -130,6 +130,14 @@ bool Search(const PlacementProblem& problem, const std::vector<PreparedOption>& 
 
 }  // namespace
 
+PlacementProblem PlacementProblemFor(const ir::Graph& graph) {
+  PlacementProblem p;
+  p.num_nodes = static_cast<int>(graph.nodes().size());
+  p.preds = NodePredecessors(graph);
+  for (const auto& n : graph.nodes()) p.node_names.push_back(n.name);
+  return p;
+}
+
 std::vector<std::vector<int>> NodePredecessors(const ir::Graph& graph) {
   std::vector<std::vector<int>> preds(graph.nodes().size());
   for (const auto& node : graph.nodes()) {

@@ -52,6 +52,9 @@ struct OpLevelPlacement {
 // Node-level predecessors of an IR graph (PlacementProblem::preds).
 std::vector<std::vector<int>> NodePredecessors(const ir::Graph& graph);
 
+// The problem over `graph`'s nodes (count, predecessors, names), with no options yet.
+PlacementProblem PlacementProblemFor(const ir::Graph& graph);
+
 // Cost of a set of options under the problem's model (sum of costs and penalties).
 double PlacementCost(const PlacementProblem& problem, const std::vector<int>& chosen);
 

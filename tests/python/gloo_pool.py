@@ -11,25 +11,16 @@ spawning their own.
 
 from __future__ import annotations
 
-import datetime
 import importlib
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from typing import Any
 
+import dist_workers
 import torch.multiprocessing as mp
-
-COLLECTIVE_TIMEOUT_S = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _serve(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
@@ -39,15 +30,9 @@ def _serve(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
     import torch.distributed as dist
 
     warnings.filterwarnings("ignore")
-    # TP_GLOO_POOL: dist_workers' functions skip joining and leaving the group.
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TP_GLOO_POOL="1")
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-    )
+    dist_workers._init(rank, world, port)
+    # From here on dist_workers' functions skip joining and leaving the group.
+    os.environ["TP_GLOO_POOL"] = "1"
     parent = os.getppid()
     while True:
         try:
@@ -80,7 +65,7 @@ class GlooPool:
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        port = dist_workers.free_port()
         self._tasks = [ctx.Queue() for _ in range(self.world)]
         self._results = ctx.Queue()
         self._procs = [

@@ -217,8 +217,7 @@ def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entr
     prompt: its layers drop what leaves the window, and the kernel starts after it."""
     from benchmarks import hf_suite as runner
 
-    world = runner.DISTRIBUTED[entry][0]
-    figures = runner.merge_figures(gloo(world).run(runner.rank_figures, entry, name))
+    figures = runner.run_on_pool(gloo(runner.DISTRIBUTED[entry][0]), entry, name)
     assert figures["tokens"] == 32 and figures["kernel_calls"] >= 62
 
 

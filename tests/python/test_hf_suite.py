@@ -45,17 +45,12 @@ def test_roundtrip_is_bit_exact_on_hf_calls(name: str) -> None:
     runner.check_roundtrip(name)
 
 
-def _cell(pool: Any, entry: str, name: str) -> dict[str, Any]:
-    """A distributed cell of the suite on the kept-alive ranks: the worst rank's figures."""
-    return runner.merge_figures(pool.run(runner.rank_figures, entry, name))
-
-
 class TestOnTwoRanks:
     def test_sharded_t5_trains_as_one_process(self, gloo: Any) -> None:
         """parallelize(model, mesh, inputs_dict) then model(**inputs).loss, 3 AdamW steps on
         gloo: losses equal one process within 1e-5, the model's parameter names and .config
         are kept."""
-        figures = _cell(gloo(2), "shard2", "t5")
+        figures = runner.run_on_pool(gloo(2), "shard2", "t5")
         assert figures["max_loss_diff"] <= runner.LOSS_RTOL
 
     def test_bf16_sharded_decoder_trains_as_one_process_recipe(self, gloo: Any) -> None:
@@ -63,7 +58,7 @@ class TestOnTwoRanks:
         weights (`optimizer(..., master_weights=True)`, gradients summed in float32), and
         float32 parameters under torch.autocast(bfloat16); 3 AdamW steps each within 2e-2 of
         one process running the same recipe."""
-        figures = _cell(gloo(2), "bf16_2", "llama")
+        figures = runner.run_on_pool(gloo(2), "bf16_2", "llama")
         assert figures["bf16_params_loss_diff"] <= runner.BF16_RTOL
         assert figures["autocast_loss_diff"] <= runner.BF16_RTOL
 
@@ -72,7 +67,7 @@ class TestOnFourRanks:
     def test_sharded_bert_on_a_dp_tp_mesh_trains_as_one_process(self, gloo: Any) -> None:
         """On the (dp, tp) mesh the two replicas' slices hold different numbers of labels (row
         1 is padded): BERT's loss is a mean, weighted by each slice's share of the labels."""
-        figures = _cell(gloo(4), "shard2x2", "bert")
+        figures = runner.run_on_pool(gloo(4), "shard2x2", "bert")
         assert figures["max_loss_diff"] <= runner.LOSS_RTOL
 
     def test_accumulation_and_clipping_on_a_dp_tp_mesh_equal_one_process(self, gloo: Any) -> None:
@@ -80,7 +75,7 @@ class TestOnFourRanks:
         no_sync() with no gradient collective, then clip_grad_norm_ (the norm equals one
         process's on the whole batch within 1e-6) and an AdamW step (the next loss within
         1e-5)."""
-        figures = _cell(gloo(4), "recipe2x2", "llama")
+        figures = runner.run_on_pool(gloo(4), "recipe2x2", "llama")
         assert figures["norm_rel_diff"] <= 1e-6
         assert figures["max_loss_diff"] <= runner.LOSS_RTOL
         assert figures["quiet_micro_steps"] == 3
@@ -91,7 +86,7 @@ class TestOnFourRanks:
         `loss_fn` reading `out.loss`): 3 clipped AdamW steps equal one process within 1e-5
         (losses) and 1e-5 (norms). The tied weight is read in two stages, whose gradients
         are summed."""
-        figures = _cell(gloo(4), "pipeline4", "opt")
+        figures = runner.run_on_pool(gloo(4), "pipeline4", "opt")
         assert figures["max_loss_diff"] <= runner.LOSS_RTOL
         assert figures["max_norm_rel_diff"] <= 1e-5
         assert figures["tied"] == 1 and figures["stages"] >= 2

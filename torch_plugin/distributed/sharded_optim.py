@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +15,6 @@ from .collectives import Collectives
 
 if TYPE_CHECKING:
     from .sharding import ShardedModule
-
-log = logging.getLogger("torch_plugin.sharding")
 
 
 class _Zero2Shard:

@@ -4,12 +4,9 @@ table and a PNG."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 
 from .. import _C
-
-log = logging.getLogger("torch_plugin.sharding")
 
 
 @dataclasses.dataclass

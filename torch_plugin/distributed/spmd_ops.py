@@ -6,7 +6,6 @@ process groups as int handles, registered here."""
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,8 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from .collectives import Collectives
-
-log = logging.getLogger("torch_plugin.sharding")
 
 # Process groups by handle: the graph's reshard nodes carry an int, not a Python object.
 _GROUPS: dict[int, Collectives] = {}

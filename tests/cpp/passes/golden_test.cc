@@ -183,9 +183,7 @@ TEST(Golden, PlacementDp) {
     const auto set = pattern::GenerateCandidates(c.graph, rules);
     const auto& device = cost::FindDeviceProfile("cpu");
     const auto& reg = ir::OpRegistry::Default();
-    PlacementProblem p;
-    p.num_nodes = static_cast<int>(c.graph.nodes().size());
-    p.preds = NodePredecessors(c.graph);
+    PlacementProblem p = PlacementProblemFor(c.graph);
     for (const auto& cand : set.candidates) {
       double s = 5e-6;
       for (ir::NodeId n : cand.nodes) {
