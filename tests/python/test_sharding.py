@@ -232,3 +232,25 @@ def test_reshards_run_the_collective_the_plan_priced(gloo, world: int) -> None:
     g = _forward_graph("gpt2")
     plan = pm.plan_sharding(g, _C.ShardingOptions(world=4, reduce_scatter=False))
     assert "reduce_scatter" not in {c.kind for c in plan.collectives}
+
+
+def test_shard_options_are_checked_where_they_come_in() -> None:
+    """One options object for parallelize / shard_model / ShardedModule: a misspelt keyword or
+    an unknown mesh shape is an error naming what is valid; keywords update a given object."""
+    from torch_plugin.distributed import ShardOptions
+
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['levle'\]; options: constraints"):
+        ShardOptions.of(levle="fast")
+    with pytest.raises(ValueError, match="mesh_shape 'square': None"):
+        ShardOptions.of(mesh_shape="square")
+    base = ShardOptions(memory_budget_gb=2.0, constraints={"fc.weight": "S(0)"})
+    opts = ShardOptions.of(base, level="fast")
+    assert (opts.memory_budget_gb, opts.constraints, opts.level) == (2.0, base.constraints, "fast")
+    ilp = opts.ilp(world=4, dp=2, training=True, reduce_scatter=False)
+    assert (ilp.world, ilp.dp, ilp.memory_budget_bytes, ilp.pinned) == (
+        4,
+        2,
+        2e9,
+        {"fc.weight": "S(0)"},
+    )
+    assert not ilp.reduce_scatter and ilp.level == "fast"
