@@ -40,10 +40,12 @@ struct SplitKvParams {
   const void* k = nullptr;
   const void* v = nullptr;
   const int64_t* lengths = nullptr;
+  const int64_t* starts = nullptr;  // [B] first attended entry; null: 0 (left padding skipped)
   float* out = nullptr;
   float* lse = nullptr;
   int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0, splits = 1;
   float scale = 1.0f;
+  float softcap = 0.0f;  // > 0: score = softcap * tanh(score / softcap) (Gemma-2)
   ScalarKind kind = ScalarKind::kFloat32;
 };
 

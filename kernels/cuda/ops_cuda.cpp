@@ -6,6 +6,8 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -14,6 +16,17 @@
 
 namespace tp::kernels {
 namespace {
+
+// TP_SPLIT_KV_CUDA=warp_per_head|grouped picks one kernel (benchmarks/gpu_kernels.py compares
+// them); unset, the grouped kernel runs where it applies.
+SplitKvVariant VariantFromEnv() {
+  const char* v = std::getenv("TP_SPLIT_KV_CUDA");
+  if (v == nullptr || std::string_view(v) == "auto") return SplitKvVariant::kAuto;
+  if (std::string_view(v) == "warp_per_head") return SplitKvVariant::kWarpPerHead;
+  TORCH_CHECK(std::string_view(v) == "grouped",
+              "TP_SPLIT_KV_CUDA must be auto, warp_per_head or grouped, got '", v, "'");
+  return SplitKvVariant::kGrouped;
+}
 
 at::Tensor BiasGeluCuda(const at::Tensor& x_in, const at::Tensor& bias_in,
                         c10::string_view approximate) {
@@ -69,9 +82,8 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCuda(const at::Tensor& q_in,
                                                         const std::optional<at::Tensor>& starts,
                                                         double softcap) {
   CheckSplitKv(q_in, k_in, v_in, lengths_in, num_splits);
-  TORCH_CHECK(!starts.has_value() && softcap == 0,
-              "torch_plugin::split_kv_attention: `starts` and `softcap` are not in the CUDA "
-              "kernel yet; attend from the first entry without a cap (or use the CPU kernel)");
+  TORCH_CHECK(softcap >= 0, "torch_plugin::split_kv_attention: softcap must be >= 0 (0: none), "
+              "got ", softcap);
   TORCH_CHECK(q_in.is_cuda() && q_in.size(2) <= 256,
               "torch_plugin::split_kv_attention: the CUDA kernel needs CUDA tensors and "
               "head_dim <= 256, got ",
@@ -83,6 +95,15 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCuda(const at::Tensor& q_in,
   const auto lo = lengths.min().item<int64_t>(), hi = lengths.max().item<int64_t>();
   TORCH_CHECK(lo >= 0 && hi <= k.size(2), "torch_plugin::split_kv_attention: lengths in [", lo,
               ", ", hi, "] are outside the cache [0, ", k.size(2), "]");
+  at::Tensor first;
+  if (starts.has_value()) {
+    TORCH_CHECK(starts->dim() == 1 && starts->size(0) == q.size(0) &&
+                    starts->scalar_type() == at::kLong,
+                "torch_plugin::split_kv_attention: starts must be int64 [B]");
+    first = starts->to(q.device()).contiguous();
+    TORCH_CHECK(first.ge(0).all().item<bool>() && first.le(lengths).all().item<bool>(),
+                "torch_plugin::split_kv_attention: starts must lie in [0, lengths]");
+  }
   auto opts = q.options().dtype(at::kFloat);
   at::Tensor out = at::empty({q.size(0), q.size(1), num_splits, q.size(2)}, opts);
   at::Tensor lse = at::empty({q.size(0), q.size(1), num_splits}, opts);
@@ -91,6 +112,8 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCuda(const at::Tensor& q_in,
   p.k = k.const_data_ptr();
   p.v = v.const_data_ptr();
   p.lengths = lengths.const_data_ptr<int64_t>();
+  p.starts = first.defined() ? first.const_data_ptr<int64_t>() : nullptr;
+  p.softcap = static_cast<float>(softcap);
   p.out = out.mutable_data_ptr<float>();
   p.lse = lse.mutable_data_ptr<float>();
   p.batch = q.size(0);
@@ -101,7 +124,7 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCuda(const at::Tensor& q_in,
   p.splits = num_splits;
   p.scale = static_cast<float>(scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))));
   p.kind = KindOf(q);
-  cudaError_t err = LaunchSplitKvAttention(p, c10::cuda::getCurrentCUDAStream());
+  cudaError_t err = LaunchSplitKvAttention(p, c10::cuda::getCurrentCUDAStream(), VariantFromEnv());
   TORCH_CHECK(err == cudaSuccess,
               "torch_plugin::split_kv_attention: CUDA launch failed: ", cudaGetErrorString(err));
   return {out, lse};
