@@ -85,7 +85,10 @@ def extension():
     # ignored and every kernel of ours ran on one thread. The link resolves libgomp.so.1 to
     # the copy torch already loaded (same soname), so there is one OpenMP runtime.
     cxx.append("-fopenmp")
-    libs = libs + ["-fopenmp"]
+    # A toolchain that links libstdc++ statically (the GPU machines' /opt/gcc does) would export
+    # its copy from _C and CBC would bind to it while torch uses the shared one: std::ostream
+    # then crashed in PrintGraph. Keep any static archive's symbols private to _C.
+    libs = libs + ["-fopenmp", "-Wl,--exclude-libs,ALL"]
     if debug:
         cxx.append("-g")
     cxx += cpu_capability_flags()

@@ -247,6 +247,32 @@ def test_hf_cache_layers_hold_their_blocks_and_drop_what_leaves_the_window() -> 
     assert sliding.keys.shape[2] <= 4 + 4  # a window's worth of its blocks, plus one
 
 
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_hf_cache_takes_either_form_of_layer_kwargs(monkeypatch, per_layer: bool) -> None:
+    """transformers 5.2x gives one kwargs dict per layer, 5.17 (the GPU machines') one dict for
+    all: a Mistral-style config with a window gets sliding layers of that window either way."""
+    import transformers.cache_utils as cu
+
+    from torch_plugin.distributed import hf_cache_parallel
+    from torch_plugin.distributed.kv_cache import BlockPlacement
+
+    def layer_types_and_kwargs(config):  # type: ignore[no-untyped-def]
+        types = ["sliding_attention", "full_attention", "sliding_attention"]
+        kw = {"sliding_window": 6}
+        return types, [kw] * len(types) if per_layer else kw
+
+    monkeypatch.setattr(cu, "get_layer_types_and_kwargs", layer_types_and_kwargs)
+    config = transformers_config_with_layers(3)
+    cache = hf_cache_parallel.make_cache(config, BlockPlacement(2, 0, 4), 40)
+    assert [layer.sliding_window for layer in cache.layers] == [6, None, 6]
+
+
+def transformers_config_with_layers(n: int):  # type: ignore[no-untyped-def]
+    import transformers
+
+    return transformers.LlamaConfig(num_hidden_layers=n, hidden_size=32, num_attention_heads=2)
+
+
 def test_hf_generate_refuses_what_it_cannot_split() -> None:
     from torch_plugin.models import hf_suite
 

@@ -182,6 +182,8 @@ def make_cache(config: Any, placement: BlockPlacement, capacity: int) -> Any:
     layer_cls = _layer_class()
     if get_layer_types_and_kwargs is not None:
         types, kwargs = get_layer_types_and_kwargs(text)
+        if isinstance(kwargs, dict):  # transformers < 5.2x: one dict for every layer
+            kwargs = [kwargs] * len(types)
     else:
         types = ["full_attention"] * text.num_hidden_layers
         kwargs = [{}] * len(types)
@@ -254,6 +256,7 @@ class HFCacheParallel(nn.Module):
         self.cache: Any = None
         self.last_cache: Any = None
         self.decode_steps = 0
+        self.attention_entered = False
 
     @property
     def config(self) -> Any:
@@ -302,11 +305,13 @@ class HFCacheParallel(nn.Module):
         self.cache = make_cache(self.module.config, self.placement, max(total, prompt + 1))
         self.comm.share_rng_state()  # sampling draws alike on every rank
         self.decode_steps = 0
+        self.attention_entered = False
         self._swap(self.name)
         try:
             return self.module.generate(*args, **{self._cache_kwarg: self.cache}, **kwargs)
         except Exception as e:
-            if self.decode_steps == 0 and any(not layer.full for layer in self.cache.layers):
+            split = any(not layer.full for layer in self.cache.layers)
+            if not self.attention_entered and self.decode_steps == 0 and split:
                 # The first decode step failed before our attention ran: the model attends
                 # with its own code over what the cache returns (this rank's entries only).
                 raise NotImplementedError(
@@ -348,6 +353,8 @@ class HFCacheParallel(nn.Module):
         scaling: float | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        # An error from here on is ours or the kernel's, not a model that bypasses this function.
+        self.attention_entered = True
         cache = self.cache
         layer_idx = getattr(module, "layer_idx", None)
         if cache is None or layer_idx is None:

@@ -80,9 +80,14 @@ def time_call(
     samples last min_s. End-to-end measurements that decide the search use them: on a
     sub-millisecond graph, seven samples right after a compile varied by up to 80% (0.58 to
     1.07 ms for one ONNX Runtime session of GPT-2), enough to pick a slower placement."""
+    # CUDA work is asynchronous: without a sync the host clock times the launches only.
+    cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     fn(*args)
+    sync()
     t0 = time.perf_counter()
     fn(*args)
+    sync()
     once = max(time.perf_counter() - t0, 1e-7)
     reps = 1 if prepare is not None else max(1, min(200, math.ceil(2e-4 / once)))
     t_end = time.perf_counter() + warm_s
@@ -93,9 +98,11 @@ def time_call(
     while len(times) < samples or time.perf_counter() < t_end:
         if prepare is not None:
             prepare()
+        sync()
         t0 = time.perf_counter()
         for _ in range(reps):
             fn(*args)
+        sync()
         times.append((time.perf_counter() - t0) / reps)
     return statistics.median(times)
 
