@@ -44,6 +44,12 @@ PAGES = {
     "schedule": ("Schedule language", "schedule.py", "features/schedule_language"),
     "compile_overhead": ("Compile overhead", "compile_overhead.py", OVERHEAD),
     "compile_overhead_small": ("Compile overhead, small shapes", "compile_overhead.py", OVERHEAD),
+    "gpu_kernels": ("CUDA kernels on a GPU", "gpu_kernels.py", "features/fused_attention"),
+    "gpu_paths": (
+        "GPU paths: default compile, placement, NCCL",
+        "bash scripts/gpu/run.sh",
+        "reliability",
+    ),
 }
 
 
@@ -182,7 +188,7 @@ def main(out: Path = DOCS) -> None:
     for path in sorted(RESULTS.glob("*.json")):
         name = path.stem
         title, script, notes = PAGES.get(name, (name, f"{name}.py", None))
-        command = f"python benchmarks/{script}"
+        command = script if script.startswith("bash ") else f"python benchmarks/{script}"
         data = json.loads(path.read_text())
         body = hf_suite_page(data) if name == "hf_suite" else render(name, data)
         png = RESULTS / f"{name}.png"

@@ -1,0 +1,189 @@
+"""The GPU paths that CI (no GPU) cannot run, checked on a lent GPU under torchrun:
+
+    torchrun --nproc-per-node 1 scripts/gpu/check_paths.py --out DIR
+
+1. placement on CUDA tensors (aten, fused, inductor candidates), against eager;
+2. the default `torch.compile(backend="torch_plugin")` on CUDA against eager and Inductor;
+3. NCCL: `parallelize` on a torch_plugin DeviceMesh over NCCL, 3 AdamW steps of an HF Llama
+   called the HF way, against one process;
+4. NCCL: `cache_parallel(hf_model, mesh).generate()` against eager `generate()`.
+
+One GPU allows one NCCL rank (NCCL refuses two ranks on one device), so the collectives run
+at world 1: the code paths, dtypes and devices are checked, not the traffic. Each check prints
+one line and its figures go to DIR/gpu_paths.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import torch_plugin
+from torch_plugin.models import hf_suite
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def ms(fn: Callable[[], Any], seconds: float = 0.5) -> float:
+    for _ in range(3):
+        fn()
+    sync()
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 5:
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def on_cuda(inputs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def check_placement() -> dict[str, Any]:
+    model = hf_suite.build_model("gpt2", width=4).eval().to(DEV)
+    inputs = on_cuda(hf_suite.make_inputs("gpt2", batch=8, seq=64, pad=0))
+    inputs.pop("labels")
+    with torch.no_grad():
+        want = model(**inputs).logits
+        t0 = time.perf_counter()
+        placed = torch_plugin.place(
+            model,
+            inputs,
+            backends=("aten", "fused", "inductor"),
+            search="whole_graph_first",
+            allow_refine=False,  # each backend's whole graph: bounded time on a lent GPU
+        )
+        search_s = time.perf_counter() - t0
+        got = placed(**inputs).logits
+        err = float((got - want).abs().max())
+        compiled = torch.compile(model)
+        compiled(**inputs)
+        out = {
+            "max_abs_diff": err,
+            "search_s": search_s,
+            "eager_ms": ms(lambda: model(**inputs)),
+            "inductor_ms": ms(lambda: compiled(**inputs)),
+            "placed_ms": ms(lambda: placed(**inputs)),
+            "backends": placed.placement.backend_counts(),
+        }
+    out["ok"] = err < 1e-3
+    return out
+
+
+def check_default_compile() -> dict[str, Any]:
+    model = hf_suite.build_model("llama", width=4).eval().to(DEV)
+    inputs = on_cuda(hf_suite.make_inputs("llama", batch=8, seq=128, pad=0))
+    inputs.pop("labels")
+    with torch.no_grad():
+        want = model(**inputs).logits
+        t0 = time.perf_counter()
+        ours = torch.compile(model, backend="torch_plugin")
+        got = ours(**inputs).logits
+        first_s = time.perf_counter() - t0
+        ind = torch.compile(copy.deepcopy(model))
+        ind(**inputs)
+        out = {
+            "max_abs_diff": float((got - want).abs().max()),
+            "first_call_s": first_s,
+            "eager_ms": ms(lambda: model(**inputs)),
+            "inductor_ms": ms(lambda: ind(**inputs)),
+            "ours_ms": ms(lambda: ours(**inputs)),
+        }
+    out["ok"] = out["max_abs_diff"] < 1e-3
+    return out
+
+
+def check_parallelize(mesh: Any) -> dict[str, Any]:
+    model, inputs = hf_suite.build("llama")
+    model = model.to(DEV)
+    inputs = on_cuda(inputs)
+    ref = copy.deepcopy(model)
+    sharded = torch_plugin.parallelize(model, mesh, inputs)
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    losses, ref_losses = [], []
+    for _ in range(3):
+        loss = sharded(**inputs).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+        r = ref(**inputs).loss
+        r.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(float(r))
+    diff = max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True))
+    return {"losses": losses, "ref_losses": ref_losses, "max_diff": diff, "ok": diff < 1e-4}
+
+
+def check_generate(mesh: Any) -> dict[str, Any]:
+    model = hf_suite.build_model("llama").eval().to(DEV)
+    model.config.use_cache = True
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 100, (2, 12), generator=gen).to(DEV)
+    mask = torch.ones_like(ids)
+    ids[1, :4] = 0
+    mask[1, :4] = 0  # left padding: prompts of different lengths
+    kw = dict(max_new_tokens=32, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(input_ids=ids, attention_mask=mask, **kw)
+        cp = torch_plugin.cache_parallel(copy.deepcopy(model), mesh)
+        got = cp.generate(input_ids=ids, attention_mask=mask, **kw)
+    same = bool(torch.equal(got.cpu(), want.cpu()))
+    return {"same_tokens": same, "ok": same}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="build/gpu")
+    ap.add_argument("--only", default=None, help="run one check (run.sh runs each alone)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)"
+    results: dict[str, Any] = {"device": name, "torch": torch.__version__}
+    mesh = torch_plugin.DeviceMesh.from_torchrun(timeout_s=120)
+    results["mesh_backend"] = torch.distributed.get_backend()
+    checks = [
+        ("placement", check_placement),
+        ("default_compile", check_default_compile),
+        ("parallelize_nccl", lambda: check_parallelize(mesh)),
+        ("generate_nccl", lambda: check_generate(mesh)),
+    ]
+    for name, fn in checks:
+        if args.only is not None and name != args.only:
+            continue
+        t0 = time.perf_counter()
+        try:
+            res = fn()
+        except Exception as e:  # noqa: BLE001  (every check reports, none stops the others)
+            res = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
+            traceback.print_exc()
+        res["seconds"] = round(time.perf_counter() - t0, 1)
+        results[name] = res
+        shown = {k: v for k, v in res.items() if k not in ("losses", "ref_losses")}
+        print(f"[{'ok' if res['ok'] else 'FAIL'}] {name}: {shown}", flush=True)
+        (out / f"gpu_paths_{name}.json").write_text(json.dumps(results, indent=1, default=str))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
