@@ -16,6 +16,8 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
   bf16_2           on decoders, 2 ranks: bf16 parameters with float32 master weights, and
                    float32 parameters with the forward under torch.autocast(bfloat16), each
                    within 2e-2 of one process running the same recipe
+  fp16_2           the same in fp16 with torch_plugin.ShardedGradScaler against one process with
+                   torch.amp.GradScaler, and an overflow on one rank skipped by every rank
   pipeline4        torch_plugin.parallelize(model, 4, inputs, strategy="pipeline") on decoders:
                    3 AdamW steps, losses within 1e-5 of one process's
   cp_decode(4)     torch_plugin.cache_parallel(model, DeviceMesh(2 or 4)).generate(...) on
@@ -75,6 +77,7 @@ ENTRIES = [
     "shard2x2",
     "shard2_lean",
     "bf16_2",
+    "fp16_2",
     "pipeline4",
     "cp_decode",
     "cp_decode4",
@@ -90,8 +93,9 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "cp_decode4": (4, (4,)),
     "recipe2x2": (4, (2, 2)),  # accumulation + clipping (tests; not a column of the table)
     "bf16_2": (2, (2,)),
+    "fp16_2": (2, (2,)),
 }
-DECODER_ONLY = {"bf16_2", "pipeline4", "cp_decode", "cp_decode4"}
+DECODER_ONLY = {"bf16_2", "fp16_2", "pipeline4", "cp_decode", "cp_decode4"}
 
 
 class Mismatch(AssertionError):
@@ -118,9 +122,10 @@ def _train(
     make_optimizer: Callable[[], torch.optim.Optimizer],
     steps: int = STEPS,
     autocast: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> list[float]:
     """`steps` AdamW steps; autocast: the forward (only, as PyTorch's recipe has it) under
-    torch.autocast to that dtype."""
+    torch.autocast to that dtype; scaler: fp16's loss scaling around backward and step."""
     import contextlib
 
     from torch_plugin.models import hf_suite
@@ -130,8 +135,13 @@ def _train(
     for _ in range(steps):
         with torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext():
             loss = hf_suite.loss_of(model(**inputs))
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:  # fp16's recipe: scale, step unless an overflow, update the scale
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         opt.zero_grad()
         losses.append(float(loss))
     return losses
@@ -414,6 +424,91 @@ def check_bf16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     return out
 
 
+FP16_INIT_SCALE = 1024.0  # both sides start here; tiny models overflow fp16 at 65536
+
+
+def _fp16_reference(model: torch.nn.Module, inputs: dict[str, Any]) -> list[float]:
+    """One process, fp16 parameters stepped as float32 masters under a GradScaler."""
+    from torch_plugin.models import hf_suite
+
+    ref = copy.deepcopy(model)
+    pairs = [(p, p.detach().float().requires_grad_()) for p in ref.parameters()]
+    opt = torch.optim.AdamW([m for _, m in pairs], lr=LR)
+    scaler = torch.amp.GradScaler("cpu", init_scale=FP16_INIT_SCALE)
+    losses = []
+    for _ in range(STEPS):
+        loss = hf_suite.loss_of(ref(**inputs))
+        scaler.scale(loss).backward()
+        for p, m in pairs:
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        with torch.no_grad():
+            for p, m in pairs:
+                p.copy_(m)
+        losses.append(float(loss))
+    return losses
+
+
+def check_fp16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
+    """fp16 two ways on `mesh_shape` with torch_plugin.ShardedGradScaler, each against one
+    process running the same recipe with torch.amp.GradScaler (within 2e-2 relative): fp16
+    parameters with float32 master weights, and float32 parameters with the forward under
+    torch.autocast(float16). Then an overflow on one rank only (an inf written into rank 1's
+    first gradient): every rank must skip that step and halve its scale
+    (`overflow_disagreements` 0)."""
+    import torch.distributed as dist
+
+    import torch_plugin
+    from torch_plugin.models import hf_suite
+
+    out: dict[str, Any] = {}
+    mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
+    model, inputs = hf_suite.build(name, dtype=torch.float16)
+    want = _fp16_reference(model, inputs)
+    sharded = torch_plugin.parallelize(model, mesh, inputs)
+    scaler = torch_plugin.ShardedGradScaler("cpu", init_scale=FP16_INIT_SCALE)
+    opt = sharded.optimizer(torch.optim.AdamW, lr=LR, master_weights=True)
+    got = _train(sharded, inputs, lambda: opt, scaler=scaler)
+    out["fp16_params_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL)
+
+    scale = scaler.get_scale()
+    before = [p.detach().clone() for p in sharded.parameters()]
+    scaler.scale(hf_suite.loss_of(sharded(**inputs))).backward()
+    if dist.get_rank() == 1:
+        with torch.no_grad():
+            next(p for p in sharded.parameters() if p.grad is not None).grad.view(-1)[0] = float(
+                "inf"
+            )
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    moved = any(not torch.equal(a, p) for a, p in zip(before, sharded.parameters(), strict=True))
+    out["overflow_disagreements"] = int(moved or scaler.get_scale() != scale / 2)
+
+    model, inputs = hf_suite.build(name)
+    ref = copy.deepcopy(model)
+    want = _train(
+        ref,
+        inputs,
+        lambda: torch.optim.AdamW(ref.parameters(), lr=LR),
+        autocast=torch.float16,
+        scaler=torch.amp.GradScaler("cpu", init_scale=FP16_INIT_SCALE),
+    )
+    sharded = torch_plugin.parallelize(model, mesh, inputs)
+    got = _train(
+        sharded,
+        inputs,
+        lambda: sharded.optimizer(torch.optim.AdamW, lr=LR),
+        autocast=torch.float16,
+        scaler=torch_plugin.ShardedGradScaler("cpu", init_scale=FP16_INIT_SCALE),
+    )
+    out["autocast_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL)
+    return out
+
+
 def check_pipeline(name: str, world: int, layers: int = 4) -> dict[str, Any]:
     """4 ranks, a decoder of `layers` layers (tied embeddings where the architecture ties),
     called the HF way: the losses of 3 AdamW steps (clipped at 1.0) equal one process's, and
@@ -526,6 +621,8 @@ def rank_figures(rank: int, world: int, entry: str, name: str) -> dict[str, Any]
         return check_recipe(name, mesh)
     if entry == "bf16_2":
         return check_bf16(name, mesh)
+    if entry == "fp16_2":
+        return check_fp16(name, mesh)
     if entry == "pipeline4":
         return check_pipeline(name, world)
     return check_cp_decode(name, mesh)

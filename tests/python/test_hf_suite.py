@@ -62,6 +62,16 @@ class TestOnTwoRanks:
         assert figures["bf16_params_loss_diff"] <= runner.BF16_RTOL
         assert figures["autocast_loss_diff"] <= runner.BF16_RTOL
 
+    def test_fp16_sharded_decoder_scales_its_loss_and_agrees_on_overflows(self, gloo: Any) -> None:
+        """Llama on 2 ranks in fp16 with torch_plugin.ShardedGradScaler, both ways (fp16
+        parameters with float32 masters; float32 parameters under autocast(float16)): 3 AdamW
+        steps within 2e-2 of one process with torch.amp.GradScaler. An inf in one rank's
+        gradient makes every rank skip the step and halve its scale."""
+        figures = runner.run_on_pool(gloo(2), "fp16_2", "llama")
+        assert figures["fp16_params_loss_diff"] <= runner.BF16_RTOL
+        assert figures["autocast_loss_diff"] <= runner.BF16_RTOL
+        assert figures["overflow_disagreements"] == 0
+
 
 class TestOnFourRanks:
     def test_sharded_bert_on_a_dp_tp_mesh_trains_as_one_process(self, gloo: Any) -> None:

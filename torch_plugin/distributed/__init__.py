@@ -9,6 +9,7 @@ from .checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from .grad_scaler import ShardedGradScaler
 from .graph import TracedModel, cost_records, trace_module_level
 from .kv_cache import CacheCapacityError, KVCacheManager
 from .mesh import DeviceMesh
@@ -25,6 +26,7 @@ __all__ = [
     "save_checkpoint",
     "DeviceMesh",
     "ShardedModule",
+    "ShardedGradScaler",
     "ShardedOptimizer",
     "ShardingPlan",
     "ShardOptions",

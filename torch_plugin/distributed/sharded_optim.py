@@ -166,12 +166,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
             o.zero_grad(set_to_none=set_to_none)
         for p, _ in self.masters:
             p.grad = None
+        self._prepared = False
+
+    def prepare_grads(self) -> None:
+        """Copies the low-precision blocks' gradients into their float32 masters' (step does it
+        too; ShardedGradScaler calls it so that unscaling runs on the masters)."""
+        for p, m in self.masters:
+            m.grad = None if p.grad is None else p.grad.float()
+        self._prepared = True
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         if closure is not None:
             raise ValueError("ShardedOptimizer.step takes no closure (its parts step separately)")
-        for p, m in self.masters:
-            m.grad = None if p.grad is None else p.grad.float()
+        if not getattr(self, "_prepared", False):
+            self.prepare_grads()
+        self._prepared = False
         for o in self.optimizers:
             o.step()
         with torch.no_grad():
