@@ -87,6 +87,8 @@ void BindCacheParallel(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("cache_k", &CacheAttentionSite::cache_k)
       .field("cache_v", &CacheAttentionSite::cache_v)
       .field("causal", &CacheAttentionSite::causal)
+      .field("masked", &CacheAttentionSite::masked)
+      .field("indexed_write", &CacheAttentionSite::indexed_write)
       .field("batch", &CacheAttentionSite::batch)
       .field("q_heads", &CacheAttentionSite::q_heads)
       .field("kv_heads", &CacheAttentionSite::kv_heads)

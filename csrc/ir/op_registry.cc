@@ -298,6 +298,7 @@ OpRegistry::OpRegistry() {
       {"aten::scatter", "*", C::kCopy, -1, -1, true, 0},
       {"aten::scatter_add", "default", C::kCopy, 4, 4, true, 0},
       {"aten::index_put", "default", C::kCopy, 3, 4, true, 0},
+      {"aten::index_copy", "default", C::kCopy, 4, 4, true, 0},
       {"aten::repeat_interleave", "*", C::kCopy, 1, 4, true, 0},
       {"aten::new_zeros", "default", C::kFactory, 2, 2, true, 0},
       {"aten::new_empty", "default", C::kFactory, 2, 2, true, 0},

@@ -201,6 +201,9 @@ ir::ValueId PeelGqa(const ir::Graph& g, ir::ValueId v, std::set<const ir::Node*>
 // writes back.
 struct CacheWrite {
   ir::ValueId buffer = -1, updated = -1, new_values = -1;
+  // Slice writes: [start, end) args. Index writes (StaticCache's index_copy_, or
+  // cache[:, :, pos] = x): the positions tensor instead, start and end null.
+  ir::ValueId positions = -1;
   const ir::Arg* start = nullptr;
   const ir::Arg* end = nullptr;
   int64_t seq_dim = -1;
@@ -225,15 +228,70 @@ bool IsBatchPrefixOf(const ir::Graph& g, ir::ValueId v, ir::ValueId buffer,
   return true;
 }
 
+// An index write along the sequence of (a batch prefix of) the buffer: index_copy(x, 2, pos,
+// new) or index_put(x, [None, None, pos], new) with accumulate false.
+bool MatchIndexWrite(const ir::Graph& g, const ir::Node* p, CacheWrite* w, std::string* why) {
+  auto self = ValueArg(GetArg(*p, 0, "self"));
+  std::optional<ir::ValueId> pos, src;
+  int64_t dim = -1;
+  if (p->op == "aten::index_copy.default") {
+    auto d = Number(GetArg(*p, 1, "dim"));
+    pos = ValueArg(GetArg(*p, 2, "index"));
+    src = ValueArg(GetArg(*p, 3, "source"));
+    dim = d ? static_cast<int64_t>(*d) : -1;
+  } else if (p->op == "aten::index_put.default") {
+    const ir::Arg* indices = GetArg(*p, 1, "indices");
+    src = ValueArg(GetArg(*p, 2, "values"));
+    if (!IsNone(GetArg(*p, 3, "accumulate")) && !IsFlag(GetArg(*p, 3, "accumulate"), false)) {
+      *why = "the cache write accumulates (index_put with accumulate=True)";
+      return false;
+    }
+    if (indices != nullptr) {
+      for (size_t i = 0; i < indices->items.size(); ++i) {
+        if (IsNone(&indices->items[i])) continue;
+        if (pos) return false;  // more than one indexed dim
+        pos = ValueArg(&indices->items[i]), dim = static_cast<int64_t>(i);
+      }
+    }
+  } else {
+    return false;
+  }
+  if (dim < 0 && self) dim += g.type(*self).tensor.rank();
+  if (!self || !pos || !src || dim != 2 || !IsBatchPrefixOf(g, *self, w->buffer, &w->nodes)) {
+    *why = "the cache's index write is not along the sequence (dim 2) of the cache buffer";
+    return false;
+  }
+  const auto& pt = g.type(*pos);
+  if (!pt.is_tensor() || pt.tensor.rank() != 1) {
+    *why = "the cache's write positions are not a 1-D tensor";
+    return false;
+  }
+  w->nodes.insert(p);
+  w->seq_dim = 2, w->positions = *pos, w->new_values = *src;
+  return true;
+}
+
+bool IsIndexWrite(const ir::Node* p) {
+  return p != nullptr &&
+         (p->op == "aten::index_copy.default" || p->op == "aten::index_put.default");
+}
+
 std::optional<CacheWrite> UnwindWrite(const ir::Graph& g, ir::ValueId updated, ir::ValueId buffer,
                                       std::string* why) {
   CacheWrite w;
   w.buffer = buffer, w.updated = updated;
   ir::ValueId cur = updated;
+  if (const ir::Node* p = Producer(g, cur); IsIndexWrite(p)) {  // the whole buffer indexed
+    why->clear();
+    if (MatchIndexWrite(g, p, &w, why)) return w;
+    if (why->empty()) *why = "the cache's index write indexes more than the sequence";
+    return std::nullopt;
+  }
   for (int depth = 0; depth < 8; ++depth) {
     const ir::Node* p = Producer(g, cur);
     if (p == nullptr || p->op != "aten::slice_scatter.default") {
-      *why = "the cache update is not a slice_scatter chain (index_put or a custom write)";
+      *why = "the cache update is neither a slice_scatter chain nor an index_copy / index_put "
+             "along the sequence (a custom write)";
       return std::nullopt;
     }
     w.nodes.insert(p);
@@ -249,6 +307,14 @@ std::optional<CacheWrite> UnwindWrite(const ir::Graph& g, ir::ValueId updated, i
     int64_t d = dim ? static_cast<int64_t>(*dim) : 0;
     if (d < 0) d += g.type(buffer).tensor.rank();
     const ir::Node* sp = Producer(g, *src);
+    if (IsIndexWrite(sp)) {  // cache[:b].index_copy_(2, pos, new): a batch prefix, indexed
+      why->clear();
+      if (d != 0 || !IsZeroOrNone(GetArg(*p, 3, "start")) || !MatchIndexWrite(g, sp, &w, why)) {
+        if (why->empty()) *why = "the cache's index write is not into a batch prefix";
+        return std::nullopt;
+      }
+      return w;
+    }
     if (sp != nullptr && sp->op == "aten::slice_scatter.default") {
       if (d != 0 || !IsZeroOrNone(GetArg(*p, 3, "start"))) {
         *why = "an outer cache scatter is not a batch prefix";
@@ -286,26 +352,32 @@ std::optional<CacheWrite> UnwindWrite(const ir::Graph& g, ir::ValueId updated, i
 }
 
 // The keys/values read by attention: a batch prefix of the updated cache, positions [0, end).
+// Slice writes: the read must be [0, end) of the write. Index writes: any prefix [0, x) (`*end`
+// is x), or the whole cache (`*end` null: its capacity), as StaticCache reads it under a mask.
 bool IsReadOfWrite(const ir::Graph& g, ir::ValueId v, const CacheWrite& w,
-                   std::set<const ir::Node*>* nodes, std::string* why) {
+                   std::set<const ir::Node*>* nodes, std::string* why, const ir::Arg** end) {
   std::vector<Slice> s;
   if (ThroughSlices(g, v, &s) != w.updated) {
     *why = "keys/values are not read from the updated cache";
     return false;
   }
+  const bool indexed = w.positions >= 0;
   bool seq_read = false;
+  *end = nullptr;
   for (const auto& sl : s) {
     nodes->insert(sl.node);
     if (sl.dim == 0 && IsZeroOrNone(sl.start)) continue;
-    if (sl.dim == w.seq_dim && IsZeroOrNone(sl.start) && ArgEq(sl.end, w.end)) {
+    if (sl.dim == w.seq_dim && IsZeroOrNone(sl.start) && !IsNone(sl.end) &&
+        (indexed || ArgEq(sl.end, w.end))) {
       seq_read = true;
+      *end = sl.end;
       continue;
     }
     *why = "attention reads a cache range other than [0, end) of the written positions";
     return false;
   }
-  if (!seq_read) *why = "attention reads the whole cache, not the filled prefix";
-  return seq_read;
+  if (!seq_read && !indexed) *why = "attention reads the whole cache, not the filled prefix";
+  return seq_read || indexed;
 }
 
 bool IsScalarTensor(const ir::Graph& g, const ir::Arg* a, double value) {
@@ -364,6 +436,8 @@ struct Matched {
   const ir::Node* sdpa = nullptr;
   SdpaCall call;
   CacheWrite wk, wv;
+  std::optional<ir::ValueId> mask;  // a general mask, applied by cp_attention
+  ir::Arg end;                      // attention reads [0, end)
 };
 
 std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* skipped) {
@@ -423,7 +497,11 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
       skip("keys and values share one buffer");
       continue;
     }
-    if (!ArgEq(wk->start, wv->start) || !ArgEq(wk->end, wv->end)) {
+    const bool same_positions = wk->positions >= 0
+                                    ? wk->positions == wv->positions
+                                    : wv->positions < 0 && ArgEq(wk->start, wv->start) &&
+                                          ArgEq(wk->end, wv->end);
+    if (!same_positions) {
       skip("keys and values are written at different positions");
       continue;
     }
@@ -442,19 +520,31 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
       continue;
     }
     bool causal = false;
+    std::optional<ir::ValueId> general_mask;
     if (!IsNone(call->mask)) {
       auto mv = ValueArg(call->mask);
-      if (!mv || !IsOffsetCausalMask(g, *mv, *wk)) {
-        skip("the attention mask is not the offset-causal mask of the cache write");
+      if (mv && wk->positions < 0 && IsOffsetCausalMask(g, *mv, *wk)) {
+        causal = true;
+      } else if (mv && g.type(*mv).is_tensor() && g.type(*mv).tensor.rank() >= 2 &&
+                 g.type(*mv).tensor.rank() <= 4) {
+        // Padding, sliding windows, StaticCache's causal mask over the whole cache: applied
+        // as given, each rank taking the columns of the positions it holds.
+        general_mask = *mv;
+      } else {
+        skip("the attention mask is not a tensor [..., queries, keys]");
         continue;
       }
-      causal = true;
     }
     // Everything reading the updated caches must be this attention (or the copy_ back).
     std::set<const ir::Node*> chain = gqa;
-    if (!IsReadOfWrite(g, keys, *wk, &chain, &why) ||
-        !IsReadOfWrite(g, values, *wv, &chain, &why)) {
+    const ir::Arg *k_end = nullptr, *v_end = nullptr;
+    if (!IsReadOfWrite(g, keys, *wk, &chain, &why, &k_end) ||
+        !IsReadOfWrite(g, values, *wv, &chain, &why, &v_end)) {
       skip(why);
+      continue;
+    }
+    if (!ArgEq(k_end, v_end)) {
+      skip("keys and values are read over different ranges");
       continue;
     }
     bool private_use = !graph_outputs.count(wk->updated) && !graph_outputs.count(wv->updated);
@@ -484,7 +574,11 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
     }
     Matched m;
     m.sdpa = &n, m.call = *call, m.wk = *wk, m.wv = *wv;
+    m.mask = general_mask;
+    m.end = k_end != nullptr ? *k_end : ir::Arg::Int(Hint(bt.tensor.shape[2]));
     m.site.attention_node = n.name;
+    m.site.masked = general_mask.has_value();
+    m.site.indexed_write = wk->positions >= 0;
     m.site.cache_k = source_of(wk->buffer);
     m.site.cache_v = source_of(wv->buffer);
     m.site.causal = causal;
@@ -612,8 +706,8 @@ PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& o, 
       spec.args = {ir::Arg::Value(m.call.q),
                    ir::Arg::Value(m.wk.new_values),
                    ir::Arg::Value(m.wv.new_values),
-                   *m.wk.start,
-                   *m.wk.end,
+                   m.wk.start != nullptr ? *m.wk.start : ir::Arg::Int(-1),
+                   m.end,
                    ir::Arg::Bool(m.site.causal),
                    ir::Arg::Double(scale),
                    ir::Arg::String(m.site.cache_k),
@@ -621,7 +715,9 @@ PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& o, 
                    ir::Arg::Int(m.site.capacity),
                    ir::Arg::Int(o.handle),
                    ir::Arg::String(plan.scheme),
-                   ir::Arg::Bool(SeqMajorLayout(out.type))};
+                   ir::Arg::Bool(SeqMajorLayout(out.type)),
+                   m.mask ? ir::Arg::Value(*m.mask) : ir::Arg::None(),
+                   m.wk.positions >= 0 ? ir::Arg::Value(m.wk.positions) : ir::Arg::None()};
       for (auto& a : spec.args) a = a.Remap(remap);
       spec.output_types = {out.type};
       spec.output_names = {spec.name};
@@ -662,7 +758,8 @@ std::string CacheParallelPlan::ToString() const {
      << (scheme.empty() ? "-" : scheme) << "\n";
   for (const auto& s : sites) {
     os << "  site " << s.attention_node << ": caches " << s.cache_k << ", " << s.cache_v
-       << (s.causal ? ", causal" : "") << ", batch " << s.batch << ", heads " << s.q_heads << "/"
+       << (s.causal ? ", causal" : "") << (s.masked ? ", masked" : "")
+       << (s.indexed_write ? ", index write" : "") << ", batch " << s.batch << ", heads " << s.q_heads << "/"
        << s.kv_heads << ", head_dim " << s.head_dim << ", capacity " << s.capacity << "\n";
   }
   for (const auto& s : skipped) os << "  skipped " << s << "\n";

@@ -43,6 +43,8 @@ struct CacheAttentionSite {
   std::string attention_node;    // the SDPA node replaced
   std::string cache_k, cache_v;  // buffer sources
   bool causal = false;           // offset-causal mask (prefill-capable) vs all keys < end
+  bool masked = false;           // a general mask (padding, window) passed to cp_attention
+  bool indexed_write = false;    // written by index_copy / index_put at a positions tensor
   int64_t batch = 0, q_heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
 };
 

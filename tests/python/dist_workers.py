@@ -264,6 +264,67 @@ def cp_decode_matches(
         _finish()
 
 
+def cp_cache_variants(rank: int, world: int, port: int, steps: int) -> list[dict[str, Any]]:
+    """Caches as users write them (issue 28): slice writes, StaticCache's index_copy_ and
+    cache[:, :, pos] = k writes, attention over a prefix or over the whole cache under a
+    mask, a sliding window, and left padding (an HF-style attention_mask), decoded greedily
+    with the cache split over the ranks; per variant and scheme: the rewritten sites, the
+    largest logit difference from single-process eager at real tokens, and whether the
+    tokens are the same."""
+    import torch_plugin
+    from torch_plugin.models.llama import build_llama
+
+    _init(rank, world, port)
+    both = ("gather_partials", "gather_qkv")
+    variants = [
+        ({"cache_write": "index_copy"}, both),
+        ({"cache_write": "index_put", "cache_read": "whole"}, ("gather_partials",)),
+        ({"sliding_window": 6}, ("gather_partials",)),
+        ({"cache_write": "index_copy", "cache_read": "whole", "sliding_window": 5}, both),
+    ]
+    results = []
+    try:
+        for kw, schemes in variants:
+            for scheme in schemes:
+                torch._dynamo.reset()  # a new model each time: no recompile limit
+                torch.manual_seed(0)
+                model = build_llama(small=True, **kw).eval()
+                batch, prompt = 4, 8
+                gen = torch.Generator().manual_seed(1)
+                tokens = torch.randint(0, model.vocab_size, (batch, prompt), generator=gen)
+                mask = torch.ones(batch, 64, dtype=torch.long)
+                mask[1, :3] = 0  # left padding: prompts of different lengths
+                real = mask[:, :prompt].bool()
+                ref = copy.deepcopy(model)
+                cp = torch_plugin.cache_parallel(
+                    copy.deepcopy(model), None, scheme=scheme, block_size=4
+                )
+                with torch.no_grad():
+                    a, b = ref(tokens, 0, mask), cp(tokens, 0, mask)
+                    diff = float((a - b)[real].abs().max())
+                    same = True
+                    for i in range(steps):
+                        ta, tb = a[:, -1:].argmax(-1), b[:, -1:].argmax(-1)
+                        same = same and torch.equal(ta, tb)
+                        a, b = ref(ta, prompt + i, mask), cp(ta, prompt + i, mask)
+                        diff = max(diff, float((a - b).abs().max()))
+                sites = cp.plan.sites if cp.plan is not None else []
+                results.append(
+                    {
+                        "variant": kw,
+                        "scheme": scheme,
+                        "sites": len(sites),
+                        "masked": all(s.masked for s in sites),
+                        "indexed": all(s.indexed_write for s in sites),
+                        "max_logit_diff": diff,
+                        "same_tokens": same,
+                    }
+                )
+        return results
+    finally:
+        _finish()
+
+
 def cp_default_compile(rank: int, world: int, port: int, out_dir: str) -> None:
     """The default backend given a mesh (issue 27): the decode graph goes cache-parallel, and
     greedy decoding gives single-process eager's tokens."""

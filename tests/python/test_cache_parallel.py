@@ -45,6 +45,21 @@ def test_greedy_decode_matches_single_process(
             assert r["cache_bytes"] == r["full_cache_bytes"] // world
 
 
+def test_caches_written_and_masked_as_users_write_them_decode_split(gloo) -> None:
+    """index_copy_ / index_put writes at positions (StaticCache), attention over the whole
+    cache under its mask, sliding windows and left padding: on 2 ranks, both schemes, every
+    attention rewritten and the greedy tokens and logits those of single-process eager."""
+    per_rank = dist_workers.pooled(gloo(2), dist_workers.cp_cache_variants, 4)
+    for results in per_rank:
+        assert len(results) == 6
+        for r in results:
+            assert r["sites"] == 2, r
+            assert r["masked"], r  # window or padding: a general mask
+            assert r["indexed"] == (r["variant"].get("cache_write", "slice") != "slice"), r
+            assert r["same_tokens"], r
+            assert r["max_logit_diff"] < 1e-4, r
+
+
 def test_default_compile_with_a_mesh_decodes_cache_parallel(gloo, tmp_path: Path) -> None:
     dist_workers.pooled(gloo(2), dist_workers.cp_default_compile, str(tmp_path))
     for rank in range(2):

@@ -41,15 +41,21 @@ def cp_attention(
     handle: int,
     scheme: str,
     seq_major: bool,
+    mask: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Appends k_new/v_new at [start, end) to the sharded caches and attends over [0, end).
 
+    mask: the attention mask the model built ([..., s, end], bool or additive: padding,
+    sliding windows), applied to the columns of the positions each rank holds. positions:
+    where an index write (StaticCache's index_copy_) put the new entries, consecutive; then
+    start is -1 and end is what attention reads (up to the whole capacity).
     Returns [B, H, s, D] like SDPA; laid out as [B, s, H, D] in memory when `seq_major`, as
     the SDPA kernel it replaces did (the graph may view it through a transpose).
     """
     del cache_v  # the manager keeps k and v of a layer together, under the k buffer's name
     out = manager_for(handle).attention(
-        q, k_new, v_new, start, end, causal, scale, cache_k, capacity, scheme
+        q, k_new, v_new, start, end, causal, scale, cache_k, capacity, scheme, mask, positions
     )
     return out.transpose(1, 2).contiguous().transpose(1, 2) if seq_major else out.contiguous()
 
@@ -69,6 +75,8 @@ def _(
     handle,
     scheme,
     seq_major,
+    mask=None,
+    positions=None,
 ):  # type: ignore[no-untyped-def]
     return torch.empty_like(q)
 
@@ -170,8 +178,15 @@ class CacheParallel(nn.Module):
                 f"but batch {batch} is not divisible by {m.world} ranks; pass a divisible batch "
                 "or scheme='gather_partials'"
             )
-        local = tokens.chunk(m.world)[m.rank]
-        out = self._compiled(local, *args, **kwargs)
+
+        def mine(x: Any) -> Any:  # this rank's requests of anything batch-major (masks)
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == batch:
+                return x.chunk(m.world)[m.rank]
+            return x
+
+        out = self._compiled(
+            mine(tokens), *[mine(a) for a in args], **{k: mine(v) for k, v in kwargs.items()}
+        )
         if not isinstance(out, torch.Tensor):
             raise TypeError(
                 "torch_plugin cache_parallel with gather_qkv gathers a tensor output; the model "

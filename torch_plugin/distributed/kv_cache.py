@@ -195,12 +195,15 @@ class KVCacheManager(BlockPlacement):
         end: int,
         causal: bool,
         scale: float,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Partial attention over this rank's entries below `end`: out [B,Hq,s,D], lse [B,Hq,s]."""
+        """Partial attention over this rank's entries below `end`: out [B,Hq,s,D], lse [B,Hq,s].
+        mask: the model's [..., s, end] mask (bool: True attends; float: added to the scores),
+        of which this rank takes the columns of the positions it holds."""
         b, hq, s_len, d = q.shape
         n = self.local_length(end)
         k, v = shard.k[:b], shard.v[:b]
-        if s_len == 1:
+        if s_len == 1 and mask is None:
             splits = self.num_splits or max(1, min(8, n // 512))
             lengths = torch.full((b,), n, dtype=torch.int64, device=q.device)
             out, lse = torch.ops.torch_plugin.split_kv_attention(
@@ -219,6 +222,12 @@ class KVCacheManager(BlockPlacement):
             kpos = self.local_positions(n, q.device)
             qpos = torch.arange(start, start + s_len, device=q.device)
             scores = scores.masked_fill(kpos[None, :] > qpos[:, None], float("-inf"))
+        if mask is not None:
+            cols = mask.index_select(-1, self.local_positions(n, mask.device)).to(q.device)
+            if cols.dtype == torch.bool:
+                scores = scores.masked_fill(~cols, float("-inf"))
+            else:
+                scores = scores + cols.float()
         lse = torch.logsumexp(scores, dim=-1)
         p = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)  # rows with no key: 0
         return torch.einsum("bhsn,bhnd->bhsd", p, vv), lse
@@ -235,11 +244,33 @@ class KVCacheManager(BlockPlacement):
         cache_k: str,
         capacity: int,
         scheme: str,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if end != start + k_new.shape[2]:
+        s_len = k_new.shape[2]
+        if positions is not None:  # an index write: where the new entries went
+            start = int(positions[0]) if positions.numel() else 0
+            want = torch.arange(start, start + s_len, device=positions.device)
+            if positions.shape != (s_len,) or not torch.equal(positions, want):
+                raise RuntimeError(
+                    f"torch_plugin cp_attention ({cache_k}): the cache positions written "
+                    f"({positions.tolist()[:8]}...) are not {s_len} consecutive positions; a "
+                    "split cache appends in order (decode with cache_position = arange)"
+                )
+            if end < start + s_len:
+                raise RuntimeError(
+                    f"torch_plugin cp_attention ({cache_k}): attention reads [0, {end}) but "
+                    f"the step wrote up to {start + s_len}"
+                )
+        elif end != start + s_len:
             raise RuntimeError(
                 f"torch_plugin cp_attention ({cache_k}): end {end} != start {start} + "
-                f"{k_new.shape[2]} new entries"
+                f"{s_len} new entries"
+            )
+        if mask is not None and mask.shape[-1] != end:
+            raise RuntimeError(
+                f"torch_plugin cp_attention ({cache_k}): the attention mask covers "
+                f"{mask.shape[-1]} keys, attention reads {end}"
             )
         global_batch = self.global_batch or q.shape[0]
         local_batch = q.shape[0]
@@ -256,8 +287,10 @@ class KVCacheManager(BlockPlacement):
             q = self.comm.all_gather(q, "qkv").flatten(0, 1)
             k_new = self.comm.all_gather(k_new, "qkv").flatten(0, 1)
             v_new = self.comm.all_gather(v_new, "qkv").flatten(0, 1)
+            if mask is not None and mask.dim() == 4 and mask.shape[0] == local_batch:
+                mask = self.comm.all_gather(mask.contiguous(), "qkv").flatten(0, 1)
         shard = self.append(cache_k, k_new, v_new, start, capacity)
-        out, lse = self._local_attention(q, shard, start, end, causal, scale)
+        out, lse = self._local_attention(q, shard, start, end, causal, scale, mask)
         if self.world == 1:
             return out.to(q.dtype)
         if split:

@@ -31,6 +31,13 @@ class LlamaConfig:
     # How the KV heads reach the query heads in cached attention, as models write it: "sdpa"
     # (enable_gqa), "repeat_interleave", or "repeat_kv" (transformers: expand + reshape).
     gqa: str = "sdpa"
+    # How the cache is written, as models write it: "slice" (cache[:, :, a:b] = k), or at
+    # positions "index_copy" (StaticCache's index_copy_) / "index_put" (cache[:, :, pos] = k).
+    cache_write: str = "slice"
+    # Attention reads "prefix" [0, end) of the cache, or the "whole" cache under a mask over it
+    # (StaticCache's way).
+    cache_read: str = "prefix"
+    sliding_window: int | None = None  # Mistral: keys within the last `window` positions
 
 
 class RMSNorm(nn.Module):
@@ -56,6 +63,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
         self.gqa = cfg.gqa
+        self.cache_write, self.cache_read = cfg.cache_write, cfg.cache_read
+        self.window = cfg.sliding_window
         self.head_dim = cfg.dim // cfg.n_heads
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.head_dim, bias=False)
@@ -66,7 +75,12 @@ class Attention(nn.Module):
         self.register_buffer("cache_v", torch.zeros(cache_shape), persistent=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start_pos: int | None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
@@ -78,16 +92,50 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             end = start_pos + s
-            self.cache_k[:b, :, start_pos:end] = k
-            self.cache_v[:b, :, start_pos:end] = v
-            keys, values = self.cache_k[:b, :, :end], self.cache_v[:b, :, :end]
-            # Query i sits at position start_pos + i and sees keys up to it.
-            mask = torch.ones(s, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+            if self.cache_write == "slice":
+                self.cache_k[:b, :, start_pos:end] = k
+                self.cache_v[:b, :, start_pos:end] = v
+            else:
+                pos = torch.arange(start_pos, end, device=x.device)
+                if self.cache_write == "index_copy":
+                    self.cache_k[:b].index_copy_(2, pos, k)
+                    self.cache_v[:b].index_copy_(2, pos, v)
+                else:
+                    self.cache_k[:b, :, pos] = k
+                    self.cache_v[:b, :, pos] = v
+            n = end if self.cache_read == "prefix" else self.cache_k.shape[2]
+            keys, values = self.cache_k[:b, :, :n], self.cache_v[:b, :, :n]
+            if self.cache_read == "whole":
+                keys, values = self.cache_k[:b], self.cache_v[:b]
+            mask = self._mask(s, n, start_pos, attention_mask, x)
             keys, values = self._expand(keys), self._expand(values)
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, enable_gqa=self.gqa == "sdpa"
             )
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def _mask(
+        self,
+        s: int,
+        n: int,
+        start_pos: int,
+        attention_mask: torch.Tensor | None,
+        x: torch.Tensor,
+    ) -> torch.Tensor:
+        """Query i sits at position start_pos + i and sees keys up to it (a bool tril); with a
+        window only the last `window` of them, with a padding mask ([b, >= n], 1 = token) not
+        the padding: then additive, HF's way (the dtype's minimum, so no row is all -inf)."""
+        causal = torch.ones(s, n, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+        if self.window is None and attention_mask is None:
+            return causal
+        if self.window is not None:
+            recent = torch.ones(s, n, dtype=torch.bool, device=x.device)
+            causal = causal & recent.triu(diagonal=start_pos - self.window + 1)
+        allowed = causal[None, None]
+        if attention_mask is not None:
+            allowed = allowed & attention_mask[: x.shape[0], None, None, :n].bool()
+        zeros = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
+        return zeros.masked_fill(~allowed, torch.finfo(x.dtype).min)
 
     def _expand(self, kv: torch.Tensor) -> torch.Tensor:
         """[b, kv_heads, s, d] -> [b, heads, s, d] the way cfg.gqa says (sdpa: unexpanded)."""
@@ -120,9 +168,14 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start_pos: int | None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, start_pos)
+        h = x + self.attention(self.attention_norm(x), cos, sin, start_pos, attention_mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -142,7 +195,14 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", angles.cos(), persistent=False)
         self.register_buffer("rope_sin", angles.sin(), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, start_pos: int | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        start_pos: int | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """attention_mask: (decoding only) [batch, >= start_pos + s], 1 for tokens, 0 for
+        padding, as HF passes it."""
         s = tokens.shape[1]
         first = 0 if start_pos is None else start_pos
         if first + s > self.config.max_seq_len:
@@ -153,7 +213,7 @@ class Llama(nn.Module):
         cos, sin = self.rope_cos[first : first + s], self.rope_sin[first : first + s]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, cos, sin, start_pos)
+            h = layer(h, cos, sin, start_pos, attention_mask)
         return self.output(self.norm(h))
 
 

@@ -24,6 +24,9 @@ struct DecodeGraphSpec {
   int64_t batch = 2;
   bool mask = true;         // offset-causal mask; false: no mask
   bool user_mask = false;   // a mask from a graph input instead
+  int64_t user_mask_rank = 2;  // its rank (1 is no [queries, keys] mask)
+  bool index_write = false;  // the cache written by index_copy at a positions input
+  bool whole_read = false;   // (index_write) attention reads the whole cache under the mask
   bool leak_cache = false;  // the updated cache is also a graph output
   bool dropout = false;
   int64_t seq_dim = 2;
@@ -42,12 +45,34 @@ ir::Graph DecodeGraph(const DecodeGraphSpec& s) {
   auto ck = b.AddInput("cache_k", Tensor({4, HKV, S, D}), ir::InputKind::kBuffer, "attn.cache_k");
   auto cv = b.AddInput("cache_v", Tensor({4, HKV, S, D}), ir::InputKind::kBuffer, "attn.cache_v");
   ir::ValueId user_mask = -1;
-  if (s.user_mask) user_mask = b.AddInput("mask", Tensor({1, 1}), ir::InputKind::kUser);
+  if (s.user_mask)
+    user_mask = b.AddInput("mask", s.user_mask_rank == 1 ? Tensor({1}) : Tensor({1, 1}),
+                           ir::InputKind::kUser);
+  ir::ValueId positions = -1;
+  if (s.index_write) {
+    ir::TensorType pt = testing::F32({1});
+    pt.dtype = ir::DType::kInt64;
+    positions = b.AddInput("pos", ir::ValueType::Tensor(pt), ir::InputKind::kUser);
+  }
   auto out0 = [&](ir::NodeId n) { return b.peek().node(n).outputs[0]; };
   auto end = out0(
       b.AddNode(Op("end", "python::_operator.add", {V(start), ir::Arg::Int(1)}, SymInt("s0 + 1"))));
   auto I = [](int64_t v) { return ir::Arg::Int(v); };
   auto chain = [&](const std::string& p, ir::ValueId cache, ir::ValueId nv) {
+    if (s.index_write) {  // cache[:B].index_copy_(2, pos, new), functionalised
+      auto s5 = out0(b.AddNode(
+          Op(p + "s5", "aten::slice.Tensor", {V(cache), I(0), I(0), I(B)}, Tensor({B, HKV, S, D}))));
+      auto ic = out0(b.AddNode(Op(p + "ic", "aten::index_copy.default",
+                                  {V(s5), I(2), V(positions), V(nv)}, Tensor({B, HKV, S, D}))));
+      auto ss1 = out0(b.AddNode(Op(p + "ss1", "aten::slice_scatter.default",
+                                   {V(cache), V(ic), I(0), I(0), I(B)}, Tensor({4, HKV, S, D}))));
+      auto r1 = out0(b.AddNode(
+          Op(p + "r1", "aten::slice.Tensor", {V(ss1), I(0), I(0), I(B)}, Tensor({B, HKV, S, D}))));
+      if (s.whole_read) return std::make_pair(ss1, r1);
+      auto r2 = out0(b.AddNode(
+          Op(p + "r2", "aten::slice.Tensor", {V(r1), I(2), I(0), V(end)}, Tensor({B, HKV, 1, D}))));
+      return std::make_pair(ss1, r2);
+    }
     auto s3 = out0(b.AddNode(
         Op(p + "s3", "aten::slice.Tensor", {V(cache), I(0), I(0), I(B)}, Tensor({B, HKV, S, D}))));
     auto s4 = out0(b.AddNode(Op(p + "s4", "aten::slice.Tensor",
@@ -164,7 +189,9 @@ TEST(CacheParallel, RewritesCausalDecodeAttention) {
     EXPECT_EQ(Count(r.graph, gone), 0) << gone;
   for (const auto& n : r.graph.nodes()) {
     if (n.op != "torch_plugin::cp_attention.default") continue;
-    ASSERT_EQ(n.args.size(), 13u);
+    ASSERT_EQ(n.args.size(), 15u);
+    EXPECT_TRUE(n.args[13].kind == ir::Arg::Kind::kNone);  // no general mask
+    EXPECT_TRUE(n.args[14].kind == ir::Arg::Kind::kNone);  // no positions: a slice write
     EXPECT_EQ(r.graph.value(n.args[0].value()).name, "q");
     EXPECT_EQ(r.graph.value(n.args[1].value()).name, "k_new");
     EXPECT_EQ(r.graph.value(n.args[2].value()).name, "v_new");
@@ -199,6 +226,7 @@ TEST(CacheParallel, LeavesDeviatingAttentionAloneAndSaysWhy) {
   };
   std::vector<Case> cases(4);
   cases[0].spec.mask = false, cases[0].spec.user_mask = true, cases[0].why = "mask";
+  cases[0].spec.user_mask_rank = 1;  // not [..., queries, keys]
   cases[1].spec.leak_cache = true, cases[1].why = "outside this attention";
   cases[2].spec.dropout = true, cases[2].why = "dropout";
   cases[3].spec.seq_dim = 1, cases[3].why = "";  // writes along heads: not a cache append
@@ -216,6 +244,55 @@ TEST(CacheParallel, LeavesDeviatingAttentionAloneAndSaysWhy) {
     PassResult r = CacheParallelPass(g, ctx);
     EXPECT_FALSE(r.changed);
     EXPECT_EQ(r.graph.nodes().size(), g.nodes().size());
+  }
+}
+
+// Padding and sliding windows reach attention as a mask tensor: passed to cp_attention, which
+// applies each rank's columns of it.
+TEST(CacheParallel, AGeneralMaskIsPassedToTheAttention) {
+  DecodeGraphSpec spec;
+  spec.mask = false, spec.user_mask = true;
+  const ir::Graph g = DecodeGraph(spec);
+  const CacheParallelPlan plan = PlanCacheParallel(g, WorldOptions(2));
+  ASSERT_EQ(plan.sites.size(), 1u) << plan.ToString();
+  EXPECT_TRUE(plan.sites[0].masked);
+  EXPECT_FALSE(plan.sites[0].causal);
+  EXPECT_NE(plan.ToString().find("masked"), std::string::npos);
+  PassResult r = CacheParallelPass(g, WorldOptions(2));
+  ASSERT_TRUE(r.changed);
+  ir::Verify(r.graph);
+  for (const auto& n : r.graph.nodes()) {
+    if (n.op != "torch_plugin::cp_attention.default") continue;
+    ASSERT_EQ(n.args.size(), 15u);
+    EXPECT_EQ(r.graph.value(n.args[13].value()).name, "mask");
+  }
+}
+
+// StaticCache writes with index_copy_ at cache positions; attention reads a prefix, or the
+// whole cache under its mask (then up to the capacity).
+TEST(CacheParallel, IndexWritesAtPositionsAreCacheAppends) {
+  for (bool whole : {false, true}) {
+    DecodeGraphSpec spec;
+    spec.index_write = true, spec.whole_read = whole, spec.mask = false, spec.user_mask = whole;
+    const ir::Graph g = DecodeGraph(spec);
+    const CacheParallelPlan plan = PlanCacheParallel(g, WorldOptions(2));
+    ASSERT_EQ(plan.sites.size(), 1u) << plan.ToString();
+    EXPECT_TRUE(plan.sites[0].indexed_write);
+    PassResult r = CacheParallelPass(g, WorldOptions(2));
+    ASSERT_TRUE(r.changed);
+    ir::Verify(r.graph);
+    EXPECT_EQ(Count(r.graph, "aten::index_copy.default"), 0);
+    EXPECT_EQ(Count(r.graph, "aten::copy_.default"), 0);
+    for (const auto& n : r.graph.nodes()) {
+      if (n.op != "torch_plugin::cp_attention.default") continue;
+      EXPECT_EQ(n.args[3].i, -1);  // no start: the positions say
+      if (whole) {
+        EXPECT_EQ(n.args[4].i, 64);  // the whole cache
+      } else {
+        EXPECT_EQ(r.graph.value(n.args[4].value()).name, "end");
+      }
+      EXPECT_EQ(r.graph.value(n.args[14].value()).name, "pos");
+    }
   }
 }
 
