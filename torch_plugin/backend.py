@@ -65,6 +65,10 @@ def _dynamo_input_kinds(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> li
             kinds.append(("buffer", fx_bridge.module_path(source)))
         elif isinstance(example, (torch.SymInt, int)) and not isinstance(example, bool):
             kinds.append(("symbol", ""))
+        elif isinstance(example, torch.Tensor) and source.startswith("L["):
+            # A forward argument, named by its place in the call ("k_cache", "past.0"): the
+            # same name in every graph of the function (cache parallelism keys caches by it).
+            kinds.append(("user", fx_bridge.module_path(source)))
         else:
             kinds.append(("user", ""))
     return kinds

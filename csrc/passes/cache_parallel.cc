@@ -446,9 +446,13 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
   for (ir::ValueId v : g.OutputValues()) graph_outputs.insert(v);
   // Buffers written back with copy_(buffer, updated).
   std::map<ir::ValueId, const ir::Node*> copy_back;  // updated value -> copy_ node
+  // Caches are buffers, or forward arguments written in place (named by their place in the
+  // call, which keys the split cache from one step's graph to the next).
   std::set<ir::ValueId> buffers;
   for (const auto& in : g.inputs())
-    if (in.kind == ir::InputKind::kBuffer) buffers.insert(in.value);
+    if (in.kind == ir::InputKind::kBuffer ||
+        (in.kind == ir::InputKind::kUser && !in.source.empty()))
+      buffers.insert(in.value);
   for (const auto& n : g.nodes()) {
     if (n.op != "aten::copy_.default") continue;
     auto dst = ValueArg(GetArg(n, 0, "self"));
@@ -759,8 +763,9 @@ std::string CacheParallelPlan::ToString() const {
   for (const auto& s : sites) {
     os << "  site " << s.attention_node << ": caches " << s.cache_k << ", " << s.cache_v
        << (s.causal ? ", causal" : "") << (s.masked ? ", masked" : "")
-       << (s.indexed_write ? ", index write" : "") << ", batch " << s.batch << ", heads " << s.q_heads << "/"
-       << s.kv_heads << ", head_dim " << s.head_dim << ", capacity " << s.capacity << "\n";
+       << (s.indexed_write ? ", index write" : "") << ", batch " << s.batch << ", heads "
+       << s.q_heads << "/" << s.kv_heads << ", head_dim " << s.head_dim << ", capacity "
+       << s.capacity << "\n";
   }
   for (const auto& s : skipped) os << "  skipped " << s << "\n";
   if (!sites.empty()) {

@@ -264,6 +264,61 @@ def cp_decode_matches(
         _finish()
 
 
+class CacheArgDecoder(torch.nn.Module):
+    """One attention layer whose KV caches are forward arguments written in place (GQA by
+    repeat_interleave), as hand-written decoders pass them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = torch.nn.Linear(32, 32), torch.nn.Linear(32, 16)
+        self.v, self.o = torch.nn.Linear(32, 16), torch.nn.Linear(32, 32)
+
+    def forward(
+        self, x: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
+        k = self.k(x).view(b, s, 2, 8).transpose(1, 2)
+        v = self.v(x).view(b, s, 2, 8).transpose(1, 2)
+        k_cache[:, :, pos : pos + s] = k
+        v_cache[:, :, pos : pos + s] = v
+        keys = k_cache[:, :, : pos + s].repeat_interleave(2, dim=1)
+        values = v_cache[:, :, : pos + s].repeat_interleave(2, dim=1)
+        mask = torch.ones(s, pos + s, dtype=torch.bool).tril(diagonal=pos)
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.o(out.transpose(1, 2).reshape(b, s, 32))
+
+
+def cp_cache_arguments(rank: int, world: int, port: int, steps: int) -> dict[str, Any]:
+    """Caches passed as forward arguments, split over the ranks: outputs equal eager's."""
+    import torch_plugin
+
+    _init(rank, world, port)
+    try:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = CacheArgDecoder().eval()
+        ref = copy.deepcopy(model)
+        cp = torch_plugin.cache_parallel(copy.deepcopy(model), None, block_size=2)
+        caches = [torch.zeros(2, 2, 32, 8) for _ in range(4)]
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(2, 5, 32, generator=gen)
+        with torch.no_grad():
+            diff = float((cp(x, 0, *caches[:2]) - ref(x, 0, *caches[2:])).abs().max())
+            for p in range(5, 5 + steps):
+                t = torch.randn(2, 1, 32, generator=gen)
+                diff = max(
+                    diff, float((cp(t, p, *caches[:2]) - ref(t, p, *caches[2:])).abs().max())
+                )
+        return {
+            "sites": len(cp.plan.sites),
+            "max_diff": diff,
+            "local_bytes": cp.manager.memory_bytes(),
+        }
+    finally:
+        _finish()
+
+
 def cp_cache_variants(rank: int, world: int, port: int, steps: int) -> list[dict[str, Any]]:
     """Caches as users write them (issue 28): slice writes, StaticCache's index_copy_ and
     cache[:, :, pos] = k writes, attention over a prefix or over the whole cache under a

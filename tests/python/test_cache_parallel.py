@@ -60,6 +60,16 @@ def test_caches_written_and_masked_as_users_write_them_decode_split(gloo) -> Non
             assert r["max_logit_diff"] < 1e-4, r
 
 
+def test_caches_passed_as_forward_arguments_are_split(gloo) -> None:
+    """A decoder taking its KV caches as arguments and writing them in place: the attention
+    is rewritten (the caches keyed by their argument names), each rank holds half of the
+    positions, and outputs equal eager's on 2 ranks."""
+    for r in dist_workers.pooled(gloo(2), dist_workers.cp_cache_arguments, 3):
+        assert r["sites"] == 1
+        assert r["max_diff"] < 1e-5
+        assert r["local_bytes"] == 2 * 2 * 2 * 16 * 8 * 4  # k and v, half of 32 positions
+
+
 def test_default_compile_with_a_mesh_decodes_cache_parallel(gloo, tmp_path: Path) -> None:
     dist_workers.pooled(gloo(2), dist_workers.cp_default_compile, str(tmp_path))
     for rank in range(2):

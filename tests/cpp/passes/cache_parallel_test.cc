@@ -60,8 +60,8 @@ ir::Graph DecodeGraph(const DecodeGraphSpec& s) {
   auto I = [](int64_t v) { return ir::Arg::Int(v); };
   auto chain = [&](const std::string& p, ir::ValueId cache, ir::ValueId nv) {
     if (s.index_write) {  // cache[:B].index_copy_(2, pos, new), functionalised
-      auto s5 = out0(b.AddNode(
-          Op(p + "s5", "aten::slice.Tensor", {V(cache), I(0), I(0), I(B)}, Tensor({B, HKV, S, D}))));
+      auto s5 = out0(b.AddNode(Op(p + "s5", "aten::slice.Tensor", {V(cache), I(0), I(0), I(B)},
+                                  Tensor({B, HKV, S, D}))));
       auto ic = out0(b.AddNode(Op(p + "ic", "aten::index_copy.default",
                                   {V(s5), I(2), V(positions), V(nv)}, Tensor({B, HKV, S, D}))));
       auto ss1 = out0(b.AddNode(Op(p + "ss1", "aten::slice_scatter.default",
