@@ -101,6 +101,15 @@ class TestOnFourRanks:
         assert figures["max_norm_rel_diff"] <= 1e-5
         assert figures["tied"] == 1 and figures["stages"] >= 2
 
+    def test_alibi_crosses_pipeline_stages_as_rows_per_sample(self, gloo: Any) -> None:
+        """BLOOM's ALiBi bias is [batch * heads, 1, seq], made by a view merging the batch
+        with the heads: it crosses stages as `heads` rows per sample (micro-batches take
+        contiguous row blocks); 3 clipped AdamW steps on 4 ranks equal one process."""
+        figures = runner.run_on_pool(gloo(4), "pipeline4", "bloom")
+        assert figures["max_loss_diff"] <= runner.LOSS_RTOL
+        assert figures["max_norm_rel_diff"] <= 1e-5
+        assert figures["stages"] >= 2
+
 
 def test_aten_pipeline_graph_recomputes_what_does_not_depend_on_the_batch() -> None:
     """The ATen-level pipeline graph of an HF call: parameters and rotary tables are free

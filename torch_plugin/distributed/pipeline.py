@@ -463,6 +463,7 @@ class PipelineParallel:
         for v in self.out_leaves:
             if isinstance(v, fx.Node) and v not in self.members[self.loss_stage]:
                 needs(self.loss_stage, v)
+        self._rows: dict[fx.Node, int] = {}
         for a in self.consumers:
             self._check_crossing(a)
             if a not in self.stage_outputs[stage_of[a]]:
@@ -563,7 +564,34 @@ class PipelineParallel:
         """The global rank of a rank of the plan (point-to-point calls take global ranks)."""
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
+    def _rows_per_sample(self, v: fx.Node) -> int | None:
+        """Rows of dim 0 per sample of a value crossing stages: 1 for a batch-major tensor; k
+        for a view that merged the batch with the next dims into batch * k rows (BLOOM's ALiBi,
+        [batch * heads, 1, seq]), whose samples are still contiguous row blocks; None else."""
+        meta = v.meta.get("tensor_meta")
+        if meta is None or not hasattr(meta, "shape") or len(meta.shape) == 0:
+            return None
+        if meta.shape[0] == self.batch:
+            return 1
+        views = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+        src = v.args[0] if v.op == "call_function" and v.args else None
+        src_meta = src.meta.get("tensor_meta") if isinstance(src, fx.Node) else None
+        if str(v.target) not in views or src_meta is None or len(src_meta.shape) == 0:
+            return None
+        if src_meta.shape[0] != self.batch:
+            return None
+        rows = 1
+        for d in src_meta.shape[1:]:
+            rows *= int(d)
+            if self.batch * rows == meta.shape[0]:
+                return rows
+        return None
+
     def _check_crossing(self, v: fx.Node) -> None:
+        rows = self._rows_per_sample(v)
+        if rows is not None:
+            self._rows[v] = rows
+            return
         meta = v.meta.get("tensor_meta")
         if (
             meta is None
@@ -661,8 +689,15 @@ class PipelineParallel:
             ) from e
 
     def _buffer(self, v: fx.Node, n: int) -> torch.Tensor:
+        """Room for n samples of crossing value v."""
         meta = v.meta["tensor_meta"]
-        return torch.empty((n, *meta.shape[1:]), dtype=meta.dtype, device=self._device)
+        rows = n * self._rows.get(v, 1)
+        return torch.empty((rows, *meta.shape[1:]), dtype=meta.dtype, device=self._device)
+
+    def _samples(self, v: fx.Node, x: torch.Tensor, a: int, e: int) -> torch.Tensor:
+        """Samples [a, e) (relative to x's first) of crossing value v's tensor x."""
+        k = self._rows.get(v, 1)
+        return x[a * k : e * k]
 
     def _dtype(self, v: fx.Node) -> torch.dtype:
         return v.meta["tensor_meta"].dtype
@@ -739,7 +774,7 @@ class PipelineParallel:
                 continue
             buf = self._buffer(v, hi - lo)
             for rank, a, e in self._pieces(self.stage_of[v], lo, hi):
-                piece = buf[a - lo : e - lo]
+                piece = self._samples(v, buf, a - lo, e - lo)
                 recv = torch.empty_like(piece)
                 self._recv(recv, rank, self._tag(v, s, a, False), f"{v.name} (forward)")
                 piece.copy_(recv)
@@ -757,7 +792,10 @@ class PipelineParallel:
                     # value may be computed in bf16 where the trace saw float32.
                     sends.append(
                         dist.isend(
-                            out[a - lo : e - lo].detach().to(self._dtype(v)).contiguous(),
+                            self._samples(v, out, a - lo, e - lo)
+                            .detach()
+                            .to(self._dtype(v))
+                            .contiguous(),
                             self._global(rank),
                             group=self.group,
                             tag=self._tag(v, q, a, False),
@@ -783,7 +821,7 @@ class PipelineParallel:
                 for rank, a, e in self._pieces(q, lo, hi):
                     recv = self._buffer(v, e - a)
                     self._recv(recv, rank, self._tag(v, q, a, True), f"grad of {v.name}")
-                    grad[a - lo : e - lo] += recv
+                    self._samples(v, grad, a - lo, e - lo).add_(recv)
             if out.requires_grad:
                 tensors.append(out)
                 grads.append(grad)
@@ -799,7 +837,7 @@ class PipelineParallel:
             for rank, a, e in self._pieces(self.stage_of[v], lo, hi):
                 sends.append(
                     dist.isend(
-                        grad[a - lo : e - lo].contiguous(),
+                        self._samples(v, grad, a - lo, e - lo).contiguous(),
                         self._global(rank),
                         group=self.group,
                         tag=self._tag(v, s, a, True),
