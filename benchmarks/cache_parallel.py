@@ -302,6 +302,34 @@ def modelled() -> list[dict]:
     return rows
 
 
+def helix_modelled() -> list[dict]:
+    """Helix (KV split by sequence for attention, the rest tensor-parallel, one all-to-all
+    between) against plain CP (the better scheme) and plain TP, modelled per layer of a
+    Llama-3-8B (32 query / 8 KV heads) on H100s: tokens/s per layer, batch 8..128, 1K..128K.
+    Past 8 devices TP duplicates KV heads, Helix does not."""
+    rows = []
+    llama3_8b = dict(
+        hidden=4096, q_heads=32, kv_heads=8, head_dim=128, ffn_hidden=14336, dtype_bytes=2
+    )
+    for world in (8, 16):
+        for batch in (8, 32, 128):
+            for ctx in (1024, 4096, 16384, 65536, 131072):
+                layer = dict(llama3_8b, batch=batch, context=ctx, layers=32)
+                row = dict(world=world, batch=batch, context=ctx)
+                for name, strategy in (
+                    ("tp", "tp"),
+                    ("cp_qkv", "cp_gather_qkv"),
+                    ("cp_partials", "cp_gather_partials"),
+                    ("helix", "helix"),
+                ):
+                    c = _C.model_decode_layer(layer, world, strategy, "h100")
+                    row[name] = batch / c["total_s"] if c["valid"] else 0.0
+                row["cp"] = max(row.pop("cp_qkv"), row.pop("cp_partials"))
+                row["best"] = max(("tp", "cp", "helix"), key=lambda k: row[k])
+                rows.append(row)
+    return rows
+
+
 def crossover(rows: list[dict], device: str, batch: int) -> int | None:
     for r in rows:
         if r["device"] == device and r["batch"] == batch and r["cp"] > r["tp"] > 0:
@@ -411,10 +439,19 @@ def main() -> None:
                 f"  {r['context']:>7} {r['device']:>7} {r['batch']:>6} {r['dp']:>11.0f} "
                 f"{r['tp']:>11.0f} {r['cp']:>11.0f} {r['cp'] / max(r['tp'], 1e-9):7.2f}"
             )
+    print("4. modelled, Helix vs CP vs TP: Llama-3-8B layer (32/8 heads) on H100s, tokens/s")
+    helix = helix_modelled()
+    print("  world  batch  context        TP        CP     Helix  best   Helix/max(TP,CP)")
+    for r in helix:
+        print(
+            f"  {r['world']:>5} {r['batch']:>6} {r['context']:>8} {r['tp']:>9.0f} {r['cp']:>9.0f}"
+            f" {r['helix']:>9.0f}  {r['best']:>5}  {r['helix'] / max(r['tp'], r['cp']):.2f}"
+        )
     result = dict(
         kernel=kernel,
         real=real,
         modelled=model,
+        helix_modelled=helix,
         crossover={
             f"{w}x{d}_b{b}": crossover(model, d, b)
             for d, w in (("a5000", 4), ("h100", 8))

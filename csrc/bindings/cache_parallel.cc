@@ -48,10 +48,10 @@ cost::DecodeLayer LayerFromDict(const py::dict& d) {
 cost::DecodeStrategy StrategyFromName(const std::string& s) {
   for (auto k : {cost::DecodeStrategy::kDataParallel, cost::DecodeStrategy::kTensorParallel,
                  cost::DecodeStrategy::kCacheParallelGatherQkv,
-                 cost::DecodeStrategy::kCacheParallelGatherPartials})
+                 cost::DecodeStrategy::kCacheParallelGatherPartials, cost::DecodeStrategy::kHelix})
     if (s == cost::DecodeStrategyName(k)) return k;
   throw std::invalid_argument("unknown decode strategy '" + s +
-                              "'; valid: dp, tp, cp_gather_qkv, cp_gather_partials");
+                              "'; valid: dp, tp, cp_gather_qkv, cp_gather_partials, helix");
 }
 
 }  // namespace

@@ -15,6 +15,8 @@ const char* DecodeStrategyName(DecodeStrategy s) {
       return "cp_gather_qkv";
     case DecodeStrategy::kCacheParallelGatherPartials:
       return "cp_gather_partials";
+    case DecodeStrategy::kHelix:
+      return "helix";
   }
   return "?";
 }
@@ -43,7 +45,8 @@ DecodeCost ModelDecodeLayer(const DecodeLayer& l, int world, DecodeStrategy stra
   const double hq = static_cast<double>(l.q_heads), hkv = static_cast<double>(l.kv_heads);
   const double b = static_cast<double>(l.batch), ctx = static_cast<double>(l.context);
   // Parameters of one layer: q, k, v, o projections and a gated MLP.
-  const double params = e * hq * d + 2 * e * hkv * d + hq * d * e + 3 * e * l.ffn_hidden;
+  const double qkv_params = e * hq * d + 2 * e * hkv * d;
+  const double params = qkv_params + hq * d * e + 3 * e * l.ffn_hidden;
   const double kv_per_token = 2 * hkv * d * bytes;  // k and v, one layer
   const double partial_bytes = hq * (d + 1) * 4.0;  // fp32 out + lse per request
   const double blocks = b * std::ceil(ctx / static_cast<double>(std::max<int64_t>(l.kv_block, 1)));
@@ -59,12 +62,23 @@ DecodeCost ModelDecodeLayer(const DecodeLayer& l, int world, DecodeStrategy stra
       tokens = b / n;
       break;
     case DecodeStrategy::kTensorParallel:
-      if (l.q_heads % world != 0 || l.kv_heads % world != 0) {
+      if (l.q_heads % world != 0 ||
+          (l.kv_heads % world != 0 && (l.kv_heads == 0 || world % l.kv_heads != 0))) {
         c.valid = false;
         c.why_invalid = "heads not divisible by the number of devices";
       }
       weight_share = 1 / n;
+      // Past kv_heads devices a device holds (and reads) a whole KV head: 1/kv_heads.
+      if (world > l.kv_heads && l.kv_heads > 0) kv_share = 1 / hkv;
       block_share = 1;  // every device indexes every request's whole cache
+      break;
+    case DecodeStrategy::kHelix:
+      if (l.q_heads % world != 0) {
+        c.valid = false;
+        c.why_invalid = "query heads not divisible by the number of devices";
+      }
+      // q/k/v projections replicated, the output projection and the MLP split n ways.
+      weight_share = params > 0 ? (qkv_params + (params - qkv_params) / n) / params : 1;
       break;
     case DecodeStrategy::kCacheParallelGatherQkv:
       if (l.batch % world != 0) {
@@ -110,11 +124,19 @@ DecodeCost ModelDecodeLayer(const DecodeLayer& l, int world, DecodeStrategy stra
       c.bytes_sent_per_rank = (n - 1) * partials;
       break;
     }
+    case DecodeStrategy::kHelix: {
+      const double partials = b * partial_bytes;  // every head's partial, to its owner
+      const double act = b * e * bytes;
+      c.comm_s = AllToAllTime(device, partials, world) + 2 * AllReduceTime(device, act, world);
+      c.bytes_sent_per_rank = world > 1 ? (n - 1) / n * partials + 2 * 2 * (n - 1) / n * act : 0;
+      break;
+    }
   }
   c.total_s = c.compute_s + c.comm_s + c.overhead_s;
   const double layers = static_cast<double>(std::max<int64_t>(l.layers, 1));
-  // Every strategy holds 1/n of all KV entries per device (DP: whole caches of 1/n requests).
-  const double kv_memory = b * ctx * kv_per_token * layers / n;
+  // 1/n of all KV entries per device (DP: whole caches of 1/n requests), but TP past kv_heads
+  // devices duplicates each head.
+  const double kv_memory = b * ctx * kv_per_token * layers * kv_share;
   c.memory_per_rank = params * bytes * layers * weight_share + kv_memory;
   c.fits = c.memory_per_rank <= device.memory_bytes;
   return c;

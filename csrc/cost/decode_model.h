@@ -39,10 +39,17 @@ struct DecodeLayer {
 };
 
 enum class DecodeStrategy {
-  kDataParallel,                 // requests split over devices, everything local
-  kTensorParallel,               // heads and FFN columns split; two all-reduces per layer
+  kDataParallel,  // requests split over devices, everything local
+  // Heads and FFN columns split; two all-reduces per layer. Beyond kv_heads devices each KV
+  // head is duplicated on world / kv_heads devices (its cache read there too).
+  kTensorParallel,
   kCacheParallelGatherQkv,       // rest data parallel; all-gather q/k/v, all-to-all partials
   kCacheParallelGatherPartials,  // rest replicated; all-gather attention partials
+  // Helix (TensorRT-LLM): attention KV-sharded by sequence over all devices (q/k/v projections
+  // replicated), one all-to-all of the partials so each device merges its 1/n of the heads,
+  // then the output projection and the MLP tensor-parallel over the same devices (two
+  // all-reduces, as TP).
+  kHelix,
 };
 const char* DecodeStrategyName(DecodeStrategy s);
 

@@ -47,6 +47,38 @@ TEST(DecodeModel, CacheParallelOvertakesTensorParallelAtLongContext) {
   EXPECT_GT(ratio(65536), 1.0);  // long context: CP's balanced, smaller bookkeeping wins
 }
 
+// Helix: KV split by sequence (no duplication past kv_heads devices, unlike TP), the output
+// projection and MLP split as TP's, q/k/v replicated; one all-to-all plus TP's two all-reduces.
+TEST(DecodeModel, HelixSitsBetweenCacheAndTensorParallelism) {
+  const DeviceProfile& d = FindDeviceProfile("h100");
+  DecodeLayer l = Llama7B(32, 1024);
+  l.kv_heads = 2;  // GQA with fewer KV heads than devices: TP duplicates them
+  const int n = 8;
+  const auto helix = ModelDecodeLayer(l, n, DecodeStrategy::kHelix, d);
+  const double partials = 32.0 * 32 * 129 * 4, act = 32.0 * 4096 * 2;
+  EXPECT_DOUBLE_EQ(helix.bytes_sent_per_rank, 7.0 / 8 * partials + 2 * 2 * 7.0 / 8 * act);
+  auto total = [&](DecodeStrategy s, int64_t batch, int64_t context) {
+    DecodeLayer x = l;
+    x.batch = batch, x.context = context;
+    return ModelDecodeLayer(x, n, s, d).total_s;
+  };
+  // Long context: TP reads each duplicated KV head on 4 devices; Helix reads 1/8 of the cache.
+  EXPECT_LT(total(DecodeStrategy::kHelix, 32, 65536),
+            total(DecodeStrategy::kTensorParallel, 32, 65536));
+  // Short context, weights dominate: Helix reads 1/8 of the MLP, CP all of it.
+  EXPECT_LT(total(DecodeStrategy::kHelix, 32, 1024),
+            total(DecodeStrategy::kCacheParallelGatherPartials, 32, 1024));
+  // A TP past kv_heads holds a whole KV head per device (1/2 of the cache, not 1/8): at 64K
+  // tokens that outweighs Helix's replicated q/k/v projections.
+  l.context = 65536;
+  const auto tp = ModelDecodeLayer(l, n, DecodeStrategy::kTensorParallel, d);
+  const auto hx = ModelDecodeLayer(l, n, DecodeStrategy::kHelix, d);
+  EXPECT_TRUE(tp.valid) << tp.why_invalid;
+  const double cache = 32.0 * 65536 * 2 * 2 * 128 * 2 * 32;  // all layers' k and v
+  const double qkv_extra = (4096.0 * 32 * 128 + 2 * 4096.0 * 2 * 128) * 2 * 32 * 7 / 8;
+  EXPECT_DOUBLE_EQ(tp.memory_per_rank - hx.memory_per_rank, cache / 2 - cache / 8 - qkv_extra);
+}
+
 TEST(DecodeModel, InvalidSplitsAndMemory) {
   const DeviceProfile& d = FindDeviceProfile("a5000");
   DecodeLayer l = Llama7B(6, 1024);
