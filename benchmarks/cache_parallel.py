@@ -59,9 +59,18 @@ def _median_time(fn, reps: int = 7) -> float:
     return statistics.median(ts)
 
 
+def read_bandwidth() -> float:
+    """Bytes/s this process reads from memory: torch.sum over 512 MiB (past every cache), the
+    median of 9, at the benchmark's thread count; the floor of a memory-bound kernel."""
+    x = torch.randn(1 << 27)
+    return x.numel() * x.element_size() / _median_time(lambda: x.sum(), reps=9)
+
+
 def kernel_bench(contexts: list[int]) -> list[dict]:
     torch.manual_seed(0)
     b, hq, hkv, d = 1, 32, 8, 128
+    bw = read_bandwidth()
+    print(f"  read bandwidth (torch.sum over 512 MiB): {bw / 1e9:.1f} GB/s")
     rows = []
     for ctx in contexts:
         q = torch.randn(b, hq, d)
@@ -78,6 +87,7 @@ def kernel_bench(contexts: list[int]) -> list[dict]:
 
         err = float((ours() - sdpa().squeeze(2)).abs().max())
         t_ours, t_sdpa = _median_time(ours), _median_time(sdpa)
+        floor = (k.nbytes + v.nbytes) / bw  # reading the cache once
         rows.append(
             dict(
                 context=ctx,
@@ -85,11 +95,15 @@ def kernel_bench(contexts: list[int]) -> list[dict]:
                 sdpa_ms=t_sdpa * 1e3,
                 speedup=t_sdpa / t_ours,
                 max_abs_err=err,
+                floor_ms=floor * 1e3,
+                roofline_fraction=floor / t_ours,
+                read_gbps=bw / 1e9,
             )
         )
         print(
             f"  kernel {ctx:>6}: ours {t_ours * 1e3:7.2f} ms  sdpa {t_sdpa * 1e3:7.2f} ms  "
-            f"{t_sdpa / t_ours:5.2f}x  (max |diff| {err:.1e})"
+            f"{t_sdpa / t_ours:5.2f}x  floor {floor * 1e3:6.2f} ms: {floor / t_ours:.0%} of the "
+            f"read bandwidth  (max |diff| {err:.1e})"
         )
     return rows
 
