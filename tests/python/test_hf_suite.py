@@ -181,3 +181,29 @@ def test_a_dp_axis_is_refused_where_batch_norm_couples_the_samples() -> None:
     with pytest.raises(NotImplementedError, match=r"module 'resnet\.embedder.*BatchNorm2d"):
         _refuse_batch_statistics(model)
     _refuse_batch_statistics(model.eval())  # running statistics: nothing couples the batch
+
+
+@pytest.mark.parametrize(("name", "coupled"), [("clip", True), ("llama", False), ("t5", False)])
+def test_a_dp_axis_is_refused_where_samples_are_combined(name: str, coupled: bool) -> None:
+    """CLIP's contrastive loss compares every text with every image of the batch: a dp
+    replica's slice would contrast only its own samples (its loss was 0 on a (2, 2) mesh, one
+    sample per replica). The forward traced at the whole batch and at a slice shows the batch
+    in a non-leading dimension there, and a dp axis is refused naming the node; models whose
+    samples stay apart (Llama, T5) pass the check."""
+    import torch.utils._pytree as pytree
+
+    from torch_plugin.distributed.capture import as_call
+    from torch_plugin.distributed.sharding_capture import _capture, _refuse_batch_coupling
+
+    model, inputs = hf_suite.build(name)
+    full = as_call(inputs)
+    half = pytree.tree_map(
+        lambda x: x[: x.shape[0] // 2] if isinstance(x, torch.Tensor) and x.dim() else x, full
+    )
+    local = _capture(model, half)
+    if coupled:
+        with pytest.raises(NotImplementedError, match=r"CLIPModel: node .* use a 1-D"):
+            _refuse_batch_coupling(model, full, local)
+    else:
+        _refuse_batch_coupling(model, full, local)
+

@@ -39,6 +39,7 @@ from .sharding_capture import (
     _capture,
     _init_blocks_like_constructor,
     _meta_copy,
+    _refuse_batch_coupling,
     _refuse_batch_statistics,
     capture_graph,
 )
@@ -199,6 +200,8 @@ class ShardedModule(nn.Module):
         # The plan prices what this backend runs (a reduce-scatter, or an all-reduce without).
         self._options = opts.ilp(self.world, self.dp, training, comm.has_reduce_scatter)
         captured = _capture(model, call)
+        if self.dp > 1 and training and not any(p.is_meta for p in model.parameters()):
+            _refuse_batch_coupling(model, full_call, captured)
         graph, ctx = captured.graph, captured.ctx
         pnames, bnames = captured.pnames, captured.bnames
         self._in_spec, self._out_spec = captured.in_spec, captured.out_spec

@@ -30,6 +30,7 @@ class _Captured:
     constants: dict[int, Any]  # leaf index -> a non-tensor argument, fixed in the graph
     out_spec: pytree.TreeSpec
     unused_inputs: set[str]  # keyword arguments the graph does not read
+    gm: Any = None  # the traced ATen graph (fake tensors in each node's "val")
 
 
 def _refuse_batch_statistics(model: nn.Module) -> None:
@@ -67,7 +68,39 @@ def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> 
         traced.constants,
         traced.out_spec,
         traced.unused_inputs,
+        traced.gm,
     )
+
+
+def _shapes(gm: Any) -> list[tuple[str, tuple[int, ...]]]:
+    out = []
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            out.append((n.name, tuple(int(d) for d in val.shape)))
+    return out
+
+
+def _refuse_batch_coupling(model: nn.Module, full_call: Any, local: _Captured) -> None:
+    """A dp replica runs the program on its slice of the batch; where the model combines
+    samples with each other (CLIP's contrastive logits [batch, batch], a loss over them),
+    the slices would compute other numbers than one process (CLIP's loss was 0 on a (2, 2)
+    mesh: one sample per replica, nothing to contrast). The forward traced at the whole
+    batch against the slice's: a tensor whose size changes outside dim 0 carries the batch
+    in another dimension, and a dp axis is refused, naming the node."""
+    whole = trace_call(model, full_call)
+    a, b = _shapes(whole.gm), _shapes(local.gm)
+    if len(a) != len(b):
+        return  # another program at another batch (data-dependent): nothing to compare
+    for (name, full), (_, part) in zip(a, b, strict=True):
+        if len(full) == len(part) and any(x != y for x, y in zip(full[1:], part[1:], strict=True)):
+            raise NotImplementedError(
+                f"{type(model).__name__}: node '{name}' has shape {list(full)} for the whole "
+                f"batch but {list(part)} for a dp replica's slice: the batch runs along "
+                "another dimension there, as where samples are combined with each other (a "
+                "contrastive loss), so a dp axis could change the numbers; use a 1-D "
+                "(tensor-parallel) mesh"
+            )
 
 
 def capture_graph(model: nn.Module, example_inputs: Any) -> _C.Graph:
