@@ -39,6 +39,38 @@ from .kv_cache import BlockPlacement
 
 log = logging.getLogger("torch_plugin.cache_parallel")
 _NAMES = itertools.count()
+_STAMPS = itertools.count()  # which cache layer was updated last (see _SplitSdpa)
+
+
+def _calls_sdpa_itself(model: nn.Module) -> bool:
+    """Whether the model's file calls F.scaled_dot_product_attention itself instead of through
+    transformers' attention registry (Falcon): its attention is then intercepted at that call."""
+    import inspect
+
+    mod = sys.modules.get(type(model).__module__)
+    try:
+        src = inspect.getsource(mod) if mod is not None else ""
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" not in src and "scaled_dot_product_attention" in src
+
+
+class _SplitSdpa(torch.overrides.TorchFunctionMode):
+    """During generate() of a model that calls SDPA itself: an SDPA over the split cache layer
+    updated last (its keys: this rank's entries) becomes the split attention, merged over the
+    ranks; any other SDPA call runs as it is."""
+
+    def __init__(self, owner: HFCacheParallel) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            out = self.owner._split_sdpa(*args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
 
 
 def is_hf_decoder(model: Any) -> bool:
@@ -69,6 +101,7 @@ def _layer_class() -> type:
             self.base = 0  # local slot of physical slot 0
             self.n = 0  # physical slots held
             self.full = True  # the last update gave attention every key (the prompt)
+            self.stamp = -1  # when it was last updated (_STAMPS)
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
             b, h, _, d = key_states.shape
@@ -126,6 +159,7 @@ def _layer_class() -> type:
                 self.values[:, :, self.n : self.n + count] = value_states[:, :, mine]
             self.n += count
             self.length = end
+            self.stamp = next(_STAMPS)
             self.full = start == 0
             if self.full:  # the prompt: attention sees all of it, on every rank
                 return key_states, value_states
@@ -257,6 +291,9 @@ class HFCacheParallel(nn.Module):
         self.last_cache: Any = None
         self.decode_steps = 0
         self.attention_entered = False
+        # A model that calls SDPA itself (not through the registry) decodes with its "sdpa"
+        # path, whose SDPA calls over the split cache are intercepted.
+        self.intercept = _calls_sdpa_itself(model)
 
     @property
     def config(self) -> Any:
@@ -306,8 +343,11 @@ class HFCacheParallel(nn.Module):
         self.comm.share_rng_state()  # sampling draws alike on every rank
         self.decode_steps = 0
         self.attention_entered = False
-        self._swap(self.name)
+        self._swap("sdpa" if self.intercept else self.name)
         try:
+            if self.intercept:
+                with _SplitSdpa(self):
+                    return self.module.generate(*args, **{self._cache_kwarg: self.cache}, **kwargs)
             return self.module.generate(*args, **{self._cache_kwarg: self.cache}, **kwargs)
         except Exception as e:
             split = any(not layer.full for layer in self.cache.layers)
@@ -391,6 +431,67 @@ class HFCacheParallel(nn.Module):
         if layer_idx == 0:
             self.decode_steps += 1
         return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+    def _split_sdpa(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor | None:
+        """The split attention for an SDPA call a model makes itself over the cache layer it
+        just updated; None when the call is not over a split layer (the prompt, other SDPAs)."""
+        cache = self.cache
+        if cache is None or not cache.layers:
+            return None
+        layer = max(cache.layers, key=lambda x: getattr(x, "stamp", -1))
+        if layer.full or not layer.is_initialized or key.shape[-2] != layer.keys.shape[2]:
+            return None
+        self.attention_entered = True
+        if dropout_p:
+            raise NotImplementedError("torch_plugin cache_parallel: dropout in generate()")
+        b, h, q_len, d = query.shape
+        sc = scale if scale is not None else 1.0 / math.sqrt(d)
+        if key.data_ptr() == layer.keys.data_ptr() and value.data_ptr() == layer.values.data_ptr():
+            out, lse = self._local(layer, query, attn_mask, sc, None)  # the split-KV kernel
+            return self._merged(layer, query, out, lse)
+        n = layer.n
+        positions = layer.positions(query.device)
+        if attn_mask is None:  # the queries are the newest: every held entry
+            allowed = torch.ones((b, 1, q_len, n), dtype=torch.bool, device=query.device)
+        elif attn_mask.dtype == torch.bool:
+            allowed = attn_mask[..., positions]
+        else:
+            allowed = attn_mask[..., positions] > torch.finfo(attn_mask.dtype).min / 2
+        kk, vv = key[:, :, :n].float(), value[:, :, :n].float()
+        if kk.shape[1] not in (1, h):  # grouped heads: each KV head serves h / kv queries
+            kk = kk.repeat_interleave(h // kk.shape[1], dim=1)
+            vv = vv.repeat_interleave(h // vv.shape[1], dim=1)
+        scores = torch.einsum("bhsd,bhnd->bhsn", query.float(), kk.expand(b, h, n, d)) * sc
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        p = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
+        out = torch.einsum("bhsn,bhnd->bhsd", p, vv.expand(b, h, n, d))
+        return self._merged(layer, query, out, lse)
+
+    def _merged(
+        self, layer: Any, query: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+    ) -> torch.Tensor:
+        """The ranks' partials merged: [B, H, q, D] in the query's dtype, as SDPA returns."""
+        cache = self.cache
+        if self.placement.world > 1:
+            outs = self.comm.all_gather(out.contiguous(), "partials")
+            lses = self.comm.all_gather(lse.contiguous(), "partials")
+            out, _ = torch.ops.torch_plugin.merge_attention_partials(
+                outs.movedim(0, -2).contiguous(), lses.movedim(0, -1).contiguous()
+            )
+        if layer is cache.layers[0]:
+            self.decode_steps += 1
+        return out.to(query.dtype)
 
     def _original(self, module: nn.Module) -> Any:
         from transformers import AttentionInterface
