@@ -146,6 +146,20 @@ def with_variant(variant: str, fn: Callable[[], Any]) -> Any:
         os.environ.pop("TP_SPLIT_KV_CUDA", None)
 
 
+def variant_error(
+    variant: str, fn: Callable[[], torch.Tensor], want: torch.Tensor, label: str
+) -> float | None:
+    """fn's relative error under one CUDA kernel variant; None where the grouped kernel
+    refuses the shape (it serves only some), inf (printed) for any other failure."""
+    try:
+        return rel_err(with_variant(variant, fn), want)
+    except RuntimeError as e:
+        if "not supported" in str(e):
+            return None
+        print(f"{label}: {e}")
+        return float("inf")
+
+
 def split_kv_case(
     dtype: torch.dtype, B: int, Hq: int, Hkv: int, D: int, gen: torch.Generator
 ) -> list[dict[str, Any]]:
@@ -159,18 +173,12 @@ def split_kv_case(
     rows = []
     for variant in ("warp_per_head", "grouped"):
         for splits in (1, 5, 16):
-            try:
-                got = with_variant(
-                    variant,
-                    lambda s=splits: torch_plugin.ops.split_kv_decode_attention(
-                        q, k, v, lengths, s
-                    ),
-                )
-                err: float | None = rel_err(got, want)
-            except RuntimeError as e:  # grouped refuses shapes it does not serve
-                err = None if "not supported" in str(e) else float("inf")
-                if err is not None:
-                    print(f"split_kv {variant} {B, Hq, Hkv, D} {dtype}: {e}")
+            err = variant_error(
+                variant,
+                lambda s=splits: torch_plugin.ops.split_kv_decode_attention(q, k, v, lengths, s),
+                want,
+                f"split_kv {variant} {B, Hq, Hkv, D} {dtype}",
+            )
             rows.append(
                 {
                     "dtype": str(dtype).split(".")[1],
@@ -190,12 +198,9 @@ def split_kv_case(
             )
             return torch.ops.torch_plugin.merge_attention_partials(out, lse)[0]
 
-        try:
-            err = rel_err(with_variant(variant, capped), want_sc)
-        except RuntimeError as e:
-            err = None if "not supported" in str(e) else float("inf")
-            if err is not None:
-                print(f"split_kv starts+softcap {variant} {B, Hq, Hkv, D} {dtype}: {e}")
+        err = variant_error(
+            variant, capped, want_sc, f"split_kv starts+softcap {variant} {B, Hq, Hkv, D} {dtype}"
+        )
         rows.append(
             {
                 "dtype": str(dtype).split(".")[1],

@@ -370,21 +370,30 @@ def check_recipe(name: str, mesh_shape: tuple[int, ...], micro: int = 4) -> dict
     return {"norm_rel_diff": norm_diff, "max_loss_diff": diff, "quiet_micro_steps": quiet}
 
 
-def _bf16_reference(model: torch.nn.Module, inputs: dict[str, Any]) -> list[float]:
-    """One process, the same bf16 recipe: bf16 parameters stepped as float32 masters."""
+def _masters_reference(
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    scaler: torch.amp.GradScaler | None = None,
+) -> list[float]:
+    """One process, low-precision parameters stepped as float32 masters (the bf16 recipe; with
+    `scaler`, fp16's: the loss scaled, the step skipped on an overflow)."""
+    from torch_plugin.models import hf_suite
+
     ref = copy.deepcopy(model)
     pairs = [(p, p.detach().float().requires_grad_()) for p in ref.parameters()]
     opt = torch.optim.AdamW([m for _, m in pairs], lr=LR)
     losses = []
     for _ in range(STEPS):
-        from torch_plugin.models import hf_suite
-
         loss = hf_suite.loss_of(ref(**inputs))
-        loss.backward()
+        (loss if scaler is None else scaler.scale(loss)).backward()
         for p, m in pairs:
             m.grad = None if p.grad is None else p.grad.float()
             p.grad = None
-        opt.step()
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)
+            scaler.update()
         opt.zero_grad()
         with torch.no_grad():
             for p, m in pairs:
@@ -405,7 +414,7 @@ def check_bf16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
     model, inputs = hf_suite.build(name, dtype=torch.bfloat16)
-    want = _bf16_reference(model, inputs)
+    want = _masters_reference(model, inputs)
     sharded = torch_plugin.parallelize(model, mesh, inputs)
     got = _train(
         sharded, inputs, lambda: sharded.optimizer(torch.optim.AdamW, lr=LR, master_weights=True)
@@ -427,31 +436,6 @@ def check_bf16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
 FP16_INIT_SCALE = 1024.0  # both sides start here; tiny models overflow fp16 at 65536
 
 
-def _fp16_reference(model: torch.nn.Module, inputs: dict[str, Any]) -> list[float]:
-    """One process, fp16 parameters stepped as float32 masters under a GradScaler."""
-    from torch_plugin.models import hf_suite
-
-    ref = copy.deepcopy(model)
-    pairs = [(p, p.detach().float().requires_grad_()) for p in ref.parameters()]
-    opt = torch.optim.AdamW([m for _, m in pairs], lr=LR)
-    scaler = torch.amp.GradScaler("cpu", init_scale=FP16_INIT_SCALE)
-    losses = []
-    for _ in range(STEPS):
-        loss = hf_suite.loss_of(ref(**inputs))
-        scaler.scale(loss).backward()
-        for p, m in pairs:
-            m.grad = None if p.grad is None else p.grad.float()
-            p.grad = None
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad()
-        with torch.no_grad():
-            for p, m in pairs:
-                p.copy_(m)
-        losses.append(float(loss))
-    return losses
-
-
 def check_fp16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     """fp16 two ways on `mesh_shape` with torch_plugin.ShardedGradScaler, each against one
     process running the same recipe with torch.amp.GradScaler (within 2e-2 relative): fp16
@@ -467,7 +451,9 @@ def check_fp16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
     model, inputs = hf_suite.build(name, dtype=torch.float16)
-    want = _fp16_reference(model, inputs)
+    want = _masters_reference(
+        model, inputs, torch.amp.GradScaler("cpu", init_scale=FP16_INIT_SCALE)
+    )
     sharded = torch_plugin.parallelize(model, mesh, inputs)
     scaler = torch_plugin.ShardedGradScaler("cpu", init_scale=FP16_INIT_SCALE)
     opt = sharded.optimizer(torch.optim.AdamW, lr=LR, master_weights=True)
