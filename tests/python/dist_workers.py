@@ -1187,3 +1187,22 @@ def sharding_dropout_matches(rank: int, world: int, port: int, out_dir: str) -> 
         )
     finally:
         _finish()
+
+
+def dp_batch_refusal(rank: int, world: int, port: int) -> str:
+    """parallelize on a (2, 2) mesh with a batch of 3: the error each rank raises."""
+    import torch_plugin
+    from torch_plugin.models import hf_suite
+
+    _init(rank, world, port)
+    try:
+        mesh = torch_plugin.DeviceMesh((2, 2), ("dp", "tp"), timeout_s=TIMEOUT_S)
+        model, inputs = hf_suite.build("llama", batch=3)
+        try:
+            torch_plugin.parallelize(model, mesh, inputs)
+        except ValueError as e:
+            return str(e)
+        return "no error"
+    finally:
+        _finish()
+
