@@ -71,12 +71,29 @@ def _merge_attention_partials_fake(
     return out.new_empty((*out.shape[:-2], out.shape[-1])), lse.new_empty(lse.shape[:-1])
 
 
+def default_num_splits(
+    device: torch.device, batch: int, kv_heads: int, length: int, sms: int | None = None
+) -> int:
+    """Split-KV chunks per (sequence, KV head) for a cache of `length` entries. CPU: up to 8
+    chunks of at least 512 entries (one task per chunk over a few cores). CUDA: about 8 blocks
+    (one per sequence x KV head x chunk) per multiprocessor, chunks of at least 1024 entries.
+    On an H200 (132 SMs; Llama-3-8B heads, bf16; benchmarks/results/gpu_kernels.json) the best
+    measured counts were 32 at batch 1 x 32K, 32 at 4 x 32K, 16 at 8 x 32K and 64-128 at
+    1 x 128K; this picks 32, 32, 17 and 128 (8 x 4K: 4, not measured; 8 and 16 tied there)."""
+    if device.type != "cuda":
+        return max(1, min(8, length // 512))
+    if sms is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = -(-8 * sms // max(1, batch * kv_heads))
+    return max(1, min(want, length // 1024))
+
+
 def split_kv_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     lengths: torch.Tensor,
-    num_splits: int = 4,
+    num_splits: int | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
     """Decode attention of one query token per sequence over a KV cache, FlashDecoding-style.
@@ -84,8 +101,11 @@ def split_kv_decode_attention(
     q [B, Hq, D]; caches [B, Hkv, S, D] (GQA when Hq > Hkv); lengths [B] valid entries. The
     cache is split into `num_splits` chunks whose partial results are merged exactly; across
     ranks, gather (out, lse) partials and call `merge_attention_partials` the same way.
-    Returns [B, Hq, D] in q's dtype.
+    Returns [B, Hq, D] in q's dtype. num_splits: None picks `default_num_splits` for the
+    device.
     """
+    if num_splits is None:
+        num_splits = default_num_splits(q.device, q.shape[0], k_cache.shape[1], k_cache.shape[2])
     out, lse = torch.ops.torch_plugin.split_kv_attention(
         q, k_cache, v_cache, lengths, num_splits, 0.0 if scale is None else scale
     )

@@ -143,3 +143,18 @@ def test_opcheck() -> None:
     )
     out, lse = torch.ops.torch_plugin.split_kv_attention(q, k, v, torch.tensor([16, 7]), 3, 0.0)
     torch.library.opcheck(torch.ops.torch_plugin.merge_attention_partials, (out, lse))
+
+
+def test_default_split_count_follows_the_device() -> None:
+    """CPU: up to 8 chunks of >= 512 entries; CUDA (an H200's 132 SMs given, no GPU needed):
+    the counts the GPU benchmark measured best, and never a chunk under 1024 entries."""
+    from torch_plugin.ops import default_num_splits
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert default_num_splits(cpu, 1, 8, 32768) == 8
+    assert default_num_splits(cpu, 1, 8, 700) == 1
+    picks = [default_num_splits(gpu, b, 8, n, sms=132) for b, n in ((1, 32768), (4, 32768))]
+    assert picks == [32, 32]
+    assert default_num_splits(gpu, 8, 8, 32768, sms=132) == 17
+    assert default_num_splits(gpu, 1, 8, 131072, sms=132) == 128
+    assert default_num_splits(gpu, 1, 8, 100, sms=132) == 1

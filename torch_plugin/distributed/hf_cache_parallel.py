@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..ops import default_num_splits
 from .collectives import Collectives
 from .kv_cache import BlockPlacement
 
@@ -532,7 +533,7 @@ class HFCacheParallel(nn.Module):
             if bool((row.sum(-1) == trailing).all()):
                 starts = n - trailing
                 lengths = torch.full((b,), n, dtype=torch.int64, device=query.device)
-                splits = self.num_splits or max(1, min(8, n // 512))
+                splits = self.num_splits or default_num_splits(query.device, b, k.shape[1], n)
                 out, lse = torch.ops.torch_plugin.split_kv_attention(
                     query[:, :, 0].contiguous(),
                     k,

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..ops import default_num_splits
 from .collectives import Collectives
 
 _MANAGERS: weakref.WeakValueDictionary[int, KVCacheManager] = weakref.WeakValueDictionary()
@@ -204,7 +205,7 @@ class KVCacheManager(BlockPlacement):
         n = self.local_length(end)
         k, v = shard.k[:b], shard.v[:b]
         if s_len == 1 and mask is None:
-            splits = self.num_splits or max(1, min(8, n // 512))
+            splits = self.num_splits or default_num_splits(q.device, b, k.shape[1], n)
             lengths = torch.full((b,), n, dtype=torch.int64, device=q.device)
             out, lse = torch.ops.torch_plugin.split_kv_attention(
                 q[:, :, 0].contiguous(), k, v, lengths, splits, scale
