@@ -89,6 +89,7 @@ void BindCacheParallel(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("causal", &CacheAttentionSite::causal)
       .field("masked", &CacheAttentionSite::masked)
       .field("indexed_write", &CacheAttentionSite::indexed_write)
+      .field("grown", &CacheAttentionSite::grown)
       .field("batch", &CacheAttentionSite::batch)
       .field("q_heads", &CacheAttentionSite::q_heads)
       .field("kv_heads", &CacheAttentionSite::kv_heads)

@@ -12,6 +12,7 @@ namespace {
 
 constexpr const char* kPass = "cache_parallel";
 constexpr const char* kCpOp = "torch_plugin::cp_attention.default";
+constexpr const char* kPlaceholderOp = "torch_plugin::cp_cache_placeholder.default";
 
 // One argument by schema position or keyword; nullptr when absent (the schema default).
 const ir::Arg* GetArg(const ir::Node& node, size_t pos, const std::string& name) {
@@ -206,6 +207,10 @@ struct CacheWrite {
   ir::ValueId positions = -1;
   const ir::Arg* start = nullptr;
   const ir::Arg* end = nullptr;
+  // torch.cat growth (DynamicCache-style): the cache is a forward argument `past` that the
+  // step returns grown, cat([past, new], 2); the new entries start at past's length.
+  bool grown = false;
+  ir::Arg grown_start;
   int64_t seq_dim = -1;
   std::set<const ir::Node*> nodes;  // scatters, slices and copy of the chain
   const ir::Node* copy_back = nullptr;
@@ -269,6 +274,50 @@ bool MatchIndexWrite(const ir::Graph& g, const ir::Node* p, CacheWrite* w, std::
   w->nodes.insert(p);
   w->seq_dim = 2, w->positions = *pos, w->new_values = *src;
   return true;
+}
+
+// The symbol input whose expression is `expr`, as an argument; Int for a concrete size.
+std::optional<ir::Arg> SizeArg(const ir::Graph& g, const ir::SymDim& d) {
+  if (!d.is_symbolic()) return ir::Arg::Int(d.value);
+  for (const auto& in : g.inputs()) {
+    if (in.kind != ir::InputKind::kSymbol) continue;
+    if (g.type(in.value).expr == d.expr) return ir::Arg::Value(in.value);
+  }
+  return std::nullopt;
+}
+
+// cat([past, new], 2) with past a named forward argument: the grown cache.
+std::optional<CacheWrite> MatchCatGrowth(const ir::Graph& g, ir::ValueId grown,
+                                         const std::set<ir::ValueId>& named_args,
+                                         std::string* why) {
+  const ir::Node* p = Producer(g, grown);
+  if (p == nullptr || p->op != "aten::cat.default") return std::nullopt;
+  const ir::Arg* list = GetArg(*p, 0, "tensors");
+  auto dim = Number(GetArg(*p, 1, "dim"));
+  int64_t d = dim ? static_cast<int64_t>(*dim) : 0;
+  const auto& t = g.type(grown);
+  if (t.is_tensor() && d < 0) d += t.tensor.rank();
+  if (list == nullptr || list->items.size() != 2 || d != 2) {
+    *why = "the cache grows by a cat that is not [past, new] along the sequence (dim 2)";
+    return std::nullopt;
+  }
+  auto past = ValueArg(&list->items[0]), fresh = ValueArg(&list->items[1]);
+  if (!past || !fresh || !named_args.count(*past)) {
+    *why = "the cache grows by cat from something other than a forward argument (the past)";
+    return std::nullopt;
+  }
+  const auto& pt = g.type(*past);
+  auto start = pt.is_tensor() && pt.tensor.rank() == 4 ? SizeArg(g, pt.tensor.shape[2])
+                                                      : std::nullopt;
+  if (!start) {
+    *why = "the past cache's length is not a size of the graph";
+    return std::nullopt;
+  }
+  CacheWrite w;
+  w.buffer = *past, w.updated = grown, w.new_values = *fresh, w.seq_dim = 2;
+  w.grown = true, w.grown_start = *start;
+  w.nodes.insert(p);
+  return w;
 }
 
 bool IsIndexWrite(const ir::Node* p) {
@@ -361,7 +410,7 @@ bool IsReadOfWrite(const ir::Graph& g, ir::ValueId v, const CacheWrite& w,
     *why = "keys/values are not read from the updated cache";
     return false;
   }
-  const bool indexed = w.positions >= 0;
+  const bool indexed = w.positions >= 0 || w.grown;
   bool seq_read = false;
   *end = nullptr;
   for (const auto& sl : s) {
@@ -459,6 +508,9 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
     auto src = ValueArg(GetArg(n, 1, "src"));
     if (dst && src && buffers.count(*dst)) copy_back[*src] = &n;
   }
+  std::set<ir::ValueId> named_args;  // forward arguments with a name (a cat-grown past)
+  for (const auto& in : g.inputs())
+    if (in.kind == ir::InputKind::kUser && !in.source.empty()) named_args.insert(in.value);
   auto source_of = [&](ir::ValueId v) {
     for (const auto& in : g.inputs())
       if (in.value == v) return in.source.empty() ? g.value(v).name : in.source;
@@ -476,7 +528,10 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
       ir::ValueId root = ThroughSlices(g, kv, &s);
       auto it = copy_back.find(root);
       if (it == copy_back.end()) {
-        *why = "keys/values do not come from a KV-cache buffer written in this step";
+        why->clear();
+        if (auto grown = MatchCatGrowth(g, root, named_args, why)) return grown;
+        if (why->empty())
+          *why = "keys/values do not come from a KV-cache buffer written in this step";
         return std::nullopt;
       }
       auto dst = ValueArg(GetArg(*it->second, 0, "self"));
@@ -501,10 +556,13 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
       skip("keys and values share one buffer");
       continue;
     }
-    const bool same_positions = wk->positions >= 0
-                                    ? wk->positions == wv->positions
-                                    : wv->positions < 0 && ArgEq(wk->start, wv->start) &&
-                                          ArgEq(wk->end, wv->end);
+    const bool same_positions =
+        // (a cat-grown past_k and past_v have a length symbol each; SDPA makes them equal)
+        wk->grown ? wv->grown
+        : wk->positions >= 0
+            ? wk->positions == wv->positions
+            : wv->positions < 0 && !wv->grown && ArgEq(wk->start, wv->start) &&
+                  ArgEq(wk->end, wv->end);
     if (!same_positions) {
       skip("keys and values are written at different positions");
       continue;
@@ -551,13 +609,15 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
       skip("keys and values are read over different ranges");
       continue;
     }
-    bool private_use = !graph_outputs.count(wk->updated) && !graph_outputs.count(wv->updated);
+    // A grown cache is returned by the step (a placeholder replaces it there).
+    bool private_use = wk->grown || (!graph_outputs.count(wk->updated) &&
+                                     !graph_outputs.count(wv->updated));
     for (const ir::Node* c : chain)
       for (ir::ValueId out : c->outputs) private_use = private_use && !graph_outputs.count(out);
     for (const CacheWrite* w : {&*wk, &*wv}) {
       for (ir::NodeId u : users[static_cast<size_t>(w->updated)]) {
         const ir::Node* un = &g.node(u);
-        if (un != w->copy_back && !chain.count(un)) private_use = false;
+        if (un != w->copy_back && un != &n && !chain.count(un)) private_use = false;
       }
       for (const ir::Node* c : chain)
         for (ir::ValueId out : c->outputs)
@@ -579,10 +639,13 @@ std::vector<Matched> MatchSites(const ir::Graph& g, std::vector<std::string>* sk
     Matched m;
     m.sdpa = &n, m.call = *call, m.wk = *wk, m.wv = *wv;
     m.mask = general_mask;
-    m.end = k_end != nullptr ? *k_end : ir::Arg::Int(Hint(bt.tensor.shape[2]));
+    m.end = wk->grown         ? ir::Arg::Int(-1)  // start + the new entries, at run time
+            : k_end != nullptr ? *k_end
+                               : ir::Arg::Int(Hint(bt.tensor.shape[2]));
     m.site.attention_node = n.name;
     m.site.masked = general_mask.has_value();
     m.site.indexed_write = wk->positions >= 0;
+    m.site.grown = wk->grown;
     m.site.cache_k = source_of(wk->buffer);
     m.site.cache_v = source_of(wv->buffer);
     m.site.causal = causal;
@@ -710,13 +773,15 @@ PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& o, 
       spec.args = {ir::Arg::Value(m.call.q),
                    ir::Arg::Value(m.wk.new_values),
                    ir::Arg::Value(m.wv.new_values),
-                   m.wk.start != nullptr ? *m.wk.start : ir::Arg::Int(-1),
+                   m.wk.grown             ? m.wk.grown_start
+                   : m.wk.start != nullptr ? *m.wk.start
+                                           : ir::Arg::Int(-1),
                    m.end,
                    ir::Arg::Bool(m.site.causal),
                    ir::Arg::Double(scale),
                    ir::Arg::String(m.site.cache_k),
                    ir::Arg::String(m.site.cache_v),
-                   ir::Arg::Int(m.site.capacity),
+                   ir::Arg::Int(m.wk.grown ? -1 : m.site.capacity),  // -1: grows
                    ir::Arg::Int(o.handle),
                    ir::Arg::String(plan.scheme),
                    ir::Arg::Bool(SeqMajorLayout(out.type)),
@@ -733,6 +798,22 @@ PassResult CacheParallel(const ir::Graph& graph, const CacheParallelOptions& o, 
       continue;
     }
     b.CopyNode(graph, n, &remap);
+  }
+  // A grown cache the step returns becomes a placeholder of its shape (zeros broadcast from one
+  // element: no memory), which the next step passes back; the ranks hold the split cache.
+  for (const auto& m : matched) {
+    for (const CacheWrite* w : {&m.wk, &m.wv}) {
+      if (!w->grown) continue;
+      ir::NodeSpec spec;
+      spec.name = graph.value(w->updated).name + "_placeholder";
+      spec.op = kPlaceholderOp;
+      spec.args = {ir::Arg::Value(w->new_values), w->grown_start};
+      for (auto& a : spec.args) a = a.Remap(remap);
+      spec.output_types = {graph.type(w->updated)};
+      spec.output_names = {spec.name};
+      const ir::NodeId id = b.AddNode(std::move(spec));
+      remap[static_cast<size_t>(w->updated)] = b.peek().node(id).outputs[0];
+    }
   }
   b.SetOutput(graph.output().Remap(remap));
   // The scatter chains, slices and masks are dead now.
@@ -763,7 +844,8 @@ std::string CacheParallelPlan::ToString() const {
   for (const auto& s : sites) {
     os << "  site " << s.attention_node << ": caches " << s.cache_k << ", " << s.cache_v
        << (s.causal ? ", causal" : "") << (s.masked ? ", masked" : "")
-       << (s.indexed_write ? ", index write" : "") << ", batch " << s.batch << ", heads "
+       << (s.indexed_write ? ", index write" : "") << (s.grown ? ", grown by cat" : "")
+       << ", batch " << s.batch << ", heads "
        << s.q_heads << "/" << s.kv_heads << ", head_dim " << s.head_dim << ", capacity "
        << s.capacity << "\n";
   }

@@ -45,6 +45,7 @@ struct CacheAttentionSite {
   bool causal = false;           // offset-causal mask (prefill-capable) vs all keys < end
   bool masked = false;           // a general mask (padding, window) passed to cp_attention
   bool indexed_write = false;    // written by index_copy / index_put at a positions tensor
+  bool grown = false;            // cat([past, new]) of a forward argument, returned grown
   int64_t batch = 0, q_heads = 0, kv_heads = 0, head_dim = 0, capacity = 0;
 };
 

@@ -289,6 +289,62 @@ class CacheArgDecoder(torch.nn.Module):
         return self.o(out.transpose(1, 2).reshape(b, s, 32))
 
 
+class CatGrowDecoder(CacheArgDecoder):
+    """The same layer, its cache grown DynamicCache-style: cat([past, new], 2), returned."""
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
+        k = torch.cat([past_k, self.k(x).view(b, s, 2, 8).transpose(1, 2)], dim=2)
+        v = torch.cat([past_v, self.v(x).view(b, s, 2, 8).transpose(1, 2)], dim=2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return self.o(out.transpose(1, 2).reshape(b, s, 32)), k, v
+
+
+def cp_cat_growth(rank: int, world: int, port: int, steps: int) -> dict[str, Any]:
+    """A cache grown by torch.cat and returned, split over the ranks: outputs equal eager's;
+    what the step returns for the cache is a placeholder of the grown shape holding no memory;
+    a cache other than the one returned is refused."""
+    import torch_plugin
+
+    _init(rank, world, port)
+    try:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = CatGrowDecoder().eval()
+        ref = copy.deepcopy(model)
+        cp = torch_plugin.cache_parallel(copy.deepcopy(model), None, block_size=2)
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(2, 5, 32, generator=gen)
+        with torch.no_grad():
+            a, rk, rv = ref(x, torch.zeros(2, 2, 0, 8), torch.zeros(2, 2, 0, 8))
+            b, pk, pv = cp(x, torch.zeros(2, 2, 0, 8), torch.zeros(2, 2, 0, 8))
+            diff = float((a - b).abs().max())
+            for _ in range(steps):
+                t = torch.randn(2, 1, 32, generator=gen)
+                a, rk, rv = ref(t, rk, rv)
+                b, pk, pv = cp(t, pk, pv)
+                diff = max(diff, float((a - b).abs().max()))
+            refused = ""
+            try:
+                cp(t, rk[:, :, :3], rv[:, :, :3])  # not the cache it returned
+            except RuntimeError as e:
+                refused = str(e)
+        return {
+            "sites": len(cp.plan.sites),
+            "grown": all(s.grown for s in cp.plan.sites),
+            "max_diff": diff,
+            "placeholder_shape": list(pk.shape),
+            "placeholder_strides": list(pk.stride()),
+            "local_positions": cp.manager.filled.get("past_k"),
+            "refused": refused,
+        }
+    finally:
+        _finish()
+
+
 def cp_cache_arguments(rank: int, world: int, port: int, steps: int) -> dict[str, Any]:
     """Caches passed as forward arguments, split over the ranks: outputs equal eager's."""
     import torch_plugin
@@ -1205,4 +1261,3 @@ def dp_batch_refusal(rank: int, world: int, port: int) -> str:
         return "no error"
     finally:
         _finish()
-

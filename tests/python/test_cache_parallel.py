@@ -70,6 +70,19 @@ def test_caches_passed_as_forward_arguments_are_split(gloo) -> None:
         assert r["local_bytes"] == 2 * 2 * 2 * 16 * 8 * 4  # k and v, half of 32 positions
 
 
+def test_a_cache_grown_by_cat_and_returned_is_split(gloo) -> None:
+    """DynamicCache-style growth, cat([past, new], 2) returned by the step: on 2 ranks the
+    outputs equal eager's over a prompt and 3 decode steps, the step returns a placeholder of
+    the grown shape (stride 0: no memory) that the next step takes back, and a cache other
+    than the one returned is refused with what to do."""
+    for r in dist_workers.pooled(gloo(2), dist_workers.cp_cat_growth, 3):
+        assert r["sites"] == 1 and r["grown"]
+        assert r["max_diff"] < 1e-5
+        assert r["placeholder_shape"] == [2, 2, 8, 8] and r["placeholder_strides"] == [0, 0, 0, 0]
+        assert r["local_positions"] == 8
+        assert "pass back the cache this model returned" in r["refused"]
+
+
 def test_default_compile_with_a_mesh_decodes_cache_parallel(gloo, tmp_path: Path) -> None:
     dist_workers.pooled(gloo(2), dist_workers.cp_default_compile, str(tmp_path))
     for rank in range(2):

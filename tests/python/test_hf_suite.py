@@ -206,4 +206,3 @@ def test_a_dp_axis_is_refused_where_samples_are_combined(name: str, coupled: boo
             _refuse_batch_coupling(model, full, local)
     else:
         _refuse_batch_coupling(model, full, local)
-

@@ -262,4 +262,3 @@ def test_a_batch_the_dp_axis_does_not_split_is_refused(gloo) -> None:
     for message in dist_workers.pooled(gloo(4), dist_workers.dp_batch_refusal):
         assert "batch of 3 rows does not split over the mesh's 2 dp replicas" in message
         assert "divisible by the dp size" in message
-

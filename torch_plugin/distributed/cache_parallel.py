@@ -60,6 +60,21 @@ def cp_attention(
     return out.transpose(1, 2).contiguous().transpose(1, 2) if seq_major else out.contiguous()
 
 
+@torch.library.custom_op("torch_plugin::cp_cache_placeholder", mutates_args=())
+def cp_cache_placeholder(new: torch.Tensor, start: int) -> torch.Tensor:
+    """What a cat-grown cache step returns for its cache: zeros broadcast from one element to
+    [B, H, start + s, D] (no memory). The next step passes it back; the ranks hold the split
+    cache, keyed by the argument's name."""
+    b, h, s, d = new.shape
+    return torch.zeros(1, dtype=new.dtype, device=new.device).expand(b, h, start + s, d)
+
+
+@cp_cache_placeholder.register_fake
+def _(new, start):  # type: ignore[no-untyped-def]
+    b, h, s, d = new.shape
+    return new.new_empty((b, h, start + s, d))
+
+
 @cp_attention.register_fake
 def _(
     q,

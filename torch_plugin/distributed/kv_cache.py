@@ -139,6 +139,7 @@ class KVCacheManager(BlockPlacement):
         self.global_batch: int | None = None  # set per call by the wrapper
         self.comm = Collectives(group, world, rank, "torch_plugin cache_parallel")
         self.layers: dict[str, _LayerShard] = {}
+        self.filled: dict[str, int] = {}  # positions written, per cat-grown cache
         self.plan: Any = None  # the pass's CacheParallelPlan, once a graph had sites
         self.warned: set[str] = set()  # "nothing to split" messages already logged
         with _LOCK:
@@ -152,14 +153,17 @@ class KVCacheManager(BlockPlacement):
 
     def _shard(self, key: str, like: torch.Tensor, batch: int, capacity: int) -> _LayerShard:
         s = self.layers.get(key)
-        if s is not None and s.k.shape[0] >= batch:
+        slots = self.local_capacity(capacity)
+        if s is not None and s.k.shape[0] >= batch and s.k.shape[2] >= slots:
             return s
-        shape = (batch, like.shape[1], self.local_capacity(capacity), like.shape[3])
+        if s is not None:
+            batch, slots = max(batch, s.k.shape[0]), max(slots, s.k.shape[2])
+        shape = (batch, like.shape[1], slots, like.shape[3])
         k = torch.zeros(shape, dtype=like.dtype, device=like.device)
         v = torch.zeros_like(k)
-        if s is not None:  # a bigger batch than before: keep what is cached
-            k[: s.k.shape[0]] = s.k
-            v[: s.v.shape[0]] = s.v
+        if s is not None:  # a bigger batch or a grown cache: keep what is cached
+            k[: s.k.shape[0], :, : s.k.shape[2]] = s.k
+            v[: s.v.shape[0], :, : s.v.shape[2]] = s.v
         s = _LayerShard(k, v)
         self.layers[key] = s
         return s
@@ -170,6 +174,10 @@ class KVCacheManager(BlockPlacement):
         """Writes positions [start, start + s) of k_new/v_new [B, Hkv, s, D] this rank owns."""
         s_len = k_new.shape[2]
         end = start + s_len
+        if capacity == -1:  # a cat-grown cache: room for twice what it holds, as it grows
+            held = self.layers.get(key)
+            have = 0 if held is None else held.k.shape[2] * self.world
+            capacity = have if end <= have else max(end, 2 * have)
         if start < 0 or end > capacity:
             raise CacheCapacityError(
                 f"torch_plugin: KV cache '{key}' holds {capacity} positions; writing "
@@ -249,6 +257,16 @@ class KVCacheManager(BlockPlacement):
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         s_len = k_new.shape[2]
+        if end == -1:  # a cat-grown cache: the step appends after the past it was given
+            held = self.filled.get(cache_k, 0)
+            if start not in (0, held):
+                raise RuntimeError(
+                    f"torch_plugin cp_attention ({cache_k}): the cache passed in holds {start} "
+                    f"positions, the split cache {held}: pass back the cache this model "
+                    "returned (its placeholder), or start a new sequence with an empty one"
+                )
+            end = start + s_len
+            self.filled[cache_k] = end
         if positions is not None:  # an index write: where the new entries went
             start = int(positions[0]) if positions.numel() else 0
             want = torch.arange(start, start + s_len, device=positions.device)

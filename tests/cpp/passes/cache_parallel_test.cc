@@ -296,6 +296,75 @@ TEST(CacheParallel, IndexWritesAtPositionsAreCacheAppends) {
   }
 }
 
+// DynamicCache-style growth: k = cat([past_k, k_new], 2) attended and returned. The past is a
+// named forward argument whose length is a graph symbol (one per past, as Dynamo gives them).
+ir::Graph CatGrowthGraph() {
+  ir::GraphBuilder b;
+  const int64_t B = 2, H = 4, HKV = 2, D = 16;
+  auto sym_dim = [](const std::string& e) {
+    ir::SymDim d;
+    d.value = 7, d.expr = e;
+    return d;
+  };
+  auto past_type = [&](const std::string& e) {
+    ir::TensorType t = testing::F32({B, HKV, 1, D});
+    t.shape[2] = sym_dim(e);
+    return ir::ValueType::Tensor(t);
+  };
+  auto sk = b.AddInput("s0", SymInt("s0"), ir::InputKind::kSymbol);
+  b.AddInput("s1", SymInt("s1"), ir::InputKind::kSymbol);
+  auto q = b.AddInput("q", Tensor({B, H, 1, D}), ir::InputKind::kUser, "q");
+  auto kn = b.AddInput("k_new", Tensor({B, HKV, 1, D}), ir::InputKind::kUser, "k_new");
+  auto vn = b.AddInput("v_new", Tensor({B, HKV, 1, D}), ir::InputKind::kUser, "v_new");
+  auto pk = b.AddInput("past_k", past_type("s0"), ir::InputKind::kUser, "past_k");
+  auto pv = b.AddInput("past_v", past_type("s1"), ir::InputKind::kUser, "past_v");
+  auto out0 = [&](ir::NodeId n) { return b.peek().node(n).outputs[0]; };
+  auto grown = [&](const std::string& e) {
+    ir::TensorType t = testing::F32({B, HKV, 1, D});
+    t.shape[2] = sym_dim(e + " + 1");
+    return ir::ValueType::Tensor(t);
+  };
+  auto ck = out0(b.AddNode(Op("cat_k", "aten::cat.default",
+                              {ir::Arg::List({V(pk), V(kn)}), ir::Arg::Int(2)}, grown("s0"))));
+  auto cv = out0(b.AddNode(Op("cat_v", "aten::cat.default",
+                              {ir::Arg::List({V(pv), V(vn)}), ir::Arg::Int(2)}, grown("s1"))));
+  ir::NodeSpec sdpa = Op("sdpa", "aten::scaled_dot_product_attention.default",
+                         {V(q), V(ck), V(cv)}, Tensor({B, H, 1, D}));
+  sdpa.kwargs.push_back({"enable_gqa", ir::Arg::Bool(true)});
+  auto attn = out0(b.AddNode(sdpa));
+  auto proj = out0(
+      b.AddNode(Op("proj", "aten::mul.Tensor", {V(attn), ir::Arg::Int(2)}, Tensor({B, H, 1, D}))));
+  (void)sk;
+  b.SetOutput(ir::Arg::List({V(proj), V(ck), V(cv)}, /*tuple=*/true));
+  return b.Build();
+}
+
+TEST(CacheParallel, ACacheGrownByCatIsSplitAndReturnedAsAPlaceholder) {
+  const ir::Graph g = CatGrowthGraph();
+  const CacheParallelPlan plan = PlanCacheParallel(g, WorldOptions(2));
+  ASSERT_EQ(plan.sites.size(), 1u) << plan.ToString();
+  EXPECT_TRUE(plan.sites[0].grown);
+  EXPECT_NE(plan.ToString().find("grown by cat"), std::string::npos);
+  PassResult r = CacheParallelPass(g, WorldOptions(2));
+  ASSERT_TRUE(r.changed);
+  ir::Verify(r.graph);
+  EXPECT_EQ(Count(r.graph, "aten::cat.default"), 0);
+  EXPECT_EQ(Count(r.graph, "torch_plugin::cp_cache_placeholder.default"), 2);
+  for (const auto& n : r.graph.nodes()) {
+    if (n.op != "torch_plugin::cp_attention.default") continue;
+    EXPECT_EQ(r.graph.value(n.args[3].value()).name, "s0");  // the past's length
+    EXPECT_EQ(n.args[4].i, -1);                               // end: start + the new entries
+    EXPECT_EQ(n.args[9].i, -1);                               // capacity: grows
+    EXPECT_EQ(n.args[7].s, "past_k");
+  }
+  // What the step returns for the caches are the placeholders.
+  const auto outs = r.graph.OutputValues();
+  ASSERT_EQ(outs.size(), 3u);
+  for (size_t i = 1; i < 3; ++i)
+    EXPECT_EQ(r.graph.node(r.graph.value(outs[i]).producer).op,
+              "torch_plugin::cp_cache_placeholder.default");
+}
+
 TEST(CacheParallel, SeesThroughGroupedQueryExpansions) {
   for (const std::string gqa : {"repeat_interleave", "repeat_kv"}) {
     DecodeGraphSpec spec;
