@@ -148,11 +148,14 @@ def _train(
 
 
 def _reference_losses(
-    model: torch.nn.Module, inputs: dict[str, Any], autocast: torch.dtype | None = None
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    autocast: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> list[float]:
     ref = copy.deepcopy(model)
     make = lambda: torch.optim.AdamW(ref.parameters(), lr=LR)  # noqa: E731
-    return _train(ref, inputs, make, autocast=autocast)
+    return _train(ref, inputs, make, autocast=autocast, scaler=scaler)
 
 
 def _compare_losses(got: list[float], want: list[float], rtol: float = LOSS_RTOL) -> float:
@@ -475,13 +478,8 @@ def check_fp16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     out["overflow_disagreements"] = int(moved or scaler.get_scale() != scale / 2)
 
     model, inputs = hf_suite.build(name)
-    ref = copy.deepcopy(model)
-    want = _train(
-        ref,
-        inputs,
-        lambda: torch.optim.AdamW(ref.parameters(), lr=LR),
-        autocast=torch.float16,
-        scaler=torch.amp.GradScaler("cpu", init_scale=FP16_INIT_SCALE),
+    want = _reference_losses(
+        model, inputs, torch.float16, torch.amp.GradScaler("cpu", init_scale=FP16_INIT_SCALE)
     )
     sharded = torch_plugin.parallelize(model, mesh, inputs)
     got = _train(

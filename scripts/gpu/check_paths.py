@@ -56,10 +56,16 @@ def on_cuda(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
-def check_placement() -> dict[str, Any]:
-    model = hf_suite.build_model("gpt2", width=4).eval().to(DEV)
-    inputs = on_cuda(hf_suite.make_inputs("gpt2", batch=8, seq=64, pad=0))
+def inference_case(name: str, seq: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """A suite model at width 4 in eval mode on the device, and its inputs without labels."""
+    model = hf_suite.build_model(name, width=4).eval().to(DEV)
+    inputs = on_cuda(hf_suite.make_inputs(name, batch=8, seq=seq, pad=0))
     inputs.pop("labels")
+    return model, inputs
+
+
+def check_placement() -> dict[str, Any]:
+    model, inputs = inference_case("gpt2", 64)
     with torch.no_grad():
         want = model(**inputs).logits
         t0 = time.perf_counter()
@@ -88,9 +94,7 @@ def check_placement() -> dict[str, Any]:
 
 
 def check_default_compile() -> dict[str, Any]:
-    model = hf_suite.build_model("llama", width=4).eval().to(DEV)
-    inputs = on_cuda(hf_suite.make_inputs("llama", batch=8, seq=128, pad=0))
-    inputs.pop("labels")
+    model, inputs = inference_case("llama", 128)
     with torch.no_grad():
         want = model(**inputs).logits
         t0 = time.perf_counter()

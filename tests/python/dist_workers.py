@@ -273,13 +273,18 @@ class CacheArgDecoder(torch.nn.Module):
         self.q, self.k = torch.nn.Linear(32, 32), torch.nn.Linear(32, 16)
         self.v, self.o = torch.nn.Linear(32, 16), torch.nn.Linear(32, 32)
 
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[b, heads, s, 8] queries (4 heads), keys and values (2 heads)."""
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
+        k = self.k(x).view(b, s, 2, 8).transpose(1, 2)
+        return q, k, self.v(x).view(b, s, 2, 8).transpose(1, 2)
+
     def forward(
         self, x: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
-        k = self.k(x).view(b, s, 2, 8).transpose(1, 2)
-        v = self.v(x).view(b, s, 2, 8).transpose(1, 2)
+        q, k, v = self.qkv(x)
         k_cache[:, :, pos : pos + s] = k
         v_cache[:, :, pos : pos + s] = v
         keys = k_cache[:, :, : pos + s].repeat_interleave(2, dim=1)
@@ -296,9 +301,8 @@ class CatGrowDecoder(CacheArgDecoder):
         self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, s, _ = x.shape
-        q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
-        k = torch.cat([past_k, self.k(x).view(b, s, 2, 8).transpose(1, 2)], dim=2)
-        v = torch.cat([past_v, self.v(x).view(b, s, 2, 8).transpose(1, 2)], dim=2)
+        q, k, v = self.qkv(x)
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         return self.o(out.transpose(1, 2).reshape(b, s, 32)), k, v
 

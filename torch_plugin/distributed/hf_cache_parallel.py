@@ -423,15 +423,7 @@ class HFCacheParallel(nn.Module):
             )
         scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
         out, lse = self._local(layer, query, attention_mask, scale, kwargs.get("softcap"))
-        if self.placement.world > 1:
-            outs = self.comm.all_gather(out.contiguous(), "partials")  # [world, B, H, q, D]
-            lses = self.comm.all_gather(lse.contiguous(), "partials")
-            out, _ = torch.ops.torch_plugin.merge_attention_partials(
-                outs.movedim(0, -2).contiguous(), lses.movedim(0, -1).contiguous()
-            )
-        if layer_idx == 0:
-            self.decode_steps += 1
-        return out.to(query.dtype).transpose(1, 2).contiguous(), None
+        return self._merged(layer, query, out, lse).transpose(1, 2).contiguous(), None
 
     def _split_sdpa(
         self,
@@ -449,34 +441,14 @@ class HFCacheParallel(nn.Module):
         cache = self.cache
         if cache is None or not cache.layers:
             return None
-        layer = max(cache.layers, key=lambda x: getattr(x, "stamp", -1))
+        layer = max(cache.layers, key=lambda x: x.stamp)
         if layer.full or not layer.is_initialized or key.shape[-2] != layer.keys.shape[2]:
             return None
         self.attention_entered = True
         if dropout_p:
             raise NotImplementedError("torch_plugin cache_parallel: dropout in generate()")
-        b, h, q_len, d = query.shape
-        sc = scale if scale is not None else 1.0 / math.sqrt(d)
-        if key.data_ptr() == layer.keys.data_ptr() and value.data_ptr() == layer.values.data_ptr():
-            out, lse = self._local(layer, query, attn_mask, sc, None)  # the split-KV kernel
-            return self._merged(layer, query, out, lse)
-        n = layer.n
-        positions = layer.positions(query.device)
-        if attn_mask is None:  # the queries are the newest: every held entry
-            allowed = torch.ones((b, 1, q_len, n), dtype=torch.bool, device=query.device)
-        elif attn_mask.dtype == torch.bool:
-            allowed = attn_mask[..., positions]
-        else:
-            allowed = attn_mask[..., positions] > torch.finfo(attn_mask.dtype).min / 2
-        kk, vv = key[:, :, :n].float(), value[:, :, :n].float()
-        if kk.shape[1] not in (1, h):  # grouped heads: each KV head serves h / kv queries
-            kk = kk.repeat_interleave(h // kk.shape[1], dim=1)
-            vv = vv.repeat_interleave(h // vv.shape[1], dim=1)
-        scores = torch.einsum("bhsd,bhnd->bhsn", query.float(), kk.expand(b, h, n, d)) * sc
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1)
-        p = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
-        out = torch.einsum("bhsn,bhnd->bhsd", p, vv.expand(b, h, n, d))
+        sc = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+        out, lse = self._local(layer, query, attn_mask, sc, None, key, value)
         return self._merged(layer, query, out, lse)
 
     def _merged(
@@ -485,7 +457,7 @@ class HFCacheParallel(nn.Module):
         """The ranks' partials merged: [B, H, q, D] in the query's dtype, as SDPA returns."""
         cache = self.cache
         if self.placement.world > 1:
-            outs = self.comm.all_gather(out.contiguous(), "partials")
+            outs = self.comm.all_gather(out.contiguous(), "partials")  # [world, B, H, q, D]
             lses = self.comm.all_gather(lse.contiguous(), "partials")
             out, _ = torch.ops.torch_plugin.merge_attention_partials(
                 outs.movedim(0, -2).contiguous(), lses.movedim(0, -1).contiguous()
@@ -511,12 +483,16 @@ class HFCacheParallel(nn.Module):
         mask: torch.Tensor | None,
         scale: float,
         softcap: float | None,
+        keys: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's partial attention over its entries: out [B, H, q, D] and lse [B, H, q]
-        (float32; a row with no entry here has out 0 and lse -inf)."""
+        (float32; a row with no entry here has out 0 and lse -inf). keys / values: the layer's
+        storage as the model passed it on (its own SDPA call); default the storage itself."""
         b, h, q_len, d = query.shape
         n = layer.n
-        k, v = layer.keys, layer.values
+        k = layer.keys if keys is None else keys
+        v = layer.values if values is None else values
         positions = layer.positions(query.device)
         if mask is None:  # every earlier position (the queries are the newest)
             allowed = torch.ones((b, 1, q_len, n), dtype=torch.bool, device=query.device)

@@ -573,10 +573,11 @@ class PipelineParallel:
             return None
         if meta.shape[0] == self.batch:
             return 1
-        views = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+        aten = torch.ops.aten
+        views = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
         src = v.args[0] if v.op == "call_function" and v.args else None
         src_meta = src.meta.get("tensor_meta") if isinstance(src, fx.Node) else None
-        if str(v.target) not in views or src_meta is None or len(src_meta.shape) == 0:
+        if v.target not in views or src_meta is None or len(src_meta.shape) == 0:
             return None
         if src_meta.shape[0] != self.batch:
             return None
