@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import aten_graphs
 import dist_workers
@@ -210,6 +211,25 @@ def test_kv_cache_capacity_and_bad_options() -> None:
         KVCacheManager(block_size=0)
     with pytest.raises(TypeError, match="1-D torch_plugin.DeviceMesh or torch DeviceMesh"):
         torch_plugin.cache_parallel(build_llama(small=True), mesh="cpu")
+
+
+def test_cp_attention_refuses_writes_and_masks_it_cannot_split() -> None:
+    """What cp_attention is given at run time is checked: index-write positions that are not
+    consecutive, a mask over another number of keys than attention reads, and a cat-grown
+    cache that is not the one the model returned each fail naming what to change."""
+    m = KVCacheManager(block_size=4)
+    q, kv = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 2, 8)
+
+    def attend(start: int, end: int, **kw: Any) -> torch.Tensor:
+        return m.attention(q, kv, kv, start, end, False, 0.0, "c", 16, "gather_partials", **kw)
+
+    with pytest.raises(RuntimeError, match="not 2 consecutive positions"):
+        attend(-1, 16, positions=torch.tensor([3, 5]))
+    with pytest.raises(RuntimeError, match="mask covers 5 keys, attention reads 2"):
+        attend(0, 2, mask=torch.zeros(1, 1, 2, 5))
+    attend(0, -1)  # a cat-grown cache: 2 positions held now
+    with pytest.raises(RuntimeError, match="holds 5 positions, the split cache 2"):
+        attend(5, -1)
 
 
 def test_decorator_wraps_instances() -> None:
