@@ -65,6 +65,8 @@ void BindSharding(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("dp", &ShardingOptions::dp, "data-parallel replicas of the graph")
       .field("max_zero_stage", &ShardingOptions::max_zero_stage)
       .field("time_limit_s", &ShardingOptions::time_limit_s)
+      .field("memory_slack", &ShardingOptions::memory_slack,
+             "least memory among plans within this fraction of the fastest; 0: the fastest")
       .field("level", &ShardingOptions::level, "'exact', 'fast' or 'auto'")
       .field("auto_fast_above", &ShardingOptions::auto_fast_above)
       .field("reduce_scatter", &ShardingOptions::reduce_scatter,
@@ -104,6 +106,7 @@ void BindSharding(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("comm_s", &ShardingPlan::comm_s)
       .field("grad_sync_s", &ShardingPlan::grad_sync_s)
       .field("objective", &ShardingPlan::objective)
+      .field("fastest_objective", &ShardingPlan::fastest_objective)
       .field("param_bytes_per_rank", &ShardingPlan::param_bytes_per_rank)
       .field("state_bytes_per_rank", &ShardingPlan::state_bytes_per_rank)
       .field("activation_bytes_per_rank", &ShardingPlan::activation_bytes_per_rank)

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -393,6 +394,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   const double act_factor = o.training ? o.activation_bytes_factor : 0.0;
   double min_param_bytes = 0, min_act_bytes = 0;
   std::map<int, double> mem_by_var;
+  std::map<int, double> state_by_var;  // parameters' layouts alone (memory_slack's objective)
   for (size_t i = 0; i < ents.size(); ++i) {
     const Entity& e = ents[i];
     if (!e.is_parameter && (e.is_input || act_factor <= 0)) continue;
@@ -401,6 +403,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     for (size_t s = 0; s < e.strategies.size(); ++s) {
       double b = e.is_parameter ? factor * block_bytes(e, s) : act_factor * e.saved_bytes[s];
       mem_by_var[e.vars[s]] += b;
+      if (e.is_parameter) state_by_var[e.vars[s]] += b;
       if (e.is_parameter) {  // the least: the stage that saves the most
         double saves = 0;
         if (e.zero_vars[s] >= 0) {
@@ -534,14 +537,51 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
 
   solver::SolveOptions so;
   so.time_limit_s = o.time_limit_s;
-  const solver::IlpSolution sol = m.Solve(so);
+  // Two stages: the fastest modelled step first, then, within memory_slack of it, the layout
+  // trading time for the parameters' memory per rank (with gradients and optimizer state), one
+  // percent for one percent. Activations
+  // are left out (the example batch is a tracing input, rarely the run's) and so is ZeRO (a
+  // collective per step: the budget's tool). Solved on a copy taken before CBC consumes `m`.
+  const bool lean = o.memory_slack > 0 && !state_by_var.empty();
+  std::optional<solver::IlpModel> second;
+  if (lean) second.emplace(m.Clone());
+  solver::IlpSolution sol = m.Solve(so);
   plan.variables = m.num_variables();
   plan.constraints = m.num_constraints();
   plan.status = solver::IlpStatusName(sol.status);
   plan.level = tie ? "fast" : "exact";
   if (!sol.has_solution())
     throw ShardingError("the sharding ILP found no plan (" + plan.status + ")", min_bytes);
-  plan.objective = sol.objective / kMicro;
+  plan.objective = plan.fastest_objective = sol.objective / kMicro;
+  if (lean && sol.objective > 0) {
+    const std::vector<double> time = second->ObjectiveCoefficients();
+    std::vector<std::pair<int, double>> row;
+    for (size_t v = 0; v < time.size(); ++v)
+      if (time[v] != 0) row.push_back({static_cast<int>(v), time[v]});
+    second->AddConstraint(row, solver::Sense::kLessEqual,
+                          sol.objective * (1 + o.memory_slack) * (1 + 1e-9), "memory_slack");
+    // Exchange rate: 1% of the fastest plan's state per rank is worth 1% of its step, so a
+    // layout saving a few bytes for a collective (a norm's weight) stays replicated while a
+    // table saving a tenth of the model is split.
+    double fastest_state = 0;
+    for (const auto& [v, b] : state_by_var) fastest_state += b * sol.values[static_cast<size_t>(v)];
+    fastest_state = std::max(fastest_state, 1.0);
+    for (size_t v = 0; v < time.size(); ++v) {
+      auto it = state_by_var.find(static_cast<int>(v));
+      const double bytes = it == state_by_var.end() ? 0.0 : it->second;
+      second->SetObjective(static_cast<int>(v), bytes / fastest_state + time[v] / sol.objective);
+    }
+    second->SetInitialSolution(sol.values);
+    solver::IlpSolution leaner = second->Solve(so);
+    if (leaner.has_solution()) {
+      double t = 0;
+      for (size_t v = 0; v < time.size(); ++v) t += time[v] * leaner.values[v];
+      plan.objective = t / kMicro;
+      plan.status = solver::IlpStatusName(leaner.status);
+      plan.constraints = second->num_constraints();
+      sol = std::move(leaner);
+    }
+  }
 
   std::vector<int> chosen(ents.size(), 0);
   for (size_t i = 0; i < ents.size(); ++i) {

@@ -49,6 +49,12 @@ struct ShardingOptions {
   // state on every rank.
   int max_zero_stage = 1;
   double time_limit_s = 30;
+  // Memory as the second objective: among plans whose modelled step is within this fraction of
+  // the fastest one, the one minimising time + parameter state per rank, each relative to the
+  // fastest plan's (1% of memory is worth 1% of time). Small models are latency-bound, where
+  // the fastest plan replicates whatever a collective would cost to shard; a user splitting a
+  // model over ranks expects it split. 0: the fastest plan, whatever it holds.
+  double memory_slack = 0.1;
   // The runtime's collective library has a reduce-scatter (NCCL, gloo). Without one a partial
   // sum becomes a block by all-reduce, and is priced so: the plan prices what runs.
   bool reduce_scatter = true;
@@ -76,6 +82,7 @@ struct ShardingPlan {
   std::map<std::string, ir::ShardSpec> spec;        // value name (and input source) -> spec
   std::vector<Collective> collectives;              // forward resharding
   double compute_s = 0, comm_s = 0, grad_sync_s = 0, objective = 0;
+  double fastest_objective = 0;  // the fastest plan's modelled step (see memory_slack)
   double param_bytes_per_rank = 0;
   // Training: parameters, gradients and optimizer state per rank, after ZeRO (the budget's part).
   double state_bytes_per_rank = 0;

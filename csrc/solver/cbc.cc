@@ -13,6 +13,9 @@ struct IlpModel::Impl {
   Impl() : model(Cbc_newModel()) {
     if (model == nullptr) throw std::runtime_error("CBC: could not create a model");
   }
+  explicit Impl(Cbc_Model* m) : model(m) {
+    if (model == nullptr) throw std::runtime_error("CBC: could not clone a model");
+  }
   ~Impl() {
     if (model != nullptr) Cbc_deleteModel(model);
   }
@@ -72,6 +75,36 @@ void IlpModel::AddConstraint(const std::vector<std::pair<int, double>>& terms, S
 }
 
 void IlpModel::SetMaximize(bool maximize) { Cbc_setObjSense(impl_->model, maximize ? -1 : 1); }
+
+std::vector<double> IlpModel::ObjectiveCoefficients() const {
+  const double* c = Cbc_getObjCoefficients(impl_->model);
+  return c == nullptr ? std::vector<double>(static_cast<size_t>(num_variables_), 0.0)
+                      : std::vector<double>(c, c + num_variables_);
+}
+
+void IlpModel::SetObjective(int var, double coefficient) {
+  if (var < 0 || var >= num_variables_)
+    throw std::out_of_range("ILP objective: variable " + std::to_string(var) + " does not exist");
+  Cbc_setObjCoeff(impl_->model, var, coefficient);
+}
+
+IlpModel IlpModel::Clone() const {
+  // Cloning moves the model into CBC's solver interface, whose messages then follow the level
+  // set at that time: quiet both copies (Solve raises it again when verbose).
+  Cbc_setLogLevel(impl_->model, 0);
+  IlpModel copy;
+  copy.impl_ = std::make_unique<Impl>(Cbc_clone(impl_->model));
+  copy.num_variables_ = num_variables_;
+  copy.num_constraints_ = num_constraints_;
+  return copy;
+}
+
+void IlpModel::SetInitialSolution(const std::vector<double>& values) {
+  if (values.size() != static_cast<size_t>(num_variables_))
+    throw std::invalid_argument("ILP initial solution: " + std::to_string(values.size()) +
+                                " values for " + std::to_string(num_variables_) + " variables");
+  Cbc_setInitialSolution(impl_->model, values.data());
+}
 
 IlpSolution IlpModel::Solve(const SolveOptions& options) {
   Cbc_Model* m = impl_->model;

@@ -58,6 +58,14 @@ class IlpModel {
   void AddConstraint(const std::vector<std::pair<int, double>>& terms, Sense sense, double rhs,
                      const std::string& name = "");
   void SetMaximize(bool maximize);
+  // Objective coefficients, to read and to replace before a solve (a second, lexicographic
+  // objective is solved on a Clone() taken before the first Solve: CBC's model data are not
+  // valid after it solves).
+  std::vector<double> ObjectiveCoefficients() const;
+  void SetObjective(int var, double coefficient);
+  IlpModel Clone() const;
+  // A known feasible solution (one value per variable) to start branch-and-bound from.
+  void SetInitialSolution(const std::vector<double>& values);
   int num_variables() const { return num_variables_; }
   int num_constraints() const { return num_constraints_; }
 

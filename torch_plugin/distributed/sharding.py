@@ -83,7 +83,9 @@ class ShardOptions:
     device: the cost model's device profile; training: None follows model.training;
     level: the ILP's "exact", "fast" or "auto"; zero: the highest ZeRO stage offered (0-2);
     init_seed: a meta-device model's blocks are initialised as its constructor would with this
-    seed; mesh_shape: "auto" searches the (dp, tp) shape of a 1-D mesh."""
+    seed; mesh_shape: "auto" searches the (dp, tp) shape of a 1-D mesh; memory_slack: among
+    plans modelled within this fraction of the fastest, the one holding the least per rank (0:
+    the fastest, whatever it holds)."""
 
     constraints: dict[str, str] = dataclasses.field(default_factory=dict)
     memory_budget_gb: float | None = None
@@ -94,6 +96,7 @@ class ShardOptions:
     zero: int = 1
     init_seed: int | None = None
     mesh_shape: str | None = None
+    memory_slack: float = 0.1
 
     @classmethod
     def of(cls, options: ShardOptions | None = None, **kwargs: Any) -> ShardOptions:
@@ -128,6 +131,7 @@ class ShardOptions:
             pinned=dict(self.constraints),
             level=self.level,
             max_zero_stage=self.zero,
+            memory_slack=self.memory_slack,
         )
 
 
