@@ -24,6 +24,9 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
                    decoders, 32 tokens for prompts of mixed lengths (left padding): greedy
                    tokens equal eager generate(), each rank holds at most 1/N of the cache
                    plus a block, the split-KV kernel runs on every decode step
+  helix4           cp_decode4 with helix=True: o_proj and the MLP tensor-parallel over the same
+                   4 ranks (each holds 1/4 of them), one all-to-all of attention partials per
+                   layer and step in place of the all-gather; same tokens, same cache bound
 
 A failure records its first line. Multi-rank entries run each (model, entry) in fresh processes
 with a deadline, so one hang or crash costs only its own cell.
@@ -81,6 +84,7 @@ ENTRIES = [
     "pipeline4",
     "cp_decode",
     "cp_decode4",
+    "helix4",
 ]
 # Entry -> (world size, mesh shape) for the multi-rank ones.
 DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
@@ -91,11 +95,12 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "pipeline4": (4, None),
     "cp_decode": (2, (2,)),
     "cp_decode4": (4, (4,)),
+    "helix4": (4, (4,)),
     "recipe2x2": (4, (2, 2)),  # accumulation + clipping (tests; not a column of the table)
     "bf16_2": (2, (2,)),
     "fp16_2": (2, (2,)),
 }
-DECODER_ONLY = {"bf16_2", "fp16_2", "pipeline4", "cp_decode", "cp_decode4"}
+DECODER_ONLY = {"bf16_2", "fp16_2", "pipeline4", "cp_decode", "cp_decode4", "helix4"}
 
 
 class Mismatch(AssertionError):
@@ -544,11 +549,14 @@ def left_padded_prompt(name: str, pad: int = 3) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def check_cp_decode(name: str, mesh_shape: tuple[int, ...], new_tokens: int = 32) -> dict[str, Any]:
+def check_cp_decode(
+    name: str, mesh_shape: tuple[int, ...], new_tokens: int = 32, helix: bool = False
+) -> dict[str, Any]:
     """generate() of `new_tokens` greedy tokens for prompts of mixed lengths with the KV cache
     split over the mesh: the tokens equal eager generate()'s, this rank holds at most 1/N of
     the single-process cache plus one block per layer, and every decode step of every layer
-    ran torch_plugin::split_kv_attention."""
+    ran torch_plugin::split_kv_attention. helix: o_proj and the MLP tensor-parallel as well
+    (each rank holds 1/N of them), the partials exchanged by one all-to-all per layer and step."""
     import torch_plugin
     from torch_plugin.models import hf_suite
 
@@ -562,7 +570,8 @@ def check_cp_decode(name: str, mesh_shape: tuple[int, ...], new_tokens: int = 32
         if getattr(layer, "keys", None) is not None:
             full += layer.keys.nbytes + layer.values.nbytes
     mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
-    cp = torch_plugin.cache_parallel(model, mesh)
+    whole = {n: p.numel() for n, p in model.named_parameters()}
+    cp = torch_plugin.cache_parallel(model, mesh, helix=helix)
     with torch.profiler.profile() as prof:
         got = cp.generate(**prompt, **gen)
     if not torch.equal(got, want.sequences):
@@ -582,11 +591,28 @@ def check_cp_decode(name: str, mesh_shape: tuple[int, ...], new_tokens: int = 32
             f"torch_plugin::split_kv_attention ran {calls} times over {cp.decode_steps} decode "
             f"steps of {len(layers)} layers"
         )
-    return {
+    figures = {
         "tokens": int(got.shape[1] - prompt["input_ids"].shape[1]),
         "kv_fraction": held / full if full else float("nan"),
         "kernel_calls": calls,
     }
+    if helix:
+        ends = (".o_proj.weight", "gate_proj.weight", ".up_proj.weight", ".down_proj.weight")
+        split = [n for n in whole if n.endswith(ends)]
+        local = dict(model.named_parameters())
+        for n in split:
+            if local[n].numel() * world != whole[n]:
+                raise Mismatch(f"{n}: {local[n].numel()} of {whole[n]} elements on this rank")
+        exchanges = cp.comm.calls["helix_partials"]
+        if exchanges != cp.decode_steps * len(layers) or cp.comm.calls["partials"]:
+            raise Mismatch(
+                f"{exchanges} all-to-alls of partials (and {cp.comm.calls['partials']} "
+                f"all-gathers) over {cp.decode_steps} decode steps of {len(layers)} layers"
+            )
+        figures["split_fraction"] = sum(local[n].numel() for n in split) / sum(
+            whole[n] for n in split
+        )
+    return figures
 
 
 def free_port() -> int:
@@ -609,7 +635,7 @@ def rank_figures(rank: int, world: int, entry: str, name: str) -> dict[str, Any]
         return check_fp16(name, mesh)
     if entry == "pipeline4":
         return check_pipeline(name, world)
-    return check_cp_decode(name, mesh)
+    return check_cp_decode(name, mesh, helix=entry.startswith("helix"))
 
 
 def merge_figures(ranks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -267,7 +267,14 @@ def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "entry"), [("llama", "cp_decode"), ("mistral", "cp_decode4"), ("falcon", "cp_decode")]
+    ("name", "entry"),
+    [
+        ("llama", "cp_decode"),
+        ("mistral", "cp_decode4"),
+        ("falcon", "cp_decode"),
+        ("gemma2", "helix4"),
+        ("phi3", "helix4"),
+    ],
 )
 def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entry: str) -> None:
     """cache_parallel(hf_model, DeviceMesh(n)).generate(): 32 greedy tokens for a batch of
@@ -275,11 +282,16 @@ def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entr
     holds at most 1/n of the single-process cache plus a block per layer; every decode step of
     every layer ran torch_plugin::split_kv_attention. Mistral's window (8) is shorter than the
     prompt: its layers drop what leaves the window, and the kernel starts after it. Falcon
-    calls SDPA itself, not through transformers' registry: that call is intercepted."""
+    calls SDPA itself, not through transformers' registry: that call is intercepted. Helix
+    (helix4): o_proj and the MLP (Gemma-2's gate/up/down, Phi-3's fused gate_up) split over the
+    4 ranks, one all-to-all of partials per layer and step (the cell checks both), with
+    Gemma-2's softcapping and sliding windows."""
     from benchmarks import hf_suite as runner
 
     figures = runner.run_on_pool(gloo(runner.DISTRIBUTED[entry][0]), entry, name)
     assert figures["tokens"] == 32 and figures["kernel_calls"] >= 62
+    if entry.startswith("helix"):
+        assert figures["split_fraction"] == pytest.approx(0.25)
 
 
 def test_hf_cache_layers_hold_their_blocks_and_drop_what_leaves_the_window() -> None:
@@ -334,6 +346,25 @@ def transformers_config_with_layers(n: int):  # type: ignore[no-untyped-def]
     return transformers.LlamaConfig(num_hidden_layers=n, hidden_size=32, num_attention_heads=2)
 
 
+def test_helix_refuses_what_it_cannot_split() -> None:
+    """Helix splits Llama-style layers: MoE experts are refused, as are heads or MLP widths
+    that do not divide over the ranks, naming what to change; nothing is replaced then."""
+    from torch_plugin.distributed.collectives import Collectives
+    from torch_plugin.distributed.hf_helix import shard_helix
+    from torch_plugin.models import hf_suite
+
+    mixtral, _ = hf_suite.build("mixtral")
+    with pytest.raises(NotImplementedError, match="MoE experts are not split.*without helix"):
+        shard_helix(mixtral, Collectives(None, 2, 0))
+    llama, _ = hf_suite.build("llama")
+    with pytest.raises(ValueError, match="4 query heads, which do not split over 3 ranks"):
+        shard_helix(llama, Collectives(None, 3, 0))
+    assert isinstance(llama.model.layers[0].self_attn.o_proj, torch.nn.Linear)
+    falcon, _ = hf_suite.build("falcon")
+    with pytest.raises(NotImplementedError, match="calls SDPA itself"):
+        torch_plugin.cache_parallel(falcon, None, helix=True)
+
+
 def test_hf_generate_refuses_what_it_cannot_split() -> None:
     from torch_plugin.models import hf_suite
 
@@ -344,7 +375,7 @@ def test_hf_generate_refuses_what_it_cannot_split() -> None:
         cp.generate(**prompt, max_new_tokens=2, num_beams=2)
     with pytest.raises(ValueError, match="brings its own split cache"):
         cp.generate(**prompt, max_new_tokens=2, past_key_values=object())
-    with pytest.raises(TypeError, match="block_size and num_splits"):
+    with pytest.raises(TypeError, match="block_size, num_splits and helix"):
         torch_plugin.cache_parallel(model, None, scheme="gather_qkv")
     assert model.config._attn_implementation == "sdpa"  # left as it was
     # XGLM attends with its own code over what the cache returns: refused, naming why.

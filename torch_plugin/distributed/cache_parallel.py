@@ -218,11 +218,11 @@ def cache_parallel(model: nn.Module | Any = None, mesh: Any = None, **kw: Any) -
         from .hf_cache_parallel import HFCacheParallel, is_hf_decoder
 
         if is_hf_decoder(model):
-            extra = set(kw) - {"block_size", "num_splits"}
+            extra = set(kw) - {"block_size", "num_splits", "helix"}
             if extra:
                 raise TypeError(
-                    f"cache_parallel on a transformers model takes block_size and num_splits, "
-                    f"not {sorted(extra)}"
+                    f"cache_parallel on a transformers model takes block_size, num_splits and "
+                    f"helix, not {sorted(extra)}"
                 )
             return HFCacheParallel(model, mesh, **kw)
         return CacheParallel(model, mesh, **kw)

@@ -253,6 +253,7 @@ class HFCacheParallel(nn.Module):
         *,
         block_size: int = 16,
         num_splits: int | None = None,
+        helix: bool = False,
     ) -> None:
         super().__init__()
         from transformers import AttentionInterface
@@ -295,6 +296,19 @@ class HFCacheParallel(nn.Module):
         # A model that calls SDPA itself (not through the registry) decodes with its "sdpa"
         # path, whose SDPA calls over the split cache are intercepted.
         self.intercept = _calls_sdpa_itself(model)
+        # Helix (hf_helix.py): o_proj and the MLP tensor-parallel over the same ranks, one
+        # all-to-all of the attention partials by head group in place of the all-gather.
+        self.helix: dict[str, int] | None = None
+        if helix:
+            if self.intercept:
+                raise NotImplementedError(
+                    f"torch_plugin cache_parallel(helix=True): {type(model).__name__} calls SDPA "
+                    "itself; Helix needs attention through transformers' AttentionInterface. "
+                    "Use helix=False"
+                )
+            from .hf_helix import shard_helix
+
+            self.helix = shard_helix(model, self.comm) if world > 1 else {}
 
     @property
     def config(self) -> Any:
@@ -454,9 +468,14 @@ class HFCacheParallel(nn.Module):
     def _merged(
         self, layer: Any, query: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
     ) -> torch.Tensor:
-        """The ranks' partials merged: [B, H, q, D] in the query's dtype, as SDPA returns."""
+        """The ranks' partials merged: [B, H, q, D] in the query's dtype, as SDPA returns
+        (Helix: this rank's head group, which its o_proj slice takes)."""
         cache = self.cache
-        if self.placement.world > 1:
+        if self.helix:  # this rank's head group only: [B, H / world, q, D]
+            from .hf_helix import merge_head_group
+
+            out = merge_head_group(self.comm, out.float(), lse.float())
+        elif self.placement.world > 1:
             outs = self.comm.all_gather(out.contiguous(), "partials")  # [world, B, H, q, D]
             lses = self.comm.all_gather(lse.contiguous(), "partials")
             out, _ = torch.ops.torch_plugin.merge_attention_partials(
