@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -90,6 +91,129 @@ TP_MULTIVERSION void AccumulateRows(const float* w, int64_t stride, int64_t grou
   }
 }
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TP_AVX512 __attribute__((target("arch=x86-64-v4")))
+
+typedef float V16 __attribute__((vector_size(64)));
+
+TP_AVX512 __attribute__((always_inline)) inline V16 Load16(const float* p) {
+  V16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+TP_AVX512 __attribute__((always_inline)) inline void Store16(float* p, V16 v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+
+TP_AVX512 __attribute__((always_inline)) inline float Sum16(V16 v) {
+  V8 lo, hi;
+  __builtin_memcpy(&lo, &v, sizeof(lo));
+  __builtin_memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(lo), sizeof(hi));
+  return Sum8(lo + hi);
+}
+
+// The AVX-512 forms of the two loops above, for groups of 4 query heads per KV head (Llama-3's
+// 32 / 8) and D a multiple of 16 (64, 128, 256): 16 lanes per register, so half the
+// instructions of the AVX2 forms, which bound the kernel (1 KB of K and V per cache row, two
+// cores: compute, not DRAM, was the limit at 32K).
+// Two rows x four heads per pass: eight independent chains, and each 16-lane step loads 2 key
+// and 4 query vectors for 8 FMAs.
+TP_AVX512 void ScoreRowsWide(const float* q, int64_t group, const float* k, int64_t rows,
+                             int64_t D, float* scores, int64_t stride) {
+  for (int64_t g = 0; g < group; g += 4) {
+    const float* q0 = q + g * D;
+    const float* q1 = q0 + D;
+    const float* q2 = q1 + D;
+    const float* q3 = q2 + D;
+    float* s = scores + g * stride;
+    int64_t j = 0;
+    for (; j < rows; ++j) {
+      const float* k0 = k + j * D;
+      V16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      for (int64_t d = 0; d < D; d += 16) {
+        const V16 x = Load16(k0 + d);
+        a0 += Load16(q0 + d) * x, a1 += Load16(q1 + d) * x;
+        a2 += Load16(q2 + d) * x, a3 += Load16(q3 + d) * x;
+      }
+      s[j] = Sum16(a0), s[stride + j] = Sum16(a1);
+      s[2 * stride + j] = Sum16(a2), s[3 * stride + j] = Sum16(a3);
+    }
+  }
+}
+
+// Row by row (one sequential stream through the V block, as the key loop reads K): `H` heads'
+// whole outputs (C registers of 16 lanes each, D = 16 C) accumulate while each row is read once.
+template <int C, int H>
+TP_AVX512 __attribute__((always_inline)) inline void AccumulateRowsTile(
+    const float* w, int64_t stride, int64_t g0, const float* v, int64_t rows, float* acc) {
+  constexpr int64_t D = 16 * C;
+  V16 r[H][C];
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) r[h][c] = Load16(acc + (g0 + h) * D + 16 * c);
+  for (int64_t j = 0; j < rows; ++j) {
+    const float* vr = v + j * D;
+    for (int c = 0; c < C; ++c) {
+      const V16 x = Load16(vr + 16 * c);
+      for (int h = 0; h < H; ++h) r[h][c] += w[(g0 + h) * stride + j] * x;
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) Store16(acc + (g0 + h) * D + 16 * c, r[h][c]);
+}
+
+// acc[g * D + d] += w[g * stride + j] * v[j * D + d], as AccumulateRows. head_dim 128 and 64
+// (Llama's, Qwen's, ...): 16 accumulators per pass; other multiples of 16: per head, 64 lanes
+// at a time.
+TP_AVX512 void AccumulateRowsWide(const float* w, int64_t stride, int64_t group, const float* v,
+                                  int64_t rows, int64_t D, float* acc) {
+  if (D == 128) {
+    for (int64_t g = 0; g < group; g += 2) AccumulateRowsTile<8, 2>(w, stride, g, v, rows, acc);
+    return;
+  }
+  if (D == 64) {
+    for (int64_t g = 0; g < group; g += 4) AccumulateRowsTile<4, 4>(w, stride, g, v, rows, acc);
+    return;
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const float* wg = w + g * stride;
+    float* a = acc + g * D;
+    int64_t d = 0;
+    for (; d + 64 <= D; d += 64) {
+      V16 r0 = Load16(a + d), r1 = Load16(a + d + 16), r2 = Load16(a + d + 32),
+          r3 = Load16(a + d + 48);
+      for (int64_t j = 0; j < rows; ++j) {
+        const float* vr = v + j * D + d;
+        const float wj = wg[j];
+        r0 += wj * Load16(vr);
+        r1 += wj * Load16(vr + 16);
+        r2 += wj * Load16(vr + 32);
+        r3 += wj * Load16(vr + 48);
+      }
+      Store16(a + d, r0), Store16(a + d + 16, r1), Store16(a + d + 32, r2),
+          Store16(a + d + 48, r3);
+    }
+    for (; d < D; d += 16) {
+      V16 r0 = Load16(a + d);
+      for (int64_t j = 0; j < rows; ++j) r0 += wg[j] * Load16(v + j * D + d);
+      Store16(a + d, r0);
+    }
+  }
+}
+
+// Whether this CPU runs the AVX-512 forms; TP_SPLIT_KV_CPU=avx2 keeps the AVX2 ones (tests
+// run both where both exist).
+bool UseWide(int64_t group, int64_t D) {
+  if (group % 4 != 0 || D % 16 != 0 || !__builtin_cpu_supports("avx512f")) return false;
+  const char* force = std::getenv("TP_SPLIT_KV_CPU");
+  return force == nullptr || std::strcmp(force, "avx2") != 0;
+}
+#else
+bool UseWide(int64_t, int64_t) { return false; }
+void ScoreRowsWide(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t) {}
+void AccumulateRowsWide(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*) {}
+#endif
+
 }  // namespace detail
 
 std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
@@ -134,6 +258,9 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
   at::Tensor lse = at::full({B, Hq, num_splits}, -std::numeric_limits<float>::infinity(), opts);
   float* out_p = out.data_ptr<float>();
   float* lse_p = lse.data_ptr<float>();
+  const bool wide = detail::UseWide(group, D);
+  auto score_rows = wide ? detail::ScoreRowsWide : detail::ScoreRows;
+  auto accumulate_rows = wide ? detail::AccumulateRowsWide : detail::AccumulateRows;
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, q.scalar_type(), "split_kv_attention", [&] {
         const scalar_t* qp = q.data_ptr<scalar_t>();
@@ -171,8 +298,8 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
             scores.resize(group * n);
             for (int64_t j = lo; j < hi; j += kRowBlock) {
               const int64_t rows = std::min(kRowBlock, hi - j);
-              detail::ScoreRows(qf.data(), group, rows_as_float(kbase, j, rows), rows, D,
-                                scores.data() + (j - lo), n);
+              score_rows(qf.data(), group, rows_as_float(kbase, j, rows), rows, D,
+                         scores.data() + (j - lo), n);
             }
             if (cap > 0)
               for (int64_t i = 0; i < group * n; ++i)
@@ -186,8 +313,8 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
             std::fill(acc.begin(), acc.end(), 0.0f);
             for (int64_t j = lo; j < hi; j += kRowBlock) {
               const int64_t rows = std::min(kRowBlock, hi - j);
-              detail::AccumulateRows(scores.data() + (j - lo), n, group,
-                                     rows_as_float(vbase, j, rows), rows, D, acc.data());
+              accumulate_rows(scores.data() + (j - lo), n, group, rows_as_float(vbase, j, rows),
+                              rows, D, acc.data());
             }
             for (int64_t g = 0; g < group; ++g) {
               const int64_t row = (b * Hq + kvh * group + g) * num_splits + p;

@@ -9,6 +9,17 @@ import torch.nn.functional as F
 from torch_plugin.ops import split_kv_decode_attention
 
 
+@pytest.fixture(autouse=True, params=["auto", "avx2"])
+def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on both CPU forms where the CPU has both: the AVX-512 one (groups of 4 query
+    heads per KV head, head_dim a multiple of 16) and the AVX2 one (TP_SPLIT_KV_CPU=avx2)."""
+    if request.param == "avx2":
+        monkeypatch.setenv("TP_SPLIT_KV_CPU", "avx2")
+    else:
+        monkeypatch.delenv("TP_SPLIT_KV_CPU", raising=False)
+    return str(request.param)
+
+
 def reference(q, k, v, lengths, scale=None):  # type: ignore[no-untyped-def]
     """SDPA per sequence over its valid cache entries, GQA by repeating kv heads."""
     group = q.shape[1] // k.shape[1]
@@ -42,6 +53,8 @@ def make(b, hq, hkv, s, d, dtype=torch.float32, seed=0):  # type: ignore[no-unty
         (2, 2, 2, 300, 64, [300, 299], 1),  # one split
         (2, 6, 2, 70, 44, [70, 3], 3),  # head_dim not a multiple of 8 or 32: the scalar tails
         (1, 3, 3, 200, 8, [200], 2),  # head_dim 8: no 32-lane block at all
+        (2, 16, 2, 67, 80, [67, 30], 3),  # GQA 8:1, head_dim 80 (a 16-lane tail), odd rows
+        (1, 8, 2, 2049, 128, [2049], 8),  # Llama-3's 4:1 at more than a block per split
     ],
 )
 def test_matches_sdpa_fp32(b, hq, hkv, s, d, lengths, splits) -> None:  # type: ignore[no-untyped-def]
