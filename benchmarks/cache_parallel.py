@@ -59,18 +59,20 @@ def _median_time(fn, reps: int = 7) -> float:
     return statistics.median(ts)
 
 
-def read_bandwidth() -> float:
+def read_bandwidth(x: torch.Tensor | None = None) -> float:
     """Bytes/s this process reads from memory: torch.sum over 512 MiB (past every cache), the
     median of 9, at the benchmark's thread count; the floor of a memory-bound kernel."""
-    x = torch.randn(1 << 27)
+    x = torch.randn(1 << 27) if x is None else x
     return x.numel() * x.element_size() / _median_time(lambda: x.sum(), reps=9)
 
 
 def kernel_bench(contexts: list[int]) -> list[dict]:
+    """Per context: our kernel (its AVX-512 form where the CPU has one, and the AVX2 form),
+    SDPA, and the read bandwidth measured just before and just after ours (this VM's bandwidth
+    drifts by tens of percent over minutes: the floor is the mean of the two)."""
     torch.manual_seed(0)
     b, hq, hkv, d = 1, 32, 8, 128
-    bw = read_bandwidth()
-    print(f"  read bandwidth (torch.sum over 512 MiB): {bw / 1e9:.1f} GB/s")
+    x = torch.randn(1 << 27)
     rows = []
     for ctx in contexts:
         q = torch.randn(b, hq, d)
@@ -86,24 +88,41 @@ def kernel_bench(contexts: list[int]) -> list[dict]:
         )
 
         err = float((ours() - sdpa().squeeze(2)).abs().max())
-        t_ours, t_sdpa = _median_time(ours), _median_time(sdpa)
+        os.environ["TP_SPLIT_KV_CPU"] = "avx2"
+        try:
+            t_avx2 = _median_time(ours)
+        finally:
+            del os.environ["TP_SPLIT_KV_CPU"]
+        bw_before = read_bandwidth(x)
+        t_ours = _median_time(ours)
+        bw = (bw_before + read_bandwidth(x)) / 2
+        t_sdpa = _median_time(sdpa)
+        # A library kernel streaming the same keys: MKL's K.q (a GEMV per KV head), what well-
+        # tuned code doing arithmetic on each row reads at here.
+        kq = functools.partial(torch.matmul, k.view(hkv, ctx, d), q.view(hkv, hq // hkv, d).mT)
+        gemv_gbps = k.nbytes / _median_time(kq) / 1e9
         floor = (k.nbytes + v.nbytes) / bw  # reading the cache once
         rows.append(
             dict(
                 context=ctx,
                 ours_ms=t_ours * 1e3,
+                ours_avx2_ms=t_avx2 * 1e3,
                 sdpa_ms=t_sdpa * 1e3,
                 speedup=t_sdpa / t_ours,
                 max_abs_err=err,
                 floor_ms=floor * 1e3,
                 roofline_fraction=floor / t_ours,
                 read_gbps=bw / 1e9,
+                ours_gbps=(k.nbytes + v.nbytes) / t_ours / 1e9,
+                mkl_gemv_gbps=gemv_gbps,
             )
         )
         print(
-            f"  kernel {ctx:>6}: ours {t_ours * 1e3:7.2f} ms  sdpa {t_sdpa * 1e3:7.2f} ms  "
-            f"{t_sdpa / t_ours:5.2f}x  floor {floor * 1e3:6.2f} ms: {floor / t_ours:.0%} of the "
-            f"read bandwidth  (max |diff| {err:.1e})"
+            f"  kernel {ctx:>6}: ours {t_ours * 1e3:7.2f} ms (AVX2 form {t_avx2 * 1e3:7.2f})  "
+            f"sdpa {t_sdpa * 1e3:7.2f} ms  {t_sdpa / t_ours:5.2f}x  floor {floor * 1e3:6.2f} ms "
+            f"at {bw / 1e9:.1f} GB/s: {floor / t_ours:.0%} of the read bandwidth (ours "
+            f"{(k.nbytes + v.nbytes) / t_ours / 1e9:.1f} GB/s, MKL's K.q {gemv_gbps:.1f})  "
+            f"(max |diff| {err:.1e})"
         )
     return rows
 

@@ -41,6 +41,11 @@ PAGES = {
     "graphpipe_search": ("Graph pipelines: search", "graphpipe_search.py", PIPE),
     "graphpipe_throughput": ("Graph pipelines: throughput", "graphpipe_throughput.py", PIPE),
     "cache_parallel": ("Cache parallelism", "cache_parallel.py", "features/cache_parallelism"),
+    "hf_decode": (
+        "HF Llama decoding on 4 ranks: CP, Helix, DTensor TP, one process",
+        "hf_decode.py",
+        "features/cache_parallelism",
+    ),
     "schedule": ("Schedule language", "schedule.py", "features/schedule_language"),
     "compile_overhead": ("Compile overhead", "compile_overhead.py", OVERHEAD),
     "compile_overhead_small": ("Compile overhead, small shapes", "compile_overhead.py", OVERHEAD),
