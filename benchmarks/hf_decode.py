@@ -100,23 +100,9 @@ def split_cache(cp: object, ctx: int, steps: int) -> object:
 
 
 def tp_model(base: torch.nn.Module, mesh: object) -> torch.nn.Module:
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    from benchmarks.hf_sharding import dtensor_megatron
 
-    model = copy.deepcopy(base)
-    plan = {}
-    for i in range(CONFIG["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        for col in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-            plan[p + col] = ColwiseParallel()
-        plan[p + "self_attn.o_proj"] = RowwiseParallel()
-        plan[p + "mlp.gate_proj"] = ColwiseParallel()
-        plan[p + "mlp.up_proj"] = ColwiseParallel()
-        plan[p + "mlp.down_proj"] = RowwiseParallel()
-    return parallelize_module(model, mesh, plan)
+    return dtensor_megatron(copy.deepcopy(base), mesh)
 
 
 def timed(step, steps: int, everyone: bool = True) -> float:

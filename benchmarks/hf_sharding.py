@@ -92,7 +92,9 @@ def _local_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _dtensor_tp(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+def dtensor_megatron(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+    """What a user hand-writes for an HF Llama with DTensor: Megatron's column / row plan on
+    every layer (q/k/v/gate/up column-parallel, o/down row-parallel), the rest replicated."""
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -100,7 +102,7 @@ def _dtensor_tp(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
     )
 
     plan: dict[str, Any] = {}
-    for i in range(CONFIG["num_hidden_layers"]):
+    for i in range(model.config.num_hidden_layers):
         p = f"model.layers.{i}."
         for col in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
             plan[p + col] = ColwiseParallel()
@@ -138,7 +140,7 @@ def _rank(rank: int, port: int, contender: str, steps: int, out: str) -> None:
 
             mesh = init_device_mesh("cpu", (WORLD,))
             if contender == "dtensor_tp":
-                dm = _dtensor_tp(model, mesh)
+                dm = dtensor_megatron(model, mesh)
             else:
                 from torch.distributed.fsdp import fully_shard
 

@@ -597,9 +597,10 @@ def check_cp_decode(
         "kernel_calls": calls,
     }
     if helix:
-        ends = (".o_proj.weight", "gate_proj.weight", ".up_proj.weight", ".down_proj.weight")
-        split = [n for n in whole if n.endswith(ends)]
         local = dict(model.named_parameters())
+        split = [n for n in whole if local[n].numel() != whole[n]]
+        if not split:
+            raise Mismatch("helix=True split no parameter")
         for n in split:
             if local[n].numel() * world != whole[n]:
                 raise Mismatch(f"{n}: {local[n].numel()} of {whole[n]} elements on this rank")

@@ -274,6 +274,7 @@ def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
         ("falcon", "cp_decode"),
         ("gemma2", "helix4"),
         ("phi3", "helix4"),
+        ("gpt2", "helix4"),
     ],
 )
 def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entry: str) -> None:
@@ -283,9 +284,10 @@ def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entr
     every layer ran torch_plugin::split_kv_attention. Mistral's window (8) is shorter than the
     prompt: its layers drop what leaves the window, and the kernel starts after it. Falcon
     calls SDPA itself, not through transformers' registry: that call is intercepted. Helix
-    (helix4): o_proj and the MLP (Gemma-2's gate/up/down, Phi-3's fused gate_up) split over the
-    4 ranks, one all-to-all of partials per layer and step (the cell checks both), with
-    Gemma-2's softcapping and sliding windows."""
+    (helix4): the attention's output projection and the MLP (Gemma-2's gate/up/down, Phi-3's
+    fused gate_up, GPT-2's Conv1D c_fc/c_proj) split over the 4 ranks, one all-to-all of
+    partials per layer and step (the cell checks both), with Gemma-2's softcapping and sliding
+    windows."""
     from benchmarks import hf_suite as runner
 
     figures = runner.run_on_pool(gloo(runner.DISTRIBUTED[entry][0]), entry, name)

@@ -11,12 +11,14 @@ Per decoder layer and decode step:
   2. one all-to-all: rank r receives every rank's partials for its group of heads
      (H / world of them) and merges them, where plain cache parallelism all-gathers all heads'
      partials and merges all of them on every rank (world times the data, replicated work);
-  3. `o_proj` row-parallel on that head group, `gate_proj`/`up_proj` column-parallel,
-     `down_proj` row-parallel: each rank holds 1/world of these weights and each ends in one
-     all-reduce (Megatron's), where plain cache parallelism keeps every weight on every rank.
+  3. the attention's output projection (o_proj, out_proj, dense or c_proj) row-parallel on
+     that head group, the MLP's up projections (gate/up, gate_up, c_fc, fc_in, dense_h_to_4h,
+     fc1) column-parallel and its down projection row-parallel: each rank holds 1/world of
+     these weights, and the two row-parallel ones end in one all-reduce each (Megatron's),
+     where plain cache parallelism keeps every weight on every rank.
 
-The model's o_proj and MLP projections are replaced by this rank's slices (the full weights
-are released): the model given is taken over, as `parallelize` takes over the model it shards.
+The model's projections are replaced by this rank's slices (the full weights are released):
+the model given is taken over, as `parallelize` takes over the model it shards.
 """
 
 from __future__ import annotations
@@ -30,22 +32,39 @@ import torch.nn.functional as F
 from .collectives import Collectives
 
 
+def _weights(proj: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight [out, in], bias) of an nn.Linear or of transformers' Conv1D (GPT-2's, whose
+    weight is stored [in, out])."""
+    w = proj.weight.detach()
+    return (w if isinstance(proj, nn.Linear) else w.t()), proj.bias
+
+
+def _is_proj(m: Any) -> bool:
+    return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
+
+
+def _features(proj: nn.Module) -> tuple[int, int]:
+    w, _ = _weights(proj)
+    return int(w.shape[1]), int(w.shape[0])  # in, out
+
+
 class ColumnSlice(nn.Module):
     """This rank's output features of a Linear: y_r = x W_r^T + b_r (no communication).
     parts > 1: the outputs are that many stacked projections (Phi-3's gate_up_proj), each split
     alike, so the model's own chunk(parts) of y_r gives this rank's slice of each."""
 
-    def __init__(self, linear: nn.Linear, world: int, rank: int, parts: int = 1) -> None:
+    def __init__(self, proj: nn.Module, world: int, rank: int, parts: int = 1) -> None:
         super().__init__()
-        n = linear.out_features // (world * parts)
+        weight, bias = _weights(proj)
+        n = weight.shape[0] // (world * parts)
 
         def mine(t: torch.Tensor) -> torch.Tensor:
             blocks = t.detach().chunk(parts, dim=0)
             return torch.cat([b[rank * n : (rank + 1) * n] for b in blocks]).clone()
 
-        self.in_features, self.out_features = linear.in_features, n * parts
-        self.weight = nn.Parameter(mine(linear.weight))
-        self.bias = None if linear.bias is None else nn.Parameter(mine(linear.bias))
+        self.in_features, self.out_features = weight.shape[1], n * parts
+        self.weight = nn.Parameter(mine(weight))
+        self.bias = None if bias is None else nn.Parameter(mine(bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -57,19 +76,17 @@ class RowSlice(nn.Module):
     producer, or the head group Helix's all-to-all left here) or all of them (the prompt's
     attention, computed whole on every rank), of which it takes its own."""
 
-    def __init__(self, linear: nn.Linear, comm: Collectives) -> None:
+    def __init__(self, proj: nn.Module, comm: Collectives) -> None:
         super().__init__()
+        weight, bias = _weights(proj)
         world, rank = comm.world, comm.rank
-        n = linear.in_features // world
-        self.full_in, self.in_features, self.out_features = (
-            linear.in_features,
-            n,
-            linear.out_features,
-        )
+        full = weight.shape[1]
+        n = full // world
+        self.full_in, self.in_features, self.out_features = full, n, weight.shape[0]
         self.start = rank * n
         self.comm = comm
-        self.weight = nn.Parameter(linear.weight.detach()[:, rank * n : (rank + 1) * n].clone())
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+        self.weight = nn.Parameter(weight[:, rank * n : (rank + 1) * n].clone())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] == self.full_in and self.full_in != self.in_features:
@@ -78,25 +95,48 @@ class RowSlice(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _is_linear(m: Any) -> bool:
-    return isinstance(m, nn.Linear)
+# An attention's output projection, by the names transformers' decoders give it.
+_OUT_PROJ = ("o_proj", "out_proj", "dense", "c_proj")
+# An MLP's (up, down) pair when it is not gated: GPT-2 / StarCoder2 / GPT-BigCode, GPT-J /
+# CodeGen, GPT-NeoX / BLOOM, OPT / BioGPT (in the decoder layer itself). An elementwise
+# activation sits between them, so each rank's slice of `up` feeds its slice of `down`.
+_MLP_PAIRS = (
+    ("c_fc", "c_proj"),
+    ("fc_in", "fc_out"),
+    ("dense_h_to_4h", "dense_4h_to_h"),
+    ("fc1", "fc2"),
+)
+
+
+def _mlp_kind(m: nn.Module) -> tuple[str, ...] | None:
+    """The names of m's MLP projections, ups first and the down last, or None."""
+    if _is_proj(getattr(m, "down_proj", None)):
+        if _is_proj(getattr(m, "gate_up_proj", None)):
+            return ("gate_up_proj", "down_proj")
+        if _is_proj(getattr(m, "gate_proj", None)) and _is_proj(getattr(m, "up_proj", None)):
+            return ("gate_proj", "up_proj", "down_proj")
+    for up, down in _MLP_PAIRS:
+        if _is_proj(getattr(m, up, None)) and _is_proj(getattr(m, down, None)):
+            return (up, down)
+    return None
 
 
 def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
-    """Replaces every attention's o_proj and every gated MLP's projections by this rank's
+    """Replaces every attention's output projection and every MLP's projections by this rank's
     slices. Returns what it replaced; a model without them, or whose sizes do not divide over
-    the ranks, is refused naming the module and what to change."""
+    the ranks, is refused naming the module and what to change (nothing is replaced then)."""
     name = type(model).__name__
     world = comm.world
-    attention, mlps = [], []
+    attention: list[tuple[str, nn.Module, str]] = []
+    mlps: list[tuple[str, nn.Module, tuple[str, ...]]] = []
     for path, m in model.named_modules():
-        if hasattr(m, "layer_idx") and _is_linear(getattr(m, "o_proj", None)):
-            attention.append((path, m))
-        if _is_linear(getattr(m, "down_proj", None)) and (
-            _is_linear(getattr(m, "gate_up_proj", None))
-            or all(_is_linear(getattr(m, p, None)) for p in ("gate_proj", "up_proj"))
-        ):
-            mlps.append((path, m))
+        if hasattr(m, "layer_idx"):
+            out = next((n for n in _OUT_PROJ if _is_proj(getattr(m, n, None))), None)
+            if out is not None:
+                attention.append((path, m, out))
+        kind = _mlp_kind(m)
+        if kind is not None:
+            mlps.append((path, m, kind))
     text = (
         model.config.get_text_config(decoder=True)
         if hasattr(model.config, "get_text_config")
@@ -110,10 +150,8 @@ def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
     ):
         raise NotImplementedError(
             f"torch_plugin cache_parallel(helix=True): {name} has {len(attention)} attention "
-            f"modules with an `o_proj` and {len(mlps)} MLPs with gate_proj/up_proj (or "
-            f"gate_up_proj) and down_proj for "
-            f"{layers} layers; Helix splits Llama-style layers (Llama, Mistral, Qwen2/3, Gemma, "
-            "Granite, OLMo, Phi-3, ...); MoE experts are not split. Use "
+            f"modules with an output projection ({', '.join(_OUT_PROJ)}) and {len(mlps)} dense "
+            f"MLPs for {layers} layers; MoE experts are not split. Use "
             "cache_parallel(model, mesh) without helix for this model"
         )
     heads = getattr(text, "num_attention_heads", None)
@@ -122,38 +160,36 @@ def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
             f"torch_plugin cache_parallel(helix=True): {name} has {heads} query heads, which do "
             f"not split over {world} ranks; use a world size dividing {heads}, or helix=False"
         )
-    for path, m in attention:
-        if m.o_proj.in_features % world:
-            raise ValueError(
-                f"torch_plugin cache_parallel(helix=True): {path}.o_proj takes "
-                f"{m.o_proj.in_features} features, which do not split over {world} ranks"
+    for path, m, out in attention:
+        width = _features(getattr(m, out))[0]
+        if width % heads:
+            raise NotImplementedError(
+                f"torch_plugin cache_parallel(helix=True): {path}.{out} takes {width} features, "
+                f"not a whole number per each of the {heads} heads; use helix=False"
             )
-        m.o_proj = RowSlice(m.o_proj, comm)
-    for path, m in mlps:
-        inner = m.down_proj.in_features
-        fused = _is_linear(getattr(m, "gate_up_proj", None))
-        outs = (
-            [m.gate_up_proj.out_features // 2]
-            if fused
-            else [m.gate_proj.out_features, m.up_proj.out_features]
-        )
-        if inner % world or any(o != inner for o in outs):
+    for path, m, kind in mlps:
+        inner = _features(getattr(m, kind[-1]))[0]
+        ups = [_features(getattr(m, n))[1] // (2 if n == "gate_up_proj" else 1) for n in kind[:-1]]
+        if inner % world or any(u != inner for u in ups):
             raise ValueError(
                 f"torch_plugin cache_parallel(helix=True): {path}'s intermediate size {inner} "
                 f"does not split over {world} ranks; use a world size dividing it, or helix=False"
             )
-        if fused:  # [gate; up] stacked: each half split alike
-            m.gate_up_proj = ColumnSlice(m.gate_up_proj, world, comm.rank, parts=2)
-        else:
-            m.gate_proj = ColumnSlice(m.gate_proj, world, comm.rank)
-            m.up_proj = ColumnSlice(m.up_proj, world, comm.rank)
-        m.down_proj = RowSlice(m.down_proj, comm)
+    # Checked: replace.
+    for _, m, out in attention:
+        setattr(m, out, RowSlice(getattr(m, out), comm))
+    for _, m, kind in mlps:
+        for n in kind[:-1]:  # gate_up_proj: [gate; up] stacked, each half split alike
+            setattr(
+                m, n, ColumnSlice(getattr(m, n), world, comm.rank, 2 if n == "gate_up_proj" else 1)
+            )
+        setattr(m, kind[-1], RowSlice(getattr(m, kind[-1]), comm))
     return {"attention": len(attention), "mlp": len(mlps), "heads_per_rank": heads // world}
 
 
 def merge_head_group(comm: Collectives, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """Helix's all-to-all: every rank's partials (out [B, H, q, D], lse [B, H, q], float32) for
-    this rank's H / world heads, merged: [B, H / world, q, D]."""
+    this rank's H / world heads, merged, in [B, H, q, D] (the other heads zero)."""
     b, h, q, d = out.shape
     w = comm.world
     g = h // w
@@ -163,4 +199,8 @@ def merge_head_group(comm: Collectives, out: torch.Tensor, lse: torch.Tensor) ->
     outs = got[..., :d].movedim(0, -2).contiguous()  # [B, g, q, w, D]
     lses = got[..., d].movedim(0, -1).contiguous()  # [B, g, q, w]
     merged, _ = torch.ops.torch_plugin.merge_attention_partials(outs, lses)
-    return merged
+    # Every head's slot, this rank's group filled: the model reshapes its attention output as
+    # it always does, and the output projection's RowSlice takes this rank's columns.
+    full = merged.new_zeros((b, h, q, d))
+    full[:, comm.rank * g : (comm.rank + 1) * g] = merged
+    return full
