@@ -128,7 +128,29 @@ TP_AVX512 void ScoreRowsWide(const float* q, int64_t group, const float* k, int6
     const float* q3 = q2 + D;
     float* s = scores + g * stride;
     int64_t j = 0;
-    for (; j < rows; ++j) {
+    const int64_t half = rows / 2;
+    for (; j < half; ++j) {  // rows j and j + half: two sequential streams in flight
+      const float* k0 = k + j * D;
+      const float* k1 = k + (j + half) * D;
+      V16 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
+      for (int64_t d = 0; d < D; d += 16) {
+        const V16 x = Load16(k0 + d), y = Load16(k1 + d);
+        V16 w = Load16(q0 + d);
+        a0 += w * x, b0 += w * y;
+        w = Load16(q1 + d);
+        a1 += w * x, b1 += w * y;
+        w = Load16(q2 + d);
+        a2 += w * x, b2 += w * y;
+        w = Load16(q3 + d);
+        a3 += w * x, b3 += w * y;
+      }
+      s[j] = Sum16(a0), s[stride + j] = Sum16(a1);
+      s[2 * stride + j] = Sum16(a2), s[3 * stride + j] = Sum16(a3);
+      const int64_t jj = j + half;
+      s[jj] = Sum16(b0), s[stride + jj] = Sum16(b1);
+      s[2 * stride + jj] = Sum16(b2), s[3 * stride + jj] = Sum16(b3);
+    }
+    for (j = 2 * half; j < rows; ++j) {
       const float* k0 = k + j * D;
       V16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
       for (int64_t d = 0; d < D; d += 16) {
@@ -296,8 +318,10 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q_in,
             const scalar_t* kbase = kp + ((b * Hkv + kvh) * S) * D;
             const scalar_t* vbase = vp + ((b * Hkv + kvh) * S) * D;
             scores.resize(group * n);
-            for (int64_t j = lo; j < hi; j += kRowBlock) {
-              const int64_t rows = std::min(kRowBlock, hi - j);
+            // The AVX-512 score loop takes the whole range at once (two streams, see there).
+            const int64_t score_block = (kFloat && wide) ? n : kRowBlock;
+            for (int64_t j = lo; j < hi; j += score_block) {
+              const int64_t rows = std::min(score_block, hi - j);
               score_rows(qf.data(), group, rows_as_float(kbase, j, rows), rows, D,
                          scores.data() + (j - lo), n);
             }
