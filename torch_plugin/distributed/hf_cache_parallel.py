@@ -36,6 +36,7 @@ import torch.nn as nn
 
 from ..ops import default_num_splits
 from .collectives import Collectives
+from .hf_helix import merge_head_group, shard_helix
 from .kv_cache import BlockPlacement
 
 log = logging.getLogger("torch_plugin.cache_parallel")
@@ -296,7 +297,7 @@ class HFCacheParallel(nn.Module):
         # A model that calls SDPA itself (not through the registry) decodes with its "sdpa"
         # path, whose SDPA calls over the split cache are intercepted.
         self.intercept = _calls_sdpa_itself(model)
-        # Helix (hf_helix.py): o_proj and the MLP tensor-parallel over the same ranks, one
+        # Helix (hf_helix.py): output projection and MLP tensor-parallel over the same ranks, one
         # all-to-all of the attention partials by head group in place of the all-gather.
         self.helix: dict[str, int] | None = None
         if helix:
@@ -306,8 +307,6 @@ class HFCacheParallel(nn.Module):
                     "itself; Helix needs attention through transformers' AttentionInterface. "
                     "Use helix=False"
                 )
-            from .hf_helix import shard_helix
-
             self.helix = shard_helix(model, self.comm) if world > 1 else {}
 
     @property
@@ -469,11 +468,10 @@ class HFCacheParallel(nn.Module):
         self, layer: Any, query: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
     ) -> torch.Tensor:
         """The ranks' partials merged: [B, H, q, D] in the query's dtype, as SDPA returns
-        (Helix: this rank's head group, which its o_proj slice takes)."""
+        (Helix: only this rank's head group filled, the rest zero; its output projection's slice
+        takes that group)."""
         cache = self.cache
-        if self.helix:  # this rank's head group only: [B, H / world, q, D]
-            from .hf_helix import merge_head_group
-
+        if self.helix:  # one all-to-all; this rank merges its head group
             out = merge_head_group(self.comm, out.float(), lse.float())
         elif self.placement.world > 1:
             outs = self.comm.all_gather(out.contiguous(), "partials")  # [world, B, H, q, D]

@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .collectives import Collectives
+from .spmd_ops import _block
 
 
 def _weights(proj: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -56,15 +57,13 @@ class ColumnSlice(nn.Module):
     def __init__(self, proj: nn.Module, world: int, rank: int, parts: int = 1) -> None:
         super().__init__()
         weight, bias = _weights(proj)
-        n = weight.shape[0] // (world * parts)
-
-        def mine(t: torch.Tensor) -> torch.Tensor:
-            blocks = t.detach().chunk(parts, dim=0)
-            return torch.cat([b[rank * n : (rank + 1) * n] for b in blocks]).clone()
-
-        self.in_features, self.out_features = weight.shape[1], n * parts
-        self.weight = nn.Parameter(mine(weight))
-        self.bias = None if bias is None else nn.Parameter(mine(bias))
+        self.weight = nn.Parameter(_block(weight, 0, parts, world, rank).clone())
+        self.bias = (
+            None
+            if bias is None
+            else nn.Parameter(_block(bias.detach(), 0, parts, world, rank).clone())
+        )
+        self.out_features, self.in_features = self.weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -79,14 +78,12 @@ class RowSlice(nn.Module):
     def __init__(self, proj: nn.Module, comm: Collectives) -> None:
         super().__init__()
         weight, bias = _weights(proj)
-        world, rank = comm.world, comm.rank
-        full = weight.shape[1]
-        n = full // world
-        self.full_in, self.in_features, self.out_features = full, n, weight.shape[0]
-        self.start = rank * n
         self.comm = comm
-        self.weight = nn.Parameter(weight[:, rank * n : (rank + 1) * n].clone())
+        self.weight = nn.Parameter(_block(weight, 1, 1, comm.world, comm.rank).clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
+        self.out_features, self.in_features = self.weight.shape
+        self.full_in = weight.shape[1]
+        self.start = comm.rank * self.in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] == self.full_in and self.full_in != self.in_features:
