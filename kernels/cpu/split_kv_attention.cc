@@ -186,41 +186,15 @@ TP_AVX512 __attribute__((always_inline)) inline void AccumulateRowsTile(
 }
 
 // acc[g * D + d] += w[g * stride + j] * v[j * D + d], as AccumulateRows. head_dim 128 and 64
-// (Llama's, Qwen's, ...): 16 accumulators per pass; other multiples of 16: per head, 64 lanes
-// at a time.
+// (Llama's, Qwen's, ...): 16 accumulators per pass; any other head_dim takes the AVX2 form.
 TP_AVX512 void AccumulateRowsWide(const float* w, int64_t stride, int64_t group, const float* v,
                                   int64_t rows, int64_t D, float* acc) {
   if (D == 128) {
     for (int64_t g = 0; g < group; g += 2) AccumulateRowsTile<8, 2>(w, stride, g, v, rows, acc);
-    return;
-  }
-  if (D == 64) {
+  } else if (D == 64) {
     for (int64_t g = 0; g < group; g += 4) AccumulateRowsTile<4, 4>(w, stride, g, v, rows, acc);
-    return;
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    const float* wg = w + g * stride;
-    float* a = acc + g * D;
-    int64_t d = 0;
-    for (; d + 64 <= D; d += 64) {
-      V16 r0 = Load16(a + d), r1 = Load16(a + d + 16), r2 = Load16(a + d + 32),
-          r3 = Load16(a + d + 48);
-      for (int64_t j = 0; j < rows; ++j) {
-        const float* vr = v + j * D + d;
-        const float wj = wg[j];
-        r0 += wj * Load16(vr);
-        r1 += wj * Load16(vr + 16);
-        r2 += wj * Load16(vr + 32);
-        r3 += wj * Load16(vr + 48);
-      }
-      Store16(a + d, r0), Store16(a + d + 16, r1), Store16(a + d + 32, r2),
-          Store16(a + d + 48, r3);
-    }
-    for (; d < D; d += 16) {
-      V16 r0 = Load16(a + d);
-      for (int64_t j = 0; j < rows; ++j) r0 += wg[j] * Load16(v + j * D + d);
-      Store16(a + d, r0);
-    }
+  } else {
+    AccumulateRows(w, stride, group, v, rows, D, acc);
   }
 }
 
