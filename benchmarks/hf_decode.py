@@ -157,6 +157,7 @@ def worker(rank: int, port: int, contexts: list[int], steps: int, out: str) -> N
         },
         "kv_bytes_per_rank": {s: {} for s in STRATEGIES},
         "comm_bytes_per_step": {},
+        "comm_calls_per_step": {},
         "check": {},
     }
     with torch.no_grad():
@@ -196,7 +197,6 @@ def worker(rank: int, port: int, contexts: list[int], steps: int, out: str) -> N
                 )
                 if ctx == contexts[0]:
                     res["comm_bytes_per_step"][name] = sum(m.comm.bytes_sent.values()) / (steps + 1)
-                    res["comm_calls_per_step"] = res.get("comm_calls_per_step", {})
                     res["comm_calls_per_step"][name] = {
                         k: v / (steps + 1) for k, v in m.comm.calls.items()
                     }

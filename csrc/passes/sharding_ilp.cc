@@ -403,8 +403,8 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     for (size_t s = 0; s < e.strategies.size(); ++s) {
       double b = e.is_parameter ? factor * block_bytes(e, s) : act_factor * e.saved_bytes[s];
       mem_by_var[e.vars[s]] += b;
-      if (e.is_parameter) state_by_var[e.vars[s]] += b;
       if (e.is_parameter) {  // the least: the stage that saves the most
+        state_by_var[e.vars[s]] += b;
         double saves = 0;
         if (e.zero_vars[s] >= 0) {
           mem_by_var[e.zero_vars[s]] -= zero_saving(e, s);
@@ -539,9 +539,9 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   so.time_limit_s = o.time_limit_s;
   // Two stages: the fastest modelled step first, then, within memory_slack of it, the layout
   // trading time for the parameters' memory per rank (with gradients and optimizer state), one
-  // percent for one percent. Activations
-  // are left out (the example batch is a tracing input, rarely the run's) and so is ZeRO (a
-  // collective per step: the budget's tool). Solved on a copy taken before CBC consumes `m`.
+  // percent for one percent. Activations are left out (the example batch is a tracing input,
+  // rarely the run's) and so is ZeRO (a collective per step: the budget's tool). Solved on a
+  // copy taken before CBC consumes `m`.
   const bool lean = o.memory_slack > 0 && !state_by_var.empty();
   std::optional<solver::IlpModel> second;
   if (lean) second.emplace(m.Clone());

@@ -307,21 +307,28 @@ class CatGrowDecoder(CacheArgDecoder):
         return self.o(out.transpose(1, 2).reshape(b, s, 32)), k, v
 
 
+def _cp_decoder(cls: type) -> tuple[torch.nn.Module, Any, torch.Generator, torch.Tensor]:
+    """A seeded test decoder, eager and cache-parallel (world: the process group's, blocks of
+    2), a generator for its inputs and a 5-token prompt [2, 5, 32]."""
+    import torch_plugin
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = cls().eval()
+    ref = copy.deepcopy(model)
+    cp = torch_plugin.cache_parallel(copy.deepcopy(model), None, block_size=2)
+    gen = torch.Generator().manual_seed(1)
+    return ref, cp, gen, torch.randn(2, 5, 32, generator=gen)
+
+
 def cp_cat_growth(rank: int, world: int, port: int, steps: int) -> dict[str, Any]:
     """A cache grown by torch.cat and returned, split over the ranks: outputs equal eager's;
     what the step returns for the cache is a placeholder of the grown shape holding no memory;
     a cache other than the one returned is refused."""
-    import torch_plugin
 
     _init(rank, world, port)
     try:
-        torch._dynamo.reset()
-        torch.manual_seed(0)
-        model = CatGrowDecoder().eval()
-        ref = copy.deepcopy(model)
-        cp = torch_plugin.cache_parallel(copy.deepcopy(model), None, block_size=2)
-        gen = torch.Generator().manual_seed(1)
-        x = torch.randn(2, 5, 32, generator=gen)
+        ref, cp, gen, x = _cp_decoder(CatGrowDecoder)
         with torch.no_grad():
             a, rk, rv = ref(x, torch.zeros(2, 2, 0, 8), torch.zeros(2, 2, 0, 8))
             b, pk, pv = cp(x, torch.zeros(2, 2, 0, 8), torch.zeros(2, 2, 0, 8))
@@ -351,18 +358,11 @@ def cp_cat_growth(rank: int, world: int, port: int, steps: int) -> dict[str, Any
 
 def cp_cache_arguments(rank: int, world: int, port: int, steps: int) -> dict[str, Any]:
     """Caches passed as forward arguments, split over the ranks: outputs equal eager's."""
-    import torch_plugin
 
     _init(rank, world, port)
     try:
-        torch._dynamo.reset()
-        torch.manual_seed(0)
-        model = CacheArgDecoder().eval()
-        ref = copy.deepcopy(model)
-        cp = torch_plugin.cache_parallel(copy.deepcopy(model), None, block_size=2)
+        ref, cp, gen, x = _cp_decoder(CacheArgDecoder)
         caches = [torch.zeros(2, 2, 32, 8) for _ in range(4)]
-        gen = torch.Generator().manual_seed(1)
-        x = torch.randn(2, 5, 32, generator=gen)
         with torch.no_grad():
             diff = float((cp(x, 0, *caches[:2]) - ref(x, 0, *caches[2:])).abs().max())
             for p in range(5, 5 + steps):

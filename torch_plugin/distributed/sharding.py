@@ -84,8 +84,8 @@ class ShardOptions:
     level: the ILP's "exact", "fast" or "auto"; zero: the highest ZeRO stage offered (0-2);
     init_seed: a meta-device model's blocks are initialised as its constructor would with this
     seed; mesh_shape: "auto" searches the (dp, tp) shape of a 1-D mesh; memory_slack: among
-    plans modelled within this fraction of the fastest, the one holding the least per rank (0:
-    the fastest, whatever it holds)."""
+    plans modelled within this fraction of the fastest, the one minimising time + parameter
+    state per rank, each relative to the fastest plan's (0: the fastest, whatever it holds)."""
 
     constraints: dict[str, str] = dataclasses.field(default_factory=dict)
     memory_budget_gb: float | None = None
