@@ -90,8 +90,15 @@ def _refuse_batch_coupling(model: nn.Module, full_call: Any, local: _Captured) -
     in another dimension, and a dp axis is refused, naming the node."""
     whole = trace_call(model, full_call)
     a, b = _shapes(whole.gm), _shapes(local.gm)
-    if len(a) != len(b):
-        return  # another program at another batch (data-dependent): nothing to compare
+    if len(a) != len(b):  # another program at another batch (data-dependent)
+        log.warning(
+            "torch_plugin sharding: %s traces to %d nodes at the whole batch and %d at a dp "
+            "replica's slice; whether it combines samples across the batch was not checked",
+            type(model).__name__,
+            len(a),
+            len(b),
+        )
+        return
     for (name, full), (_, part) in zip(a, b, strict=True):
         if len(full) == len(part) and any(x != y for x, y in zip(full[1:], part[1:], strict=True)):
             raise NotImplementedError(
