@@ -254,6 +254,8 @@ def test_shard_options_are_checked_where_they_come_in() -> None:
         ShardOptions.of(levle="fast")
     with pytest.raises(ValueError, match="mesh_shape 'square': None"):
         ShardOptions.of(mesh_shape="square")
+    with pytest.raises(ValueError, match="memory_slack -0.1: a fraction >= 0"):
+        ShardOptions.of(memory_slack=-0.1)
     base = ShardOptions(memory_budget_gb=2.0, constraints={"fc.weight": "S(0)"})
     opts = ShardOptions.of(base, level="fast")
     assert (opts.memory_budget_gb, opts.constraints, opts.level) == (2.0, base.constraints, "fast")

@@ -114,6 +114,11 @@ class ShardOptions:
             out = dataclasses.replace(out, constraints={})
         if out.mesh_shape not in (None, "auto"):
             raise ValueError(f"mesh_shape {out.mesh_shape!r}: None (the mesh as given) or 'auto'")
+        if not out.memory_slack >= 0:
+            raise ValueError(
+                f"memory_slack {out.memory_slack!r}: a fraction >= 0 of the fastest plan's step "
+                "time (0: the fastest plan, whatever it holds)"
+            )
         return out
 
     def ilp(self, world: int, dp: int, training: bool, reduce_scatter: bool) -> _C.ShardingOptions:
