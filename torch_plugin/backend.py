@@ -227,6 +227,8 @@ def _place(
     # AOTAutograd calls its compilers under its fake mode and the Python dispatcher; measuring
     # needs real tensors and ops at their normal speed (the dispatcher costs ~5 us per op).
     search = place_graph
+    if placement_opts.search == "whole_graph_first":
+        search = functools.partial(place_whole_graph_first, kind=kind)
     if opts.auto:
         # Tensors made under inference_mode have no version counter for the guard to read.
         freezable = real is not None and not any(

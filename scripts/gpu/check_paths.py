@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 1 scripts/gpu/check_paths.py --out DIR
 
-1. placement on CUDA tensors (aten, fused, inductor candidates), against eager;
+1. placement on CUDA tensors (aten, fused, inductor candidates), against eager: each backend's
+   whole graph, then with the finer search within its budget (placement_refine);
 2. the default `torch.compile(backend="torch_plugin")` on CUDA against eager and Inductor;
 3. NCCL: `parallelize` on a torch_plugin DeviceMesh over NCCL, 3 AdamW steps of an HF Llama
    called the HF way, against one process;
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import logging
 import statistics
 import time
 import traceback
@@ -64,7 +66,9 @@ def inference_case(name: str, seq: int) -> tuple[torch.nn.Module, dict[str, Any]
     return model, inputs
 
 
-def check_placement() -> dict[str, Any]:
+def check_placement(refine: bool = False) -> dict[str, Any]:
+    """Each backend's whole graph (bounded time); with `refine`, also the finer search within
+    whole_graph_first's budget (2.5x Inductor's compile of the same graph)."""
     model, inputs = inference_case("gpt2", 64)
     with torch.no_grad():
         want = model(**inputs).logits
@@ -74,7 +78,7 @@ def check_placement() -> dict[str, Any]:
             inputs,
             backends=("aten", "fused", "inductor"),
             search="whole_graph_first",
-            allow_refine=False,  # each backend's whole graph: bounded time on a lent GPU
+            allow_refine=refine,
         )
         search_s = time.perf_counter() - t0
         got = placed(**inputs).logits
@@ -164,10 +168,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)"
     results: dict[str, Any] = {"device": name, "torch": torch.__version__}
+    # Timestamped progress: a check cut off by its time limit shows where it was.
+    logging.basicConfig(format="%(relativeCreated)8.0f ms %(name)s: %(message)s")
+    logging.getLogger("torch_plugin").setLevel(logging.INFO)
     mesh = torch_plugin.DeviceMesh.from_torchrun(timeout_s=120)
     results["mesh_backend"] = torch.distributed.get_backend()
     checks = [
         ("placement", check_placement),
+        ("placement_refine", lambda: check_placement(refine=True)),
         ("default_compile", check_default_compile),
         ("parallelize_nccl", lambda: check_parallelize(mesh)),
         ("generate_nccl", lambda: check_generate(mesh)),

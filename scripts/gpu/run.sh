@@ -10,7 +10,7 @@ export LD_LIBRARY_PATH=$PWD/.gpu/cbc/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 t0=$(date +%s)
-if ! TP_CUDA=1 MAX_JOBS=16 timeout "${BUILD_S:-240}" python3 setup.py build_ext --inplace \
+if [ "${SKIP_BUILD:-0}" != 1 ] && ! TP_CUDA=1 MAX_JOBS=16 timeout "${BUILD_S:-240}" python3 setup.py build_ext --inplace \
     > "$OUT/build.log" 2>&1; then
   grep -E "error|Error" "$OUT/build.log" | head -30; tail -15 "$OUT/build.log"; exit 1
 fi
@@ -18,7 +18,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 [ "${SKIP_KERNELS:-0}" = 1 ] || timeout "${KERNELS_S:-150}" python3 benchmarks/gpu_kernels.py \
   --out "$OUT" 2>&1 | tee "$OUT/kernels.log"
 # Each check alone: a crash in one leaves the others their say.
-for check in ${CHECKS:-placement default_compile parallelize_nccl generate_nccl}; do
+for check in ${CHECKS:-placement placement_refine default_compile parallelize_nccl generate_nccl}; do
   PYTHONFAULTHANDLER=1 timeout "${CHECK_S:-90}" python3 -m torch.distributed.run \
     --nproc-per-node 1 scripts/gpu/check_paths.py --out "$OUT" --only "$check" 2>&1 \
     | grep -v "^W1\|Warning\|^ *File \"/opt\|^Extension modules" | tail -25 >> "$OUT/paths.log"

@@ -422,6 +422,53 @@ def test_training_graphs_are_placed_forward_and_backward(tmp_path, fixed_profile
     assert [r.kind for r in results] == ["backward"]
 
 
+def test_whole_graph_first_is_the_search_asked_for(tmp_path, fixed_profile, monkeypatch) -> None:
+    """place(..., search="whole_graph_first") runs the default backend's whole-graph search,
+    not the exhaustive one it used to run whatever `search` said (found on the first GPU run:
+    the bounded check measured 158 groups cold in 104 s)."""
+    from torch_plugin.placement import planner
+
+    def no_exhaustive(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the exhaustive search ran")
+
+    monkeypatch.setattr(planner, "place_graph", no_exhaustive)
+    fixed_profile({"onnxruntime": 1e-5})
+    model, inputs = small_model("mlp")
+    model.eval()
+    with torch.no_grad():
+        want = model(*inputs)
+    placed = torch_plugin.place(
+        model,
+        inputs,
+        backends=["aten", "onnxruntime"],
+        search="whole_graph_first",
+        allow_refine=False,
+        cache_path=str(tmp_path / "p.db"),
+    )
+    r = placed.placement
+    assert r.whole_graph is not None and r.whole_graph["pick"] == "onnxruntime"
+    assert set(r.backend_counts()) == {"onnxruntime"}
+    torch.testing.assert_close(placed(*inputs), want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_kernels_refuse_groups_off_the_cpu() -> None:
+    """Our fused kernels are CPU code: a group on another device is excluded with that reason
+    (on the GPU run each group failed inside the dispatcher instead), and its timings are
+    keyed by the device they were taken on."""
+    from torch_plugin.placement.backends import BackendError
+    from torch_plugin.placement.cache import device_key
+
+    fused = get_backends(["fused"])[-1]
+    assert fused.name == "fused"
+    with pytest.raises(BackendError, match="runs on CPU only; inputs on meta"):
+        fused.compile(
+            torch.fx.GraphModule({}, torch.fx.Graph()),
+            [torch.empty(4, device="meta")],
+            "layer_norm",
+        )
+    assert device_key({"x": torch.ones(2), "n": 3}) == "cpu"
+
+
 def test_bad_options_are_named() -> None:
     model, inputs = small_model("mlp")
     with pytest.raises(ValueError, match="unknown backend.*valid: aten"):

@@ -16,6 +16,7 @@ import platform
 import sqlite3
 import time
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger("torch_plugin")
 
@@ -49,6 +50,18 @@ def default_path() -> str:
     if env:
         return env
     return os.path.join(os.path.expanduser("~"), ".cache", "torch_plugin", "profile.db")
+
+
+def device_key(values: Any) -> str:
+    """The device a graph's timings are taken on: "cpu", or a GPU's model ("cuda:NVIDIA H200"),
+    so that a host's CPU and GPU timings, or two GPU models', never stand in for each other."""
+    import torch
+
+    items = values.values() if isinstance(values, dict) else values
+    for x in items:
+        if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+            return f"cuda:{torch.cuda.get_device_name(x.device)}"
+    return "cpu"
 
 
 def machine_key(device: str, versions: dict[str, str]) -> str:

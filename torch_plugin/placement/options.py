@@ -53,7 +53,8 @@ class PlacementOptions:
     cold_cache: time each group right after evicting the last-level cache (its weights
       cold, its activation inputs warm), as it runs inside a model whose tensors do not fit
       in that cache: timed hot, ResNet-50's groups measured half what they cost in the model.
-      None = when the graph's tensors outgrow the cache.
+      None = when the graph's tensors outgrow the cache (on CPU; on a GPU, never: the flush
+      evicts the host's cache).
     search: "exhaustive" (every candidate group measured, DP, evolution: place()'s search) or
       "whole_graph_first" (the default backend's: each compiler's whole graph first, the
       finer search only within the budget; csrc/passes/placement_search.h).

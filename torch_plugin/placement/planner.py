@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from .. import _C, fx_bridge
 from .backends import Backend, get_backends
-from .cache import Entry, ProfileCache, machine_key
+from .cache import Entry, ProfileCache, device_key, machine_key
 from .materialize import (  # noqa: F401 - re-exported: placement.planner is their old home
     _frozen_for,
     _GroupCall,
@@ -97,9 +97,11 @@ def place_graph(
         if isinstance(values.get(n), torch.Tensor)
     }
     cache_bytes = last_level_cache_bytes()
+    device = device_key(values)
     cold = opts.cold_cache
     if cold is None:
-        cold = footprint_bytes(values) > cache_bytes
+        # The flush evicts the host's last-level cache, which says nothing of a GPU's.
+        cold = device == "cpu" and footprint_bytes(values) > cache_bytes
     flush = _CacheFlush(cache_bytes) if cold else None
 
     phases: dict[str, float] = {}
@@ -121,7 +123,7 @@ def place_graph(
     for b in backends:
         versions[b.name] = b.version()
     cache = ProfileCache(opts.cache_path)
-    machine = machine_key("cpu", versions)
+    machine = machine_key(device, versions)
     measured = 0
     failures: list[str] = []
     costs: dict[int, float] = {}

@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from .. import _C, fx_bridge
 from .backends import get_backends
-from .cache import ProfileCache, machine_key
+from .cache import ProfileCache, device_key, machine_key
 from .planner import (
     PROFILE_VERSION,
     Group,
@@ -71,7 +71,7 @@ def place_whole_graph_first(
     versions = {"torch": torch.__version__, "torch_plugin.placement": PROFILE_VERSION}
     for b in backends:
         versions[b.name] = b.version()
-    machine = machine_key("cpu", versions)
+    machine = machine_key(device_key(inputs), versions)
     decision_key = ProfileCache.key(
         DECISION_VERSION,
         _C.graph_signature(graph)
