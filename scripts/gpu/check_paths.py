@@ -54,6 +54,32 @@ def ms(fn: Callable[[], Any], seconds: float = 0.5) -> float:
     return statistics.median(times)
 
 
+def kernels(fn: Callable[[], Any], calls: int = 10) -> dict[str, Any]:
+    """Device kernels per call and their time, and the five costliest: why two callables that
+    run the same compiled graph differ (extra copies, another kernel choice)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    act = [ProfilerActivity.CUDA] if DEV == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=act) as prof:
+        for _ in range(calls):
+            fn()
+        sync()
+    attr = "device_time_total" if DEV == "cuda" else "self_cpu_time_total"
+    rows = [e for e in prof.key_averages() if getattr(e, attr) > 0]
+    if DEV == "cuda":
+        rows = [e for e in rows if e.device_type == torch.autograd.DeviceType.CUDA]
+    rows.sort(key=lambda e: -getattr(e, attr))
+    return {
+        "kernels_per_call": sum(e.count for e in rows) / calls,
+        "device_us_per_call": sum(getattr(e, attr) for e in rows) / calls,
+        "top": [
+            f"{e.key[:60]} x{e.count // calls}: {getattr(e, attr) / calls:.1f} us" for e in rows[:5]
+        ],
+    }
+
+
 def on_cuda(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
@@ -92,6 +118,9 @@ def check_placement(refine: bool = False) -> dict[str, Any]:
             "inductor_ms": ms(lambda: compiled(**inputs)),
             "placed_ms": ms(lambda: placed(**inputs)),
             "backends": placed.placement.backend_counts(),
+            "search": placed.placement.summary(),
+            "inductor_kernels": kernels(lambda: compiled(**inputs)),
+            "placed_kernels": kernels(lambda: placed(**inputs)),
         }
     out["ok"] = err < 1e-3
     return out
@@ -113,6 +142,8 @@ def check_default_compile() -> dict[str, Any]:
             "eager_ms": ms(lambda: model(**inputs)),
             "inductor_ms": ms(lambda: ind(**inputs)),
             "ours_ms": ms(lambda: ours(**inputs)),
+            "inductor_kernels": kernels(lambda: ind(**inputs)),
+            "ours_kernels": kernels(lambda: ours(**inputs)),
         }
     out["ok"] = out["max_abs_diff"] < 1e-3
     return out
