@@ -669,6 +669,37 @@ def test_place_calls_its_graph_directly_for_the_recorded_signature(tmp_path) -> 
     torch.testing.assert_close(boxed(*inputs)[0], want, rtol=1e-4, atol=1e-4)
 
 
+def test_hf_keyword_calls_take_the_direct_path(tmp_path) -> None:
+    """An HF encoder placed and called the HF way (`placed(**inputs)`) skips Dynamo and
+    AOTAutograd like a positional call, returns its ModelOutput with the compiled path's
+    numbers, and a call with other keyword names goes through the compiled module."""
+    from torch_plugin.backend import recording_calls
+    from torch_plugin.models import hf_suite
+
+    model = hf_suite.build_model("bert").eval()
+    inputs = hf_suite.make_inputs("bert", batch=2, seq=16)
+    inputs.pop("labels")
+    opts = {"backends": ["aten", "fused"], "cache_path": str(tmp_path / "p.db"), "samples": 3}
+    placed = torch_plugin.place(model, inputs, **opts)
+    assert placed.direct is not None and placed.direct.kw_names == tuple(inputs)
+    with torch.no_grad():
+        want = model(**inputs)
+        with recording_calls() as calls:
+            got = placed(**dict(reversed(list(inputs.items()))))  # any order of the names
+        assert calls == []
+        assert type(got) is type(want)
+        compiled = placed.compiled(**inputs)
+        assert torch.equal(got.logits, compiled.logits)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
+        fewer = {k: v for k, v in inputs.items() if k != "attention_mask"}
+        assert not placed.direct.matches((), fewer)
+        assert not placed.direct.matches((inputs["input_ids"],), fewer)
+        with recording_calls() as calls:
+            other = placed(**fewer)
+        assert len(calls) == 1  # the compiled module ran
+        torch.testing.assert_close(other.logits, model(**fewer).logits, rtol=1e-4, atol=1e-4)
+
+
 class _Box:
     def __init__(self, x: torch.Tensor) -> None:
         self.x = x

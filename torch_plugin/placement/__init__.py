@@ -62,7 +62,10 @@ class _DirectCall:
     user's positional tensor or one of the module's parameters and buffers, by identity) and
     where each leaf of the returned structure comes from, then replays that. It is used only
     for calls whose tensors match the recorded shapes, dtypes and devices, with the same
-    non-tensor arguments; anything else goes through the compiled module (and its guards)."""
+    non-tensor arguments; anything else goes through the compiled module (and its guards).
+
+    Keyword arguments (an HF model's `input_ids=..., attention_mask=...`) are the arguments
+    after the positional ones, in the recorded names' order: a call must pass the same names."""
 
     def __init__(
         self,
@@ -71,8 +74,11 @@ class _DirectCall:
         signature: tuple[Any, ...],
         out_spec: Any,
         out_leaves: list[tuple[str, Any]],
+        kw_names: tuple[str, ...] = (),
     ) -> None:
         self.graph = graph
+        self.kw_names = kw_names
+        self.positional = len(signature) - len(kw_names)
         self.sources = sources
         self.signature = signature
         self.out_spec = out_spec
@@ -88,7 +94,7 @@ class _DirectCall:
             for s in signature
         ]
         self.run = self._fastest_run()
-        if len(self._checks) == 1 and self._checks[0][0]:  # the usual: one tensor argument
+        if not kw_names and len(self._checks) == 1 and self._checks[0][0]:  # one tensor
             _, shape, dtype, device, requires_grad = self._checks[0]
             tensor = torch.Tensor
 
@@ -136,9 +142,17 @@ class _DirectCall:
             for a in args
         )
 
+    def flat(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The call's arguments as the recorded flat list (keyword arguments after the rest)."""
+        return (*args, *(kwargs[n] for n in self.kw_names)) if self.kw_names else tuple(args)
+
     def matches(self, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-        if kwargs or len(args) != len(self._checks):
+        if len(kwargs) != len(self.kw_names) or len(args) != self.positional:
             return False
+        if kwargs:
+            if any(n not in kwargs for n in self.kw_names):
+                return False
+            args = self.flat(args, kwargs)
         try:
             for a, check in zip(args, self._checks):  # noqa: B905 - lengths compared above
                 if check[0]:
@@ -264,18 +278,25 @@ def _immutable(v: Any) -> bool:
 
 
 def _direct_call(
-    model: torch.nn.Module, compiled: Any, example_inputs: Sequence[Any]
+    model: torch.nn.Module,
+    compiled: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
 ) -> _DirectCall | None:
     """Records a _DirectCall from one call of `compiled`, or None where it cannot be made
     exactly (several graphs, an argument or output of unknown origin, other numbers)."""
     from ..backend import recording_calls
+
+    kwargs = kwargs or {}
+    kw_names = tuple(kwargs)
+    example_inputs = (*args, *(kwargs[n] for n in kw_names))
 
     # A non-tensor argument is compared with the recorded one by value: only immutable values
     # can be (an object compares by identity, and Dynamo guards on what it holds).
     if not all(isinstance(a, torch.Tensor) or _immutable(a) for a in example_inputs):
         return None
     with recording_calls() as calls, torch.no_grad():
-        out = compiled(*example_inputs)
+        out = compiled(*args, **kwargs)
     if len(calls) != 1:
         return None
     graph, flat_in, flat_out = calls[0]
@@ -304,7 +325,8 @@ def _direct_call(
             out_leaves.append(("const", leaf))
         else:
             return None
-    direct = _DirectCall(graph, sources, _DirectCall.signature_of(example_inputs), spec, out_leaves)
+    signature = _DirectCall.signature_of(example_inputs)
+    direct = _DirectCall(graph, sources, signature, spec, out_leaves, kw_names)
     with torch.no_grad():
         again = torch.utils._pytree.tree_leaves(direct(*example_inputs))
     same = len(again) == len(leaves) and all(
@@ -343,6 +365,8 @@ class PlacedModule(torch.nn.Module):
             and not (_global_forward_pre_hooks or _global_forward_hooks)
             and direct.matches(args, kwargs)
         ):
+            if kwargs:
+                args = direct.flat(args, kwargs)
             if not torch.is_grad_enabled():
                 return direct.run(*args)
             # torch.no_grad() without the context manager object (a microsecond a call).
@@ -356,7 +380,7 @@ class PlacedModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
             if self.direct is not None and self.direct.matches(args, kwargs):
-                return self.direct(*args)
+                return self.direct(*self.direct.flat(args, kwargs))
             return self.compiled(*args, **kwargs)
 
 
@@ -377,7 +401,8 @@ def place(
     direct: calls with the example inputs' shapes, dtypes and devices skip Dynamo's guards and
     AOTAutograd's wrapper and call the placed graph itself (see _DirectCall), when the model
     compiled to one graph whose arguments and outputs could all be traced to their origin
-    (positional example inputs only)."""
+    (keyword calls too, with the example's names; an output holding an object such as a KV
+    cache cannot be replayed and keeps the compiled path)."""
     placement_options.setdefault("freeze", True)
     opts = {
         "passes": ["placement"],
@@ -398,5 +423,5 @@ def place(
             # measures and reports a placement of its own.
             torch._dynamo.reset_code(type(model).forward.__code__)
             compiled(*args, **kwargs)
-    fast = _direct_call(model, compiled, args) if direct and not kwargs else None
+    fast = _direct_call(model, compiled, args, kwargs) if direct else None
     return PlacedModule(compiled, list(results), fast)
