@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 1 scripts/gpu/check_paths.py --out DIR
 
 1. placement on CUDA tensors (aten, fused, inductor candidates), against eager: each backend's
-   whole graph, then with the finer search within its budget (placement_refine);
+   whole graph, then with the finer search within its budget (placement_refine), and HF BERT
+   called with keyword arguments (placement_bert: the direct path against Inductor);
 2. the default `torch.compile(backend="torch_plugin")` on CUDA against eager and Inductor;
 3. NCCL: `parallelize` on a torch_plugin DeviceMesh over NCCL, 3 AdamW steps of an HF Llama
    called the HF way, against one process;
@@ -92,10 +93,11 @@ def inference_case(name: str, seq: int) -> tuple[torch.nn.Module, dict[str, Any]
     return model, inputs
 
 
-def check_placement(refine: bool = False) -> dict[str, Any]:
+def check_placement(name: str = "gpt2", refine: bool = False) -> dict[str, Any]:
     """Each backend's whole graph (bounded time); with `refine`, also the finer search within
-    whole_graph_first's budget (2.5x Inductor's compile of the same graph)."""
-    model, inputs = inference_case("gpt2", 64)
+    whole_graph_first's budget (2.5x Inductor's compile of the same graph). `direct`: whether
+    the HF keyword call skips Dynamo (not for GPT-2, whose output holds its KV cache)."""
+    model, inputs = inference_case(name, 64)
     with torch.no_grad():
         want = model(**inputs).logits
         t0 = time.perf_counter()
@@ -118,6 +120,7 @@ def check_placement(refine: bool = False) -> dict[str, Any]:
             "inductor_ms": ms(lambda: compiled(**inputs)),
             "placed_ms": ms(lambda: placed(**inputs)),
             "backends": placed.placement.backend_counts(),
+            "direct": placed.direct is not None,
             "search": placed.placement.summary(),
             "inductor_kernels": kernels(lambda: compiled(**inputs)),
             "placed_kernels": kernels(lambda: placed(**inputs)),
@@ -207,6 +210,7 @@ def main() -> None:
     checks = [
         ("placement", check_placement),
         ("placement_refine", lambda: check_placement(refine=True)),
+        ("placement_bert", lambda: check_placement("bert")),
         ("default_compile", check_default_compile),
         ("parallelize_nccl", lambda: check_parallelize(mesh)),
         ("generate_nccl", lambda: check_generate(mesh)),

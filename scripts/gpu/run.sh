@@ -18,7 +18,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 [ "${SKIP_KERNELS:-0}" = 1 ] || timeout "${KERNELS_S:-150}" python3 benchmarks/gpu_kernels.py \
   --out "$OUT" 2>&1 | tee "$OUT/kernels.log"
 # Each check alone: a crash in one leaves the others their say.
-for check in ${CHECKS:-placement placement_refine default_compile parallelize_nccl generate_nccl}; do
+for check in ${CHECKS:-placement placement_refine placement_bert default_compile parallelize_nccl generate_nccl}; do
   PYTHONFAULTHANDLER=1 timeout "${CHECK_S:-90}" python3 -m torch.distributed.run \
     --nproc-per-node 1 scripts/gpu/check_paths.py --out "$OUT" --only "$check" 2>&1 \
     | grep -v "^W1\|Warning\|^ *File \"/opt\|^Extension modules" | tail -25 >> "$OUT/paths.log"
