@@ -700,6 +700,31 @@ def test_hf_keyword_calls_take_the_direct_path(tmp_path) -> None:
         torch.testing.assert_close(other.logits, model(**fewer).logits, rtol=1e-4, atol=1e-4)
 
 
+def test_direct_path_checks_arguments_that_were_one_tensor(tmp_path) -> None:
+    """An example that passes one tensor twice (`labels=input_ids`) gives the graph one input
+    for both: a later call with two different tensors there must take the compiled path, not
+    replay the first as the second."""
+
+    class Two(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return self.lin(input_ids) - 2 * labels
+
+    model = Two().eval()
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    opts = {"backends": ["aten"], "cache_path": str(tmp_path / "p.db"), "samples": 3}
+    placed = torch_plugin.place(model, {"input_ids": x, "labels": x}, **opts)
+    assert placed.direct is not None and placed.direct.aliases == [(0, 1)]
+    assert not placed.direct.matches((), {"input_ids": x, "labels": y})
+    assert placed.direct.matches((), {"labels": y, "input_ids": y})
+    with torch.no_grad():
+        torch.testing.assert_close(placed(input_ids=x, labels=y), model(x, y))
+        torch.testing.assert_close(placed(input_ids=y, labels=y), model(y, y))
+
+
 class _Box:
     def __init__(self, x: torch.Tensor) -> None:
         self.x = x

@@ -75,9 +75,13 @@ class _DirectCall:
         out_spec: Any,
         out_leaves: list[tuple[str, Any]],
         kw_names: tuple[str, ...] = (),
+        aliases: Sequence[tuple[int, ...]] = (),
     ) -> None:
         self.graph = graph
         self.kw_names = kw_names
+        # Arguments that were one tensor in the example (`labels=input_ids`): Dynamo gave the
+        # graph one input for them, so a call must pass one tensor there too.
+        self.aliases = [tuple(a) for a in aliases]
         self.positional = len(signature) - len(kw_names)
         self.sources = sources
         self.signature = signature
@@ -153,6 +157,9 @@ class _DirectCall:
             if any(n not in kwargs for n in self.kw_names):
                 return False
             args = self.flat(args, kwargs)
+        for group in self.aliases:
+            if any(args[i] is not args[group[0]] for i in group[1:]):
+                return False
         try:
             for a, check in zip(args, self._checks):  # noqa: B905 - lengths compared above
                 if check[0]:
@@ -302,6 +309,11 @@ def _direct_call(
     graph, flat_in, flat_out = calls[0]
     owned = {id(t): t for t in (*model.parameters(), *model.buffers())}
     positional = {id(a): i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)}
+    same: dict[int, list[int]] = {}
+    for i, a in enumerate(example_inputs):
+        if isinstance(a, torch.Tensor):
+            same.setdefault(id(a), []).append(i)
+    aliases = [tuple(g) for g in same.values() if len(g) > 1]
     sources: list[tuple[str, Any]] = []
     for a in flat_in:
         if isinstance(a, torch.Tensor) and id(a) in positional:
@@ -326,7 +338,7 @@ def _direct_call(
         else:
             return None
     signature = _DirectCall.signature_of(example_inputs)
-    direct = _DirectCall(graph, sources, signature, spec, out_leaves, kw_names)
+    direct = _DirectCall(graph, sources, signature, spec, out_leaves, kw_names, aliases)
     with torch.no_grad():
         again = torch.utils._pytree.tree_leaves(direct(*example_inputs))
     same = len(again) == len(leaves) and all(

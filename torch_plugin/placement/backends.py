@@ -508,8 +508,11 @@ class FusedBackend(Backend):
         adapter = self.adapters.get(rule)
         if adapter is None:
             raise BackendError(f"no kernel for rule '{rule}'")
-        device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None)
-        if device is not None and device.type != "cpu":
+        device = next(
+            (x.device for x in inputs if isinstance(x, torch.Tensor) and x.device.type != "cpu"),
+            None,
+        )
+        if device is not None:
             raise BackendError(f"the fused '{rule}' kernel runs on CPU only; inputs on {device}")
         return adapter(gm)
 
