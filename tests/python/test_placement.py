@@ -451,7 +451,7 @@ def test_whole_graph_first_is_the_search_asked_for(tmp_path, fixed_profile, monk
     torch.testing.assert_close(placed(*inputs), want, rtol=1e-4, atol=1e-4)
 
 
-def test_fused_kernels_refuse_groups_off_the_cpu() -> None:
+def test_fused_kernels_refuse_groups_off_the_cpu(monkeypatch) -> None:
     """Our fused kernels are CPU code: a group on another device is excluded with that reason
     (on the GPU run each group failed inside the dispatcher instead), and its timings are
     keyed by the device they were taken on."""
@@ -467,6 +467,15 @@ def test_fused_kernels_refuse_groups_off_the_cpu() -> None:
             "layer_norm",
         )
     assert device_key({"x": torch.ones(2), "n": 3}) == "cpu"
+
+    class OnGpu(torch.Tensor):  # a CPU tensor that says it lives on a GPU
+        @property
+        def device(self) -> torch.device:  # type: ignore[override]
+            return torch.device("cuda", 0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Some GPU")
+    gpu = torch.Tensor._make_subclass(OnGpu, torch.ones(2))
+    assert device_key([3, torch.ones(1), gpu]) == "cuda:Some GPU"
 
 
 def test_bad_options_are_named() -> None:
