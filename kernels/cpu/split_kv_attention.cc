@@ -143,9 +143,9 @@ TP_AVX512 void ScoreRowsWide(const float* q, int64_t group, const float* k, int6
     const float* q3 = q2 + D;
     float* s = scores + g * stride;
     const bool first = g == 0;
+    const int64_t ahead = kScorePrefetchRows * D;
     for (int64_t j = 0; j < rows; ++j) {
       const float* kr = k + j * D;
-      const int64_t ahead = kScorePrefetchRows * D;
       V16 a0 = {}, a1 = {}, a2 = {}, a3 = {}, c0 = {}, c1 = {}, c2 = {}, c3 = {};
       int64_t d = 0;
       for (; d + 32 <= D; d += 32) {

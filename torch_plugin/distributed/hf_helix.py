@@ -40,8 +40,18 @@ def _weights(proj: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     return (w if isinstance(proj, nn.Linear) else w.t()), proj.bias
 
 
+def is_conv1d(m: Any) -> bool:
+    """transformers' Conv1D (GPT-2's projections): a linear layer with its weight [in, out]."""
+    return type(m).__name__ == "Conv1D" and hasattr(m, "nf") and hasattr(m, "nx")
+
+
 def _is_proj(m: Any) -> bool:
-    return isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"
+    return isinstance(m, nn.Linear) or is_conv1d(m)
+
+
+def _stacked(name: str) -> int:
+    """How many projections a weight stacks along its outputs (Phi-3's gate_up_proj: two)."""
+    return 2 if name == "gate_up_proj" else 1
 
 
 def _features(proj: nn.Module) -> tuple[int, int]:
@@ -166,7 +176,7 @@ def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
             )
     for path, m, kind in mlps:
         inner = _features(getattr(m, kind[-1]))[0]
-        ups = [_features(getattr(m, n))[1] // (2 if n == "gate_up_proj" else 1) for n in kind[:-1]]
+        ups = [_features(getattr(m, n))[1] // _stacked(n) for n in kind[:-1]]
         if inner % world or any(u != inner for u in ups):
             raise ValueError(
                 f"torch_plugin cache_parallel(helix=True): {path}'s intermediate size {inner} "
@@ -177,9 +187,7 @@ def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
         setattr(m, out, RowSlice(getattr(m, out), comm))
     for _, m, kind in mlps:
         for n in kind[:-1]:  # gate_up_proj: [gate; up] stacked, each half split alike
-            setattr(
-                m, n, ColumnSlice(getattr(m, n), world, comm.rank, 2 if n == "gate_up_proj" else 1)
-            )
+            setattr(m, n, ColumnSlice(getattr(m, n), world, comm.rank, _stacked(n)))
         setattr(m, kind[-1], RowSlice(getattr(m, kind[-1]), comm))
     return {"attention": len(attention), "mlp": len(mlps), "heads_per_rank": heads // world}
 

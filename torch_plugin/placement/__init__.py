@@ -81,7 +81,7 @@ class _DirectCall:
         self.kw_names = kw_names
         # Arguments that were one tensor in the example (`labels=input_ids`): Dynamo gave the
         # graph one input for them, so a call must pass one tensor there too.
-        self.aliases = [tuple(a) for a in aliases]
+        self.aliases = list(aliases)
         self.positional = len(signature) - len(kw_names)
         self.sources = sources
         self.signature = signature
@@ -308,16 +308,16 @@ def _direct_call(
         return None
     graph, flat_in, flat_out = calls[0]
     owned = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    positional = {id(a): i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)}
-    same: dict[int, list[int]] = {}
+    # Each tensor argument's positions: more than one when the example passed it twice.
+    positions: dict[int, list[int]] = {}
     for i, a in enumerate(example_inputs):
         if isinstance(a, torch.Tensor):
-            same.setdefault(id(a), []).append(i)
-    aliases = [tuple(g) for g in same.values() if len(g) > 1]
+            positions.setdefault(id(a), []).append(i)
+    aliases = [tuple(g) for g in positions.values() if len(g) > 1]
     sources: list[tuple[str, Any]] = []
     for a in flat_in:
-        if isinstance(a, torch.Tensor) and id(a) in positional:
-            sources.append(("input", positional[id(a)]))
+        if isinstance(a, torch.Tensor) and id(a) in positions:
+            sources.append(("input", positions[id(a)][0]))
         elif isinstance(a, torch.Tensor) and id(a) in owned:
             sources.append(("const", owned[id(a)]))
         else:

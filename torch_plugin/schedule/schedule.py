@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from ..distributed.collectives import Collectives
+from ..distributed.hf_helix import is_conv1d as _is_conv1d
 from ..distributed.mesh import DeviceMesh
 from ..distributed.spmd_ops import _block
 from . import comm as tp
@@ -625,10 +626,6 @@ def _replace_everywhere(model: nn.Module, old: nn.Parameter, new: nn.Parameter) 
         for k, p in list(m._parameters.items()):
             if p is old:
                 m._parameters[k] = new
-
-
-def _is_conv1d(m: nn.Module) -> bool:
-    return type(m).__name__ == "Conv1D" and hasattr(m, "nf") and hasattr(m, "nx")
 
 
 def _linear_like(m: nn.Module) -> bool:
