@@ -12,7 +12,7 @@ SANITIZE_BUILD = cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug 
 	  cmake --build build/sanitize -j2
 CORE_DIRS = csrc/ir csrc/pattern csrc/cost csrc/solver csrc/passes csrc/sim
 
-.PHONY: bootstrap demo test test-cpp test-sanitize fuzz test-py cuda-check check-core-deps lint benchmarks clean
+.PHONY: bootstrap demo test test-cpp test-sanitize fuzz test-py test-wheel cuda-check check-core-deps lint benchmarks clean
 
 bootstrap:
 	@echo "[$$(date +%T)] make bootstrap"
@@ -21,7 +21,7 @@ bootstrap:
 demo: bootstrap
 	$(PYTHON) examples/quickstart.py
 
-test: bootstrap check-core-deps lint test-cpp test-sanitize fuzz cuda-check test-py
+test: bootstrap check-core-deps lint test-cpp test-sanitize fuzz cuda-check test-wheel test-py
 	@echo "[$$(date +%T)] make test: all passed"
 
 # The torch-free core and its GoogleTest suite.
@@ -82,6 +82,11 @@ cuda-check:
 	      -Ikernels $$f || exit 1; \
 	  done; \
 	else echo "cuda-check: nvcc not found, skipped"; fi
+
+# The wheel, installed in a fresh venv, used from outside the source tree.
+test-wheel:
+	@echo "[$$(date +%T)] make test-wheel"
+	bash scripts/wheel_smoke.sh
 
 test-py:
 	@echo "[$$(date +%T)] make test-py"

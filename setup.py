@@ -110,6 +110,30 @@ def extension():
     return CppExtension(**kwargs)
 
 
+def write_build_info() -> None:
+    """torch_plugin/_build_info.py: the torch this extension is compiled against, which
+    torch_plugin checks at import before loading _C (a mismatched torch fails inside the
+    dynamic loader with an undefined symbol, naming nothing a user can act on)."""
+    path = os.path.join(ROOT, "torch_plugin", "_build_info.py")
+    text = (
+        '"""Written by setup.py at build time: the torch the extension was compiled against."""\n\n'
+        f"TORCH_VERSION = {torch.__version__!r}\n"
+        f"TORCH_CUDA = {torch.version.cuda!r}\n"
+        f"WITH_CUDA_KERNELS = {want_cuda()!r}\n"
+    )
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return  # unchanged: keep the file's time stamp (incremental builds)
+    except OSError:
+        pass
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if os.environ.get("TP_METADATA_ONLY") != "1":
+    write_build_info()
+
 setup(
     # TP_METADATA_ONLY=1: install metadata and the entry point only (scripts/bootstrap.sh then
     # builds the extension in place, incrementally, instead of twice).

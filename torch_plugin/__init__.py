@@ -5,9 +5,16 @@ fast = torch.compile(model, backend="torch_plugin")  # each graph on what measur
 exact = torch.compile(model, backend="torch_plugin", options={"passes": []})  # identity
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import torch  # noqa: F401  (loads libtorch before our extension, which links against it)
+
+from ._compat import check_torch
+
+# Before _C loads: a torch of another minor release fails inside the dynamic loader, naming
+# nothing a user can act on. (Hence the imports below this call: E402.)
+check_torch()
 
 from . import _C, distributed, models, ops, placement, schedule  # noqa: F401  (ops registers fake kernels, autograd)
 from ._C import GraphError, PassError, PlanError
