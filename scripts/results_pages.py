@@ -38,6 +38,11 @@ PAGES = {
         "hf_sharding.py",
         "features/automatic_sharding",
     ),
+    "user_programs": (
+        "Users' training programs: new lengths after one parallelize",
+        "user_programs.py",
+        "features/automatic_sharding",
+    ),
     "graphpipe_search": ("Graph pipelines: search", "graphpipe_search.py", PIPE),
     "graphpipe_throughput": ("Graph pipelines: throughput", "graphpipe_throughput.py", PIPE),
     "cache_parallel": ("Cache parallelism", "cache_parallel.py", "features/cache_parallelism"),

@@ -777,12 +777,13 @@ def sharding_step_matches(
             # the (2, 1) shape the search may pick on larger meshes: pure data parallelism
             dp_only = torch_plugin.DeviceMesh.from_torchrun((2, 1), ("dp", "tp"))
             report["gpt2@dp2xtp1"], _ = _sharded_step_matches("gpt2", dp_only, batch)
-        # Bad input is a clear error, not a wrong answer.
+        # Bad input is a clear error, not a wrong answer: an input the model itself refuses
+        # (the conv net given a matrix) gets the model's own error, not a capture failure.
         bad = torch.zeros(batch + 1, 64)
         try:
             sharded(bad)
-        except ValueError as e:
-            report["bad_input"] = str(e)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            report["bad_input"] = f"{type(e).__name__}: {e}"
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     finally:
         _finish()

@@ -54,6 +54,11 @@ def label_counter(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]
     labels = call[1].get("labels")
     if not isinstance(labels, torch.Tensor):
         return None
+    return model_label_counter(model)
+
+
+def model_label_counter(model: nn.Module) -> Any:
+    """label_counter for any call of `model` that passes labels."""
     # Causal LMs predict token t+1 from t: their loss sees the labels shifted by one.
     shifted = getattr(model, "loss_type", None) == "ForCausalLM" or type(model).__name__.endswith(
         ("ForCausalLM", "LMHeadModel")
@@ -66,12 +71,94 @@ def label_counter(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]
     return count
 
 
+# Keyword inputs that run along the batch with input_ids / inputs_embeds in HF models.
+_BATCH_KEYWORDS = ("attention_mask", "labels", "position_ids", "token_type_ids")
+
+
+def check_batch_agrees(kwargs: dict[str, Any]) -> None:
+    """A mask, label or position tensor whose batch (dim 0) differs from the input ids' is
+    named here; the model would fail deep inside with a broadcast error, or, for labels,
+    a loss over mismatched rows."""
+    lead = next(
+        (
+            (k, kwargs[k])
+            for k in ("input_ids", "inputs_embeds")
+            if isinstance(kwargs.get(k), torch.Tensor) and kwargs[k].dim() > 0
+        ),
+        None,
+    )
+    if lead is None:
+        return
+    name, ref = lead
+    for k in _BATCH_KEYWORDS:
+        x = kwargs.get(k)
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] == ref.shape[0]:
+            continue
+        if k == "position_ids" and x.shape[0] == 1:  # broadcast over the batch, as HF allows
+            continue
+        raise ValueError(
+            f"`{k}` has a batch of {x.shape[0]} rows (shape {list(x.shape)}) but `{name}` "
+            f"has {ref.shape[0]} (shape {list(ref.shape)}): every batch tensor of one call "
+            "must hold the same rows"
+        )
+
+
 def takes_loss_kwargs(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> bool:
     """Whether HF's num_items_in_batch can be passed (as HF's Trainer decides)."""
     if "num_items_in_batch" in call[1]:
         return False
     params = inspect.signature(model.forward).parameters.values()
     return any(p.kind is p.VAR_KEYWORD or p.name == "num_items_in_batch" for p in params)
+
+
+def without_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's keywords with the model's KV cache turned off. Every HF causal LM ships with
+    `config.use_cache=True` and then builds and returns a cache object even in training; that
+    cache is no tensor of the training program (capture failed on it with "argument of type
+    DynamicCache"), and attention computes the same numbers without it. The user's config is
+    left as it is: only the captured call passes use_cache=False, and `past_key_values` is
+    None in the program's outputs."""
+    if kwargs.get("use_cache") is False:
+        return kwargs
+    try:
+        accepts = "use_cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    if not accepts:
+        return kwargs
+    asked = kwargs.get("use_cache", getattr(getattr(model, "config", None), "use_cache", None))
+    if asked:
+        log.info(
+            "torch_plugin: %s's KV cache (use_cache=True) is not part of the captured program: "
+            "captured with use_cache=False, past_key_values is None in its outputs",
+            type(model).__name__,
+        )
+    return {**kwargs, "use_cache": False}
+
+
+def _data_dependent(e: BaseException) -> bool:
+    """Whether a capture failed on a branch or shape that depends on a tensor's values."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+
+    kinds: tuple[type[BaseException], ...] = (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+    try:
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+        kinds += (GuardOnDataDependentSymNode,)
+    except ImportError:  # pragma: no cover - older torch
+        pass
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, kinds):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def describe(spec: pytree.TreeSpec) -> str:
@@ -135,6 +222,7 @@ def trace_call(
         for i, x in zip(tensor_at, args[n_state:], strict=True):
             call[i] = x
         cargs, ckwargs = pytree.tree_unflatten(call, in_spec)
+        ckwargs = without_cache(model, ckwargs)
         out = torch.func.functional_call(model, state, tuple(cargs), ckwargs)
         out_leaves, spec = pytree.tree_flatten(out)
         out_spec.append(spec)
@@ -165,6 +253,14 @@ def trace_call(
                 *args
             )
     except Exception as e:
+        if not _data_dependent(e):
+            # The model's own error (a keyword it does not take, mismatched sizes): raised as
+            # the model raised it, with where it happened.
+            e.add_note(
+                f"torch_plugin: raised by the forward of {type(model).__name__} while capturing "
+                f"it for {describe(in_spec)}"
+            )
+            raise
         raise RuntimeError(
             f"torch_plugin: the forward of {type(model).__name__} could not be captured as one "
             f"graph for {describe(in_spec)} ({type(e).__name__}: "

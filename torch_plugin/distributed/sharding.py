@@ -31,7 +31,13 @@ import torch.utils._pytree as pytree
 
 from .. import _C, fx_bridge
 from .agreement import check_same, digest, planning_only
-from .capture import as_call, describe, label_counter, takes_loss_kwargs
+from .capture import (
+    as_call,
+    check_batch_agrees,
+    describe,
+    model_label_counter,
+    takes_loss_kwargs,
+)
 from .collectives import Collectives
 from .mesh import DeviceMesh
 from .sharded_optim import ShardedOptimizer, _Zero2Shard
@@ -50,6 +56,7 @@ from .spmd_ops import (
     _block,
     _parse,
     _register_group,
+    global_dropout_masks,
     grad_sync,
     replicated_output,
     reshard,
@@ -140,8 +147,33 @@ class ShardOptions:
         )
 
 
+@dataclasses.dataclass
+class _Program:
+    """The rank-local program for one kind of call (signature, shapes, dtypes, non-tensor
+    arguments, autocast state, train/eval): all run on the same parameter blocks."""
+
+    module: fx.GraphModule
+    random_ops: bool
+    out_spec: pytree.TreeSpec
+    summed_loss: bool  # the model's loss read num_items_in_batch (a sum over the batch)
+
+
+def _constant_key(x: Any) -> Any:
+    try:
+        hash(x)
+        return (type(x).__name__, x)
+    except TypeError:
+        return (type(x).__name__, repr(x))
+
+
 class ShardedModule(nn.Module):
-    """The rank-local program of a sharded model: this rank's parameter blocks and the graph."""
+    """The rank-local program of a sharded model: this rank's parameter blocks and the graph.
+
+    The parameter layout is planned once, on the example call. A call of another signature
+    (other keywords, positional instead of keyword), other sequence length or batch size, or
+    under another autocast state gets its own program: the model captured again from a meta
+    copy of its structure and materialised with every parameter's spec pinned to the plan,
+    cached by the call's kind (one log line each, with its capture time)."""
 
     def __init__(
         self,
@@ -183,13 +215,10 @@ class ShardedModule(nn.Module):
             _refuse_batch_statistics(model)
         # dp replicas over labels with padding: the whole batch's label count goes in as HF's
         # num_items_in_batch, so each replica's loss is its share of one process's loss.
-        self._count_labels = label_counter(model, call) if self.dp > 1 else None
-        self._pass_count = self._count_labels is not None and takes_loss_kwargs(model, call)
-        if self._pass_count:
-            call = (
-                call[0],
-                dict(sorted({**call[1], "num_items_in_batch": torch.tensor(0)}.items())),
-            )
+        self._count_labels = model_label_counter(model) if self.dp > 1 else None
+        self._takes_count = self.dp > 1 and takes_loss_kwargs(model, ((), {}))
+        check_batch_agrees(call[1])
+        call = self._with_count(call)
         full_call = call
         call = pytree.tree_map(self._dp_slice, call)
         comm = Collectives(mesh.group(tp_axis), self.world, self.rank, "torch_plugin sharding")
@@ -200,7 +229,6 @@ class ShardedModule(nn.Module):
         # state (a training loop's torch.autocast) the model is captured again from a copy
         # of its structure on the meta device, and planned with every spec pinned to this
         # plan's (the blocks stay the same tensors).
-        self._capture_call = call
         # (not a sub-module: its meta parameters are no parameters of this one)
         object.__setattr__(self, "_skeleton", _meta_copy(model))
         self._autocast_device = next(
@@ -213,11 +241,6 @@ class ShardedModule(nn.Module):
             _refuse_batch_coupling(model, full_call, captured)
         graph, ctx = captured.graph, captured.ctx
         pnames, bnames = captured.pnames, captured.bnames
-        self._in_spec, self._out_spec = captured.in_spec, captured.out_spec
-        self._constants = captured.constants
-        # The model's loss read the count (a sum over the batch); otherwise its loss is a
-        # mean, and so is the replicas' combination.
-        self._summed_loss = self._pass_count and "num_items_in_batch" not in captured.unused_inputs
         log.info(
             "torch_plugin sharding: planning %d ATen nodes on %d ranks (%s level, %.0f s limit)",
             len(graph.records()[1]),
@@ -247,12 +270,25 @@ class ShardedModule(nn.Module):
         ctx.targets.update(_TARGETS)
         self.graph_module = fx_bridge.from_ir(sharded.graph, ctx)
         self._random_ops = fx_bridge.has_random_ops(sharded.graph)
+        if self._random_ops:
+            self._replica_masks(self.graph_module, call)
         self.local_graph = sharded.graph
         state_names = set(pnames) | set(bnames)
         self._pinned = {n: sp for n, sp in plan.spec.items() if n in state_names}
-        self._programs: dict[Any, tuple[fx.GraphModule, bool]] = {
-            self._autocast_state(): (self.graph_module, self._random_ops)
+        # The example's node specs by (name, op): a capture of another length has the same
+        # nodes, and pinning their specs too leaves the ILP little to search (see _new_program).
+        self._node_specs = {
+            (r[0], r[1]): plan.spec[r[0]] for r in graph.records()[1] if r[0] in plan.spec
         }
+        self._programs: dict[Any, _Program] = {
+            self._call_key(pytree.tree_flatten(full_call), model.training): _Program(
+                self.graph_module,
+                self._random_ops,
+                captured.out_spec,
+                self._summed(call, captured),
+            )
+        }
+        self.capture_times_s: dict[str, float] = {}  # a new program's capture and plan, by call
 
         # This rank's blocks, in placeholder order; the model's own tensors are not kept.
         spec = plan.spec
@@ -312,12 +348,7 @@ class ShardedModule(nn.Module):
             if id(t) in canonical
         ]
         self.config = getattr(model, "config", None)
-        self._captured_training = training
         self.train(training)
-        self._input_shapes = [
-            tuple(x.shape) if isinstance(x, torch.Tensor) else None
-            for x in pytree.tree_leaves(full_call)
-        ]
         self.plan = ShardingPlan(
             world=self.world,
             device=opts.device,
@@ -492,96 +523,165 @@ class ShardedModule(nn.Module):
         )
         return plan, sharded
 
-    def _program(self) -> tuple[fx.GraphModule, bool]:
-        """The local program for the current autocast state (captured and planned once)."""
-        state = self._autocast_state()
-        program = self._programs.get(state)
-        if program is not None:
-            return program
-        log.info(
-            "torch_plugin sharding: first call under autocast %s; capturing the model again "
-            "with its specs pinned",
-            state,
+    def _with_count(self, call: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+        """The call with HF's num_items_in_batch where dp replicas need the whole batch's label
+        count (a placeholder 0 here; forward passes the real count)."""
+        if not self._takes_count or "num_items_in_batch" in call[1]:
+            return call
+        if not isinstance(call[1].get("labels"), torch.Tensor):
+            return call
+        return (
+            call[0],
+            dict(sorted({**call[1], "num_items_in_batch": torch.tensor(0)}.items())),
         )
+
+    @staticmethod
+    def _summed(call: tuple[tuple[Any, ...], dict[str, Any]], captured: Any) -> bool:
+        """Whether the captured loss read the batch's label count (a sum over the batch);
+        otherwise the loss is a mean, and so is the replicas' combination."""
+        return "num_items_in_batch" in call[1] and "num_items_in_batch" not in (
+            captured.unused_inputs
+        )
+
+    def _replica_masks(self, gm: fx.GraphModule, call: Any) -> None:
+        """dp replicas: each dropout mask becomes the replica's rows of the whole batch's mask,
+        so that with one seed the losses equal one process's (see replica_bernoulli_)."""
+        if self.dp == 1:
+            return
+        batch = next(
+            (
+                int(x.shape[0])
+                for x in pytree.tree_leaves(call)
+                if isinstance(x, torch.Tensor) and x.dim() > 0
+            ),
+            0,
+        )
+        n = global_dropout_masks(gm, self.dp, self.dp_rank, batch)
+        log.info(
+            "torch_plugin sharding: %d dropout draw(s) take the replica's rows of the whole "
+            "batch's mask",
+            n,
+        )
+
+    def _call_key(self, flat: tuple[list[Any], pytree.TreeSpec], training: bool) -> Any:
+        """What selects a program: the call's structure, each tensor's shape and dtype, each
+        other argument's value, the autocast state and the train/eval mode."""
+        leaves, spec = flat
+        return (
+            repr(spec),
+            tuple(
+                (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else _constant_key(x)
+                for x in leaves
+            ),
+            self._autocast_state(),
+            training,
+        )
+
+    def _new_program(self, call: tuple[tuple[Any, ...], dict[str, Any]]) -> _Program:
+        """The program for a new kind of call: captured from the model's meta copy in this
+        module's mode, planned with every parameter's spec pinned to the plan, materialised."""
+        what = f"{describe(pytree.tree_flatten(call)[1])}, shapes " + ", ".join(
+            str(list(x.shape)) for x in pytree.tree_leaves(call) if isinstance(x, torch.Tensor)
+        )
+        state = self._autocast_state()
+        if state is not None:
+            what += f", autocast {state}"
         if self._skeleton is None:
             raise RuntimeError(
-                f"torch_plugin sharding: the model was captured with autocast "
-                f"{next(iter(self._programs))} and runs under {state}; call parallelize "
-                "inside the autocast context the model trains in"
+                f"torch_plugin sharding: a call with {what} needs a new program, and the model "
+                "could not be copied to capture it again (see the log): call parallelize with "
+                "example inputs like this call, under the autocast state it runs in"
             )
-        captured = _capture(self._skeleton, self._capture_call)
-        pinned = self._options.to_dict()
-        pinned.update(memory_budget_bytes=0.0, pinned=self._pinned)
-        plan, sharded = self._shard(captured.graph, _C.ShardingOptions(**pinned))
+        t0 = time.perf_counter()
+        self._skeleton.train(self.training)
+        captured = _capture(self._skeleton, call)
+        t1 = time.perf_counter()
+        options = self._options.to_dict()
+        options.update(memory_budget_bytes=0.0, pinned=self._pinned)
+        nodes = {
+            r[0]: self._node_specs[(r[0], r[1])]
+            for r in captured.graph.records()[1]
+            if (r[0], r[1]) in self._node_specs
+        }
+        try:
+            # The example's choices where this graph has the same node: the same program at
+            # another size, unless a spec does not fit the new sizes (then only the parameters
+            # stay pinned and the ILP plans the rest).
+            every = _C.ShardingOptions(**{**options, "pinned": {**nodes, **self._pinned}})
+            plan, sharded = self._shard(captured.graph, every)
+        except _C.PlanError as e:
+            log.info("torch_plugin sharding: the example's node specs do not fit (%s)", e)
+            plan, sharded = self._shard(captured.graph, _C.ShardingOptions(**options))
         changed = {n: s for n, s in plan.spec.items() if self._pinned.get(n, s) != s}
         if changed:
             raise RuntimeError(
-                f"torch_plugin sharding: under autocast {state} the plan moved {changed}; "
-                "call parallelize inside the autocast context the model trains in"
+                f"torch_plugin sharding: for a call with {what} the plan moved {changed}; call "
+                "parallelize with example inputs like this call"
             )
         check_same(
             self.comm.group,
-            "sharding plans under autocast",
+            "sharding plans of a new call",
             _plan_digest(plan),
             self.world,
-            "every rank must run the same autocast state",
+            "every rank must make the same call (signature, shapes, autocast state)",
         )
+        t2 = time.perf_counter()
         captured.ctx.targets.update(_TARGETS)
-        program = (
+        program = _Program(
             fx_bridge.from_ir(sharded.graph, captured.ctx),
             fx_bridge.has_random_ops(sharded.graph),
+            captured.out_spec,
+            self._summed(call, captured),
         )
-        self._programs[state] = program
+        if program.random_ops:
+            self._replica_masks(program.module, call)
+        took = time.perf_counter() - t0
+        log.debug("capture %.2f plan %.2f fx %.2f", t1 - t0, t2 - t1, took - (t2 - t0))
+        self.capture_times_s[what] = took
+        log.info(
+            "torch_plugin sharding: new program for a call with %s (%s mode): captured and "
+            "planned with the parameter specs pinned in %.2f s",
+            what,
+            "train" if self.training else "eval",
+            took,
+        )
         return program
 
     def local_parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.local_params)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        labels = kwargs.get("labels") if self._count_labels is not None else None
+        check_batch_agrees(kwargs)
+        call = self._with_count((args, dict(sorted(kwargs.items()))))
+        labels = call[1].get("labels") if self._count_labels is not None else None
         if not isinstance(labels, torch.Tensor):
             labels = None
         total = None if labels is None else self._count_labels(labels)
-        if self._pass_count and total is not None:
-            kwargs["num_items_in_batch"] = total
-        leaves, spec = pytree.tree_flatten((args, dict(sorted(kwargs.items()))))
-        if spec != self._in_spec:
-            raise ValueError(
-                f"called with {describe(spec)}; the sharded program was captured for "
-                f"{describe(self._in_spec)}: call parallelize with example inputs like these"
-            )
-        flat = []
-        for i, (x, shape) in enumerate(zip(leaves, self._input_shapes, strict=True)):
-            if i in self._constants:
-                if x is not self._constants[i] and x != self._constants[i]:
-                    raise ValueError(
-                        f"argument {i} is {x!r}; the sharded program was captured with "
-                        f"{self._constants[i]!r} (non-tensor arguments are fixed per plan)"
-                    )
-                continue
-            if shape is not None and tuple(x.shape) != shape:
-                raise ValueError(
-                    f"input {i} has shape {tuple(x.shape)}; the sharded program was captured for "
-                    f"{shape} (shapes are static per plan): call parallelize with example inputs "
-                    "of this shape"
-                )
-            flat.append(x)
-        graph_module, random_ops = self._program()
+        if (
+            total is not None
+            and "num_items_in_batch" not in kwargs
+            and "num_items_in_batch" in (call[1])
+        ):
+            call[1]["num_items_in_batch"] = total
+        leaves, spec = pytree.tree_flatten(call)
+        key = self._call_key((leaves, spec), self.training)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._new_program(pytree.tree_map(self._dp_slice, call))
+            self._programs[key] = program
+        flat = [x for x in leaves if isinstance(x, torch.Tensor)]
+        graph_module, random_ops = program.module, program.random_ops
+        if random_ops and self.dp > 1:
+            self.dp_comm.share_rng_state()  # tp rank 0 of each replica: dp rank 0's state
         if random_ops and self.world > 1:
             # Random ops (dropout masks) stay replicated: every tp rank draws the whole mask
             # and uses its block, one process's dropout only if all draw from one state.
             self.comm.share_rng_state()
-        if random_ops and self.training != self._captured_training:
-            raise ValueError(
-                "the sharded program was captured in "
-                f"{'train' if self._captured_training else 'eval'} mode and has random ops "
-                "(dropout): call parallelize on the model in the mode it runs in"
-            )
         buffers = [owner._buffers[attr] for owner, attr in self._buffer_slots]
         params: list[torch.Tensor] = list(self.local_params)
         if self.dp == 1:
             outs = graph_module(*params, *buffers, *flat)
-            return pytree.tree_unflatten(list(outs), self._out_spec)
+            return pytree.tree_unflatten(list(outs), program.out_spec)
         # dp replicas: every gradient block is summed over 'dp' (one bucket); the batch slice
         # runs through the tp program; outputs are gathered back along the batch. Every rank
         # seeds the same loss gradient, so the gathered output scales it by 1/dp (the program
@@ -608,7 +708,7 @@ class ShardedModule(nn.Module):
         outs = graph_module(*params, *buffers, *local)
         weight = 1.0 / self.dp
         if total is not None:
-            if self._summed_loss:
+            if program.summed_loss:
                 weight = 1.0
             elif int(total) > 0:
                 weight = int(self._count_labels(self._dp_slice(labels))) / int(total)
@@ -620,7 +720,7 @@ class ShardedModule(nn.Module):
             else o
             for o in outs
         ]
-        return pytree.tree_unflatten(whole, self._out_spec)
+        return pytree.tree_unflatten(whole, program.out_spec)
 
     def _dp_slice(self, x: Any) -> Any:
         """This dp replica's rows (dim 0) of a batch tensor."""

@@ -218,3 +218,39 @@ _TARGETS: dict[str, Callable[..., Any]] = {
     "torch_plugin::grad_sync.default": grad_sync,
     "torch_plugin::replicated_output.default": replicated_output,
 }
+
+
+def replica_bernoulli_(
+    t: torch.Tensor,
+    p: float = 0.5,
+    *,
+    generator: torch.Generator | None = None,
+    dp: int,
+    dp_rank: int,
+    batch: int,
+) -> torch.Tensor:
+    """bernoulli_ in a dp replica's program, as one process draws it: a dropout mask over the
+    replica's `batch` rows is the replica's rows of the whole batch's mask, drawn from the
+    generator state every rank shares (so the generator advances as one process's does). A
+    tensor that does not run along the batch is drawn as is."""
+    if t.dim() == 0 or t.shape[0] != batch:
+        return t.bernoulli_(p, generator=generator)
+    whole = torch.empty((batch * dp, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    whole.bernoulli_(p, generator=generator)
+    with torch.no_grad():
+        return t.copy_(whole[dp_rank * batch : (dp_rank + 1) * batch])
+
+
+def global_dropout_masks(gm: torch.fx.GraphModule, dp: int, dp_rank: int, batch: int) -> int:
+    """Rewrites a dp replica's program so its dropout masks are its rows of one process's
+    (dropout captures as bernoulli_ on an empty tensor). Returns how many draws it rewrote;
+    other random ops draw per replica, as before (logged by the caller)."""
+    rewritten = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.bernoulli_.float:
+            node.target = replica_bernoulli_
+            node.kwargs = {**node.kwargs, "dp": dp, "dp_rank": dp_rank, "batch": batch}
+            rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten

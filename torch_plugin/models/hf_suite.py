@@ -637,11 +637,13 @@ def build_model(
     dtype: torch.dtype | None = None,
     width: int = 1,
     layers: int | None = None,
+    library_defaults: bool = False,
 ) -> nn.Module:
     """The model with random weights (seeded), in training mode with dropout off (so one
     process and N ranks compute the same numbers). width: multiplies every layer width (4 gives
     hidden 256, heads of 64: the benchmarks' scale). layers: the number of layers (2 by
-    default; a 4-stage pipeline wants at least 4)."""
+    default; a 4-stage pipeline wants at least 4). library_defaults: only the size fields are
+    set; dropout and use_cache stay as the library ships them (what users' configs are)."""
     import transformers
 
     if name not in ARCHS:
@@ -664,7 +666,8 @@ def build_model(
             cfg["attention_types"] = [[pattern, max(1, layers // len(pattern))]]
     sub = {k: cfg.pop(k) for k in ("text_config", "vision_config") if k in cfg}
     config = config_cls(**cfg, **sub)
-    _no_dropout(config)
+    if not library_defaults:
+        _no_dropout(config)
     torch.manual_seed(seed)
     model = getattr(transformers, arch.model_class)(config)
     if dtype is not None:

@@ -1,0 +1,49 @@
+"""What every results JSON records about the run that wrote it: the commit (and whether the tree
+had uncommitted changes), the date, and the machine (CPU model, threads; torch)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.check_output(["git", *args], cwd=ROOT, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance() -> dict[str, Any]:
+    machine: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    if torch.cuda.is_available():
+        machine["gpu"] = torch.cuda.get_device_name(0)
+    return {
+        "commit": _git("rev-parse", "--short", "HEAD") or None,
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine,
+    }

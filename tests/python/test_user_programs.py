@@ -1,0 +1,52 @@
+"""Users' training programs as they are (issue 38): library-default HF configs, collated
+padded batches whose length changes every step, a short last batch, other keyword sets after
+one `parallelize`, and the errors a user sees for calls that cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import user_programs
+
+
+@pytest.mark.parametrize(
+    "kind,shape",
+    [("llama", [2]), ("qwen2", [2]), ("gpt2", [2]), ("gpt2", [2, 2])],
+)
+def test_default_config_trains_on_padded_batches_of_every_length(gloo, kind, shape) -> None:
+    world = 1
+    for s in shape:
+        world *= s
+    results = gloo(world).run(user_programs.train_like_a_user, 0, kind, shape)
+    r = results[0]
+    assert r["config_use_cache"]  # the user's config is left as it was
+    diffs = [abs(a - b) for a, b in zip(r["ours"], r["expect"], strict=True)]
+    assert max(diffs) < 1e-5, (r["ours"], r["expect"])
+    assert max(r["ours"]) - min(r["ours"]) > 1e-3  # the losses move: training happened
+    # One program per shape of the first pass (the example's included), none after warm-up.
+    assert r["programs"] == len(user_programs.SHAPES)
+    assert r["after_warmup"] == r["programs"]
+    # Captures: the three new shapes, then the call without a mask.
+    assert len(r["capture_s"]) == len(user_programs.SHAPES)
+    ours, expect = r["no_mask"]
+    assert abs(ours - expect) < 1e-5
+    for other in results[1:]:
+        assert other["ours"] == r["ours"]
+
+
+def test_positional_example_then_keyword_calls(gloo) -> None:
+    for r in gloo(2).run(user_programs.positional_then_keywords, 0):
+        assert r["logits"] < 1e-5
+        ours, expect = r["loss"]
+        assert abs(ours - expect) < 1e-5
+        assert r["grad_diff"] < 1e-5
+
+
+def test_bad_calls_name_their_cause(gloo) -> None:
+    for seen in gloo(2).run(user_programs.bad_calls, 0):
+        kind, message = seen["short_mask"]
+        assert kind == "ValueError" and "`attention_mask` has a batch of 2 rows" in message
+        kind, message = seen["short_labels"]
+        assert kind == "ValueError" and "`labels` has a batch of 3 rows" in message
+        # A call the model itself refuses: the model's own error, not a capture failure.
+        assert seen["model_error"] is not None
+        assert seen["model_refuses"] == seen["model_error"]

@@ -1,0 +1,169 @@
+"""Workers for test_user_programs.py: HF causal LMs from library-default configs (only sizes
+set: use_cache=True, the library's dropout), trained the way users' loops do (collated batches
+with right padding and labels at -100, a length that changes every step, a short last batch,
+AdamW), through one `parallelize`, against the same loop in one process."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import dist_workers
+import torch
+import torch.distributed as dist
+import transformers
+
+VOCAB = 256
+
+
+def default_config_model(kind: str) -> torch.nn.Module:
+    """A library-default config with only the size fields set (and what a size needs)."""
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**sizes, num_attention_heads=4, num_key_value_heads=2)
+        return transformers.LlamaForCausalLM(cfg)
+    if kind == "qwen2":
+        cfg = transformers.Qwen2Config(**sizes, num_attention_heads=4, num_key_value_heads=2)
+        return transformers.Qwen2ForCausalLM(cfg)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4)
+        return transformers.GPT2LMHeadModel(cfg)
+    raise ValueError(kind)
+
+
+def padded_batch(rows: int, length: int, seed: int) -> dict[str, torch.Tensor]:
+    """What DataCollatorWithPadding + a causal-LM label mask give: sequences of several lengths
+    right-padded to the longest, attention_mask 0 and labels -100 on the padding."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (rows, length), generator=g)
+    lengths = torch.randint(max(2, length // 2), length + 1, (rows,), generator=g)
+    lengths[0] = length
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    ids = ids.masked_fill(mask == 0, 0)
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+SHAPES = [(8, 16), (8, 24), (8, 13), (4, 20)]  # the last batch is short
+
+
+def _train(model: Any, batches: list[dict[str, torch.Tensor]], seed: int) -> list[float]:
+    torch.manual_seed(seed)  # dropout draws the same masks in both runs
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for batch in batches:
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def train_like_a_user(rank: int, world: int, port: int, kind: str, shape: list[int]) -> dict:
+    """parallelize once on the first batch; train on batches of other lengths and sizes; then
+    the same shapes again (no capture may happen) and other keyword sets."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model(kind)
+        model.train()
+        reference = copy.deepcopy(model)
+        batches = [padded_batch(b, t, i) for i, (b, t) in enumerate(SHAPES)]
+        names = ("dp", "tp") if len(shape) == 2 else ("tp",)
+        mesh = torch_plugin.DeviceMesh(tuple(shape), names, timeout_s=dist_workers.TIMEOUT_S)
+        sharded = torch_plugin.parallelize(model, mesh, batches[0])
+        ours = _train(sharded, batches, seed=1)
+        programs = len(sharded._programs)
+        again = _train(sharded, [padded_batch(b, t, 10 + i) for i, (b, t) in enumerate(SHAPES)], 2)
+        expect = _train(reference, batches, seed=1)
+        expect_again = _train(
+            reference, [padded_batch(b, t, 10 + i) for i, (b, t) in enumerate(SHAPES)], 2
+        )
+        after_warmup = len(sharded._programs)
+        # Another keyword set (no mask), in eval mode (dropout off: another program), no grad.
+        batch = padded_batch(8, 12, 99)
+        sharded.eval()
+        reference.eval()
+        with torch.no_grad():
+            call = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+            no_mask, ref_no_mask = float(sharded(**call).loss), float(reference(**call).loss)
+        return {
+            "ours": ours + again,
+            "expect": expect + expect_again,
+            "programs": programs,
+            "after_warmup": after_warmup,
+            "capture_s": list(sharded.capture_times_s.values()),
+            "no_mask": (no_mask, ref_no_mask),
+            "config_use_cache": bool(model.config.use_cache),
+        }
+    finally:
+        dist_workers._finish()
+
+
+def positional_then_keywords(rank: int, world: int, port: int) -> dict:
+    """parallelize with a positional example (input ids), then the HF keyword call with labels:
+    Dynamo would compile the new signature, and so does the sharded model."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model("llama")
+        reference = copy.deepcopy(model)
+        batch = padded_batch(4, 10, 0)
+        mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+        sharded = torch_plugin.parallelize(model, mesh, (batch["input_ids"],))
+        logits = sharded(batch["input_ids"]).logits
+        loss = sharded(**batch).loss
+        loss.backward()
+        ref_loss = reference(**batch).loss
+        ref_loss.backward()
+        grads = dict(reference.named_parameters())
+        grad_diff = max(
+            float((p.grad - sharded.shard(grads[n].grad, spec)).abs().max())
+            for n, p, spec in sharded.named_local_parameters()
+        )
+        return {
+            "logits": float((logits - reference(batch["input_ids"]).logits).abs().max()),
+            "loss": (float(loss), float(ref_loss)),
+            "grad_diff": grad_diff,
+        }
+    finally:
+        dist_workers._finish()
+
+
+def bad_calls(rank: int, world: int, port: int) -> dict:
+    """What a user sees for calls that cannot run: each error's type and message."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model("llama")
+        batch = padded_batch(4, 10, 0)
+        mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+        sharded = torch_plugin.parallelize(model, mesh, batch)
+        seen: dict[str, Any] = {}
+        attempts = {
+            "short_mask": {**batch, "attention_mask": batch["attention_mask"][:2]},
+            "short_labels": {**batch, "labels": batch["labels"][:3]},
+            # input ids and embeddings both: LlamaModel itself refuses the call.
+            "model_refuses": {**batch, "inputs_embeds": torch.zeros(4, 10, 64)},
+        }
+        for key, call in attempts.items():
+            try:
+                sharded(**call)
+                seen[key] = None
+            except Exception as e:  # noqa: BLE001 - the test reads the error
+                seen[key] = (type(e).__name__, str(e))
+        try:
+            model_error: Any = None
+            reference = default_config_model("llama")
+            reference(**attempts["model_refuses"])
+        except Exception as e:  # noqa: BLE001 - the model's own error, for comparison
+            model_error = (type(e).__name__, str(e))
+        seen["model_error"] = model_error
+        dist.barrier()
+        return seen
+    finally:
+        dist_workers._finish()
