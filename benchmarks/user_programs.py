@@ -44,6 +44,11 @@ def _worker(rank: int, world: int, port: int, args: Any, out: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
+    if os.environ.get("TP_BENCH_DEBUG"):
+        import logging
+
+        logging.basicConfig(level=logging.WARNING)
+        logging.getLogger("torch_plugin.sharding").setLevel(logging.DEBUG)
     import torch_plugin
     from torch_plugin.models import hf_suite
 
@@ -110,6 +115,7 @@ def main() -> None:
         **provenance(),
         "model": f"HF suite llama, width {args.width}, library-default config (use_cache=True)",
         "ranks": args.world,
+        "threads_per_rank": 1,
         "batch": args.batch,
         **result,
     }
