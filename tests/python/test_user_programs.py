@@ -50,3 +50,14 @@ def test_bad_calls_name_their_cause(gloo) -> None:
         # A call the model itself refuses: the model's own error, not a capture failure.
         assert seen["model_error"] is not None
         assert seen["model_refuses"] == seen["model_error"]
+
+
+def test_pipeline_takes_a_default_config_and_refuses_other_lengths_cleanly(gloo) -> None:
+    for r in gloo(2).run(user_programs.pipeline_default_config, 0):
+        for ours, expect in zip(r["losses"], r["expect"], strict=True):
+            assert abs(ours - expect) < 1e-5
+        assert r["refused"] is not None
+        assert "`attention_mask` has shape [4, 16]" in r["refused"] or (
+            "`input_ids` has shape [4, 16]" in r["refused"]
+        ), r["refused"]
+        assert "pad each batch" in r["refused"]

@@ -167,3 +167,30 @@ def bad_calls(rank: int, world: int, port: int) -> dict:
         return seen
     finally:
         dist_workers._finish()
+
+
+def pipeline_default_config(rank: int, world: int, port: int) -> dict:
+    """A library-default Llama (use_cache=True) through strategy="pipeline": the step's loss
+    equals one process's; a batch of another length is refused on every rank before anything
+    runs, naming the input, and the ranks stay in step for the next batch."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model("llama")
+        reference = copy.deepcopy(model)
+        batch = padded_batch(4, 12, 0)
+        pp = torch_plugin.parallelize(model, world, batch, strategy="pipeline")
+        loss = pp.step(batch)
+        try:
+            pp.step(padded_batch(4, 16, 1))
+            refused = None
+        except ValueError as e:
+            refused = str(e)
+        again = padded_batch(4, 12, 2)
+        loss_again = pp.step(again)
+        with torch.no_grad():
+            expect = [float(reference(**b).loss) for b in (batch, again)]
+        return {"losses": [loss, loss_again], "expect": expect, "refused": refused}
+    finally:
+        dist_workers._finish()

@@ -189,6 +189,15 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if r < total % parts else 0) for r in range(parts)]
 
 
+def _leaf_name(path: Any) -> str:
+    """A call leaf in a user's words: `input_ids`, or positional argument 0."""
+    if len(path) >= 2 and getattr(path[0], "idx", None) == 1:
+        return f"`{getattr(path[1], 'key', path[1])}`"
+    if path and getattr(path[0], "idx", None) == 0 and len(path) >= 2:
+        return f"positional argument {getattr(path[1], 'idx', path[1])}"
+    return pytree.keystr(path)
+
+
 class PipelineParallel:
     """Runs this rank's share of a pipeline plan: its stage, on its replica's samples.
 
@@ -721,13 +730,31 @@ class PipelineParallel:
                 f"{describe(self._in_spec)}: call step with inputs like the example inputs"
             )
         flat = self._flat_tensors(call)
-        for p, x in zip(self.placeholders, flat, strict=False):
+        names = self._flat_tensors(
+            [_leaf_name(path) for path, _ in pytree.tree_flatten_with_path(call)[0]]
+        )
+        for p, x, name in zip(self.placeholders, flat, names, strict=False):
             if self._batch_major.get(p) and isinstance(x, torch.Tensor) and x.dim():
                 if x.shape[0] != self.batch:
                     raise ValueError(
-                        f"input {p.name!r} has {x.shape[0]} samples; the pipeline was planned "
+                        f"input {name} has {x.shape[0]} samples; the pipeline was planned "
                         f"for mini-batches of {self.batch} (the example inputs' batch)"
                     )
+            meta = p.meta.get("tensor_meta")
+            traced = tuple(meta.shape[1:]) if meta is not None else None
+            if (
+                traced is not None
+                and isinstance(x, torch.Tensor)
+                and x.dim()
+                and (tuple(x.shape[1:]) != traced)
+            ):
+                # Checked before anything runs: a stage would otherwise fail mid-schedule and
+                # leave its peers waiting on a message that never comes.
+                raise ValueError(
+                    f"input {name} has shape {list(x.shape)}; the pipeline's stages were "
+                    f"captured for [{self.batch}, {', '.join(map(str, traced))}]: pipelines "
+                    "run the example's sequence length only, so pad each batch to it"
+                )
         return flat
 
     def step(self, inputs: tuple[Any, ...] | dict[str, Any], target: Any = None) -> float:
