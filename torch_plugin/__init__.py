@@ -31,9 +31,11 @@ from .distributed import (
     ShardedOptimizer,
     cache_parallel,
     load_checkpoint,
+    load_pretrained,
     parallelize,
     plan_pipeline,
     save_checkpoint,
+    save_pretrained,
 )
 from .options import Options
 from .placement import PlacedModule, place
@@ -63,6 +65,8 @@ __all__ = [
     "models",
     "parallelize",
     "load_checkpoint",
+    "load_pretrained",
+    "save_pretrained",
     "place",
     "save_checkpoint",
     "placement",

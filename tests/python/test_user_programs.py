@@ -61,3 +61,20 @@ def test_pipeline_takes_a_default_config_and_refuses_other_lengths_cleanly(gloo)
             "`input_ids` has shape [4, 16]" in r["refused"]
         ), r["refused"]
         assert "pad each batch" in r["refused"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])  # rotary buffers; tied embeddings
+def test_pretrained_weights_in_and_out_of_rank_blocks(gloo, tmp_path, kind) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    user_programs.default_config_model(kind).save_pretrained(src, max_shard_size="100KB")
+    assert (src / "model.safetensors.index.json").exists()  # a sharded checkpoint
+    results = gloo(2).run(user_programs.pretrained_round_trip, 0, kind, str(src), str(out))
+    for r in results:
+        ours, expect = r["loss"]
+        assert abs(ours - expect) < 1e-5
+        assert r["report"]["missing"] == [] and r["report"]["loaded"] > 0
+    assert results[0]["reloaded"] < 1e-5
+    assert "model.safetensors.index.json" in results[0]["files"]
+    # Each rank read less than the whole checkpoint: the sharded parameters' other blocks not.
+    whole = sum(f.stat().st_size for f in src.glob("*.safetensors"))
+    assert all(r["report"]["bytes_read"] < 0.8 * whole for r in results)

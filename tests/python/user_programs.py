@@ -194,3 +194,35 @@ def pipeline_default_config(rank: int, world: int, port: int) -> dict:
         return {"losses": [loss, loss_again], "expect": expect, "refused": refused}
     finally:
         dist_workers._finish()
+
+
+def pretrained_round_trip(rank: int, world: int, port: int, kind: str, src: str, out: str) -> dict:
+    """A `meta` model parallelized with pretrained=<save_pretrained dir> (sharded, with its
+    index): each rank reads its blocks; the loss equals one process's on the same weights; then
+    save_pretrained from the blocks, which HF's from_pretrained loads (rank 0 compares)."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        reference = default_config_model(kind)  # the weights save_pretrained wrote (seed 0)
+        batch = padded_batch(4, 10, 0)
+        with torch.device("meta"):
+            meta = type(reference)(reference.config)
+        mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+        sharded = torch_plugin.parallelize(meta, mesh, batch, pretrained=src)
+        sharded.eval()  # dropout off (GPT-2's library default is 0.1): another program
+        reference.eval()
+        with torch.no_grad():
+            loss, expect = float(sharded(**batch).loss), float(reference(**batch).loss)
+        files = torch_plugin.save_pretrained(sharded, out, max_shard_size=100_000)
+        result = {"loss": (loss, expect), "report": sharded.pretrained_report, "files": files}
+        if rank == 0:
+            again = type(reference).from_pretrained(out).eval()
+            with torch.no_grad():
+                result["reloaded"] = float(
+                    (again(**batch).logits - reference(**batch).logits).abs().max()
+                )
+        dist.barrier()
+        return result
+    finally:
+        dist_workers._finish()

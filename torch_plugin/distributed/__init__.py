@@ -14,6 +14,7 @@ from .graph import TracedModel, cost_records, trace_module_level
 from .kv_cache import CacheCapacityError, KVCacheManager
 from .mesh import DeviceMesh
 from .pipeline import PipelineParallel, PipelinePlan, plan_pipeline
+from .pretrained import PretrainedError, load_pretrained, save_pretrained
 from .sharding import ShardedModule, ShardedOptimizer, ShardingPlan, ShardOptions, shard_model
 
 __all__ = [
@@ -38,6 +39,9 @@ __all__ = [
     "TracedModel",
     "cost_records",
     "parallelize",
+    "PretrainedError",
+    "load_pretrained",
+    "save_pretrained",
     "plan_pipeline",
     "trace_module_level",
 ]

@@ -90,7 +90,10 @@ class ShardOptions:
     device: the cost model's device profile; training: None follows model.training;
     level: the ILP's "exact", "fast" or "auto"; zero: the highest ZeRO stage offered (0-2);
     init_seed: a meta-device model's blocks are initialised as its constructor would with this
-    seed; mesh_shape: "auto" searches the (dp, tp) shape of a 1-D mesh; memory_slack: among
+    seed; pretrained: a save_pretrained directory read into each rank's blocks (a `meta` model
+    needs no init_seed then; tensors the checkpoint lacks, such as rotary tables, are
+    initialised as the constructor would); mesh_shape: "auto" searches the (dp, tp) shape of
+    a 1-D mesh; memory_slack: among
     plans modelled within this fraction of the fastest, the one minimising time + parameter
     state per rank, each relative to the fastest plan's (0: the fastest, whatever it holds)."""
 
@@ -104,6 +107,7 @@ class ShardOptions:
     init_seed: int | None = None
     mesh_shape: str | None = None
     memory_slack: float = 0.1
+    pretrained: str | None = None
 
     @classmethod
     def of(cls, options: ShardOptions | None = None, **kwargs: Any) -> ShardOptions:
@@ -308,14 +312,20 @@ class ShardedModule(nn.Module):
                 for n, t in [*all_params.items(), *all_buffers.items()]
             }
         elif meta:
-            if init_seed is None:
+            if init_seed is None and opts.pretrained is None:
                 raise ValueError(
                     "the model is on the meta device: pass init_seed (the seed it would be built "
-                    "with) so each rank initialises its blocks as one process would"
+                    "with) so each rank initialises its blocks as one process would, or "
+                    "pretrained= (a save_pretrained directory) to read them"
                 )
+            skip = frozenset()
+            if opts.pretrained is not None:
+                from .pretrained import stored_names
+
+                skip = stored_names(model, opts.pretrained)
             blocks = dict(
                 _init_blocks_like_constructor(
-                    model, init_seed, lambda n, t: self.shard(t, specs[n])
+                    model, init_seed or 0, lambda n, t: self.shard(t, specs[n]), skip
                 )
             )
         else:
@@ -383,6 +393,11 @@ class ShardedModule(nn.Module):
                 self._zero2[name] = _Zero2Shard(p, self.dp_comm, name, lambda: self._syncing)
         self._zero2_ids = {id(z.param) for z in self._zero2.values()}
         self.mesh_search: list[dict[str, Any]] = []  # shard_model(mesh_shape="auto") fills it
+        self.pretrained_report: dict[str, Any] | None = None
+        if opts.pretrained is not None:
+            from .pretrained import load_pretrained
+
+            self.pretrained_report = load_pretrained(self, opts.pretrained)
         log.info(
             "torch_plugin sharding: %d reshards, %d grad syncs",
             sharded.reshards,

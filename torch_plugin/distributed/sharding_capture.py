@@ -141,20 +141,45 @@ def _meta_copy(model: nn.Module) -> nn.Module:
 
 
 def _init_blocks_like_constructor(
-    model: nn.Module, seed: int, block_of: Callable[[str, torch.Tensor], torch.Tensor]
+    model: nn.Module,
+    seed: int,
+    block_of: Callable[[str, torch.Tensor], torch.Tensor],
+    skip: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """This rank's blocks of a `meta` model's tensors, initialised as a single process building
     the model after `torch.manual_seed(seed)` would: module by module in registration order
     (the constructor's order), each module's tensors made whole on the CPU, reset, cut to this
-    rank's block and dropped, so peak memory is one module's tensors, not the model's."""
+    rank's block and dropped, so peak memory is one module's tensors, not the model's. A module
+    without reset_parameters() is initialised by the model's own `_init_weights` where it has
+    one (HF models: norms, rotary tables). Tensors named in `skip` (read from a checkpoint
+    next) get uninitialised blocks; a module whose tensors are all skipped is not built."""
     rng = torch.get_rng_state()
     torch.manual_seed(seed)
+    hf_init = getattr(model, "_init_weights", None)
+    # A tied tensor (lm_head.weight is embed_tokens.weight) is yielded once, under the name
+    # named_parameters() gives it: by the module that registered it first.
+    canonical = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
     try:
         for mod_name, mod in model.named_modules():
-            direct = [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]
+            prefix = f"{mod_name}." if mod_name else ""
+            direct = [
+                (name, t)
+                for name, t in [
+                    *mod.named_parameters(recurse=False),
+                    *mod.named_buffers(recurse=False),
+                ]
+                if canonical.get(id(t)) == prefix + name
+            ]
             if not direct:
                 continue
-            if not hasattr(mod, "reset_parameters"):
+            if all(prefix + name in skip for name, _ in direct):
+                for name, t in direct:
+                    yield (
+                        prefix + name,
+                        torch.empty_like(block_of(prefix + name, t.detach()), device="cpu"),
+                    )
+                continue
+            if not hasattr(mod, "reset_parameters") and hf_init is None:
                 raise ValueError(
                     f"module '{mod_name}' ({type(mod).__name__}) is on the meta device and has no "
                     "reset_parameters(); build it on the CPU, or give it one"
@@ -165,8 +190,10 @@ def _init_blocks_like_constructor(
             whole._modules = {}
             whole.to_empty(device="cpu", recurse=False)
             with torch.no_grad():
-                whole.reset_parameters()
-            prefix = f"{mod_name}." if mod_name else ""
+                if hasattr(whole, "reset_parameters"):
+                    whole.reset_parameters()
+                else:
+                    hf_init(whole)
             for name, _ in direct:
                 t = getattr(whole, name)
                 yield prefix + name, block_of(prefix + name, t.detach()).clone()

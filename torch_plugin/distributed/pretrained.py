@@ -1,0 +1,239 @@
+"""Pretrained weights in and out of a distributed model, in HF's `save_pretrained` format.
+
+    model = LlamaForCausalLM(config)                  # under torch.device("meta"): no memory
+    dist_model = torch_plugin.parallelize(model, mesh, batch, pretrained="path/to/checkpoint")
+    torch_plugin.load_pretrained(dist_model, "path")  # or into a model built already
+    torch_plugin.save_pretrained(dist_model, "out")   # shards + index + config: from_pretrained
+
+Loading reads, on every rank, only the boxes of each tensor that rank holds: safetensors maps the
+file and a slice reads just its bytes, so no rank materialises the whole model (a `meta` model
+is planned first, its blocks allocated at their local sizes). A single `model.safetensors` and a
+sharded checkpoint with its `model.safetensors.index.json` both load; a tensor stored in another
+dtype is cast to the block's. Tied weights (lm_head / embed_tokens) are read from whichever of
+their keys the file holds.
+
+Saving gathers one tensor at a time to rank 0, which writes shards of at most `max_shard_size`
+bytes and the index, as `save_pretrained` lays them out, plus the model's config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .checkpoint import _is_pipeline, _is_sharded, _model_tensors
+
+log = logging.getLogger("torch_plugin.pretrained")
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+class PretrainedError(ValueError):
+    """A checkpoint directory that does not fit the model (names the keys and what to do)."""
+
+
+def _weight_map(path: Path) -> dict[str, Path]:
+    """Checkpoint key -> the safetensors file holding it."""
+    if path.is_file():
+        files = [path]
+    elif (path / INDEX).exists():
+        index = json.loads((path / INDEX).read_text())
+        return {k: path / f for k, f in index["weight_map"].items()}
+    elif (path / SINGLE).exists():
+        files = [path / SINGLE]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise PretrainedError(
+            f"{path}: no {SINGLE}, {INDEX} or *.safetensors file; pass the directory "
+            "save_pretrained wrote"
+        )
+    from safetensors import safe_open
+
+    out: dict[str, Path] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for k in handle.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
+                out[k] = f
+    return out
+
+
+def _aliases(model: Any) -> dict[str, list[str]]:
+    """Each stored tensor's name -> every state_dict key naming it (tied weights share one)."""
+    if _is_sharded(model):
+        out: dict[str, list[str]] = defaultdict(list)
+        for key, name in model.state_keys:
+            out[name].append(key)
+        return out
+    if _is_pipeline(model):
+        return {n: [n] for n, _, _ in _model_tensors(model)}
+    by_id: dict[int, list[str]] = defaultdict(list)
+    for k, t in model.state_dict(keep_vars=True).items():
+        by_id[id(t)].append(k)
+    first = {id(t): k for k, t in reversed(list(model.state_dict(keep_vars=True).items()))}
+    return {first[i]: keys for i, keys in by_id.items()}
+
+
+def stored_names(model: nn.Module, path: str | os.PathLike) -> frozenset[str]:
+    """The model's parameter and buffer names (as named_parameters / named_buffers give them)
+    whose tensor the checkpoint at `path` holds under any of its state_dict keys."""
+    stored = set(_weight_map(Path(path)))
+    out = set()
+    names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    for key, t in model.state_dict(keep_vars=True).items():
+        if key in stored and id(t) in names:
+            out.add(names[id(t)])
+    return frozenset(out)
+
+
+def load_pretrained(model: Any, path: str | os.PathLike, strict: bool = True) -> dict[str, Any]:
+    """Reads a `save_pretrained` directory into `model` (a ShardedModule's blocks, a pipeline
+    stage's parameters, or a plain module), each rank reading only what it holds. strict: every
+    tensor of the model must be in the checkpoint (missing ones are named). Returns
+    {"loaded", "missing", "unexpected", "seconds", "bytes_read"}."""
+    from safetensors import safe_open
+
+    t0 = time.perf_counter()
+    path = Path(path)
+    where = _weight_map(path)
+    aliases = _aliases(model)
+    by_file: dict[Path, list[tuple[str, str, torch.Tensor, Any]]] = defaultdict(list)
+    missing: list[str] = []
+    used: set[str] = set()
+    for name, local, layout in _model_tensors(model):
+        key = next((k for k in aliases.get(name, [name]) if k in where), None)
+        if key is None:
+            missing.append(name)
+            continue
+        used.update(k for k in aliases.get(name, [name]) if k in where)
+        by_file[where[key]].append((name, key, local, layout))
+    if missing and strict:
+        raise PretrainedError(
+            f"{path}: {len(missing)} tensor(s) of {type(model).__name__} are not in the "
+            f"checkpoint: {missing[:8]}{' ...' if len(missing) > 8 else ''}; is it this model's "
+            "checkpoint? (strict=False loads what is there)"
+        )
+    read = 0
+    with torch.no_grad():
+        for file, entries in by_file.items():
+            with safe_open(str(file), framework="pt") as handle:
+                for name, key, local, layout in entries:
+                    tensor = handle.get_slice(key)
+                    shape = tuple(tensor.get_shape())
+                    if shape != tuple(layout.shape):
+                        raise PretrainedError(
+                            f"{file.name}: '{key}' has shape {list(shape)} but the model's "
+                            f"'{name}' is {list(layout.shape)}; the checkpoint is of another "
+                            "configuration"
+                        )
+                    for offsets, view in layout.boxes(local.detach()):
+                        box = tuple(
+                            slice(o, o + s) for o, s in zip(offsets, view.shape, strict=True)
+                        )
+                        piece = tensor[box] if box else tensor[...]
+                        view.copy_(piece)
+                        read += piece.numel() * piece.element_size()
+    unexpected = sorted(set(where) - used)
+    took = time.perf_counter() - t0
+    log.info(
+        "torch_plugin: loaded %d tensors (%.1f MB read by this rank) from %s in %.2f s",
+        sum(len(v) for v in by_file.values()),
+        read / 1e6,
+        path,
+        took,
+    )
+    return {
+        "loaded": sum(len(v) for v in by_file.values()),
+        "missing": missing,
+        "unexpected": unexpected,
+        "seconds": took,
+        "bytes_read": read,
+    }
+
+
+def save_pretrained(
+    model: Any, path: str | os.PathLike, max_shard_size: int = 2 * 1024**3, config: Any = None
+) -> list[str]:
+    """Writes the whole model as `save_pretrained` does: safetensors shards of at most
+    `max_shard_size` bytes (one tensor at a time gathered to rank 0), their index, and the
+    model's config (`config=` or the model's `.config`). Tied aliases are stored once, under
+    the first key. Every rank must call it; rank 0 writes. Returns the files written."""
+    from safetensors.torch import save_file
+
+    from .spmd_ops import _parse, _whole
+
+    path = Path(path)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+    aliases = _aliases(model)
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+    shards: list[dict[str, torch.Tensor]] = []
+    pipeline_parts: dict[str, torch.Tensor] = {}
+    if _is_pipeline(model):
+        from .checkpoint import full_state_dict
+
+        pipeline_parts = full_state_dict(model, rank0_only=True)
+    files: list[str] = []
+    weight_map: dict[str, str] = {}
+    total = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        if shard:
+            shards.append(shard)
+        shard, size = {}, 0
+
+    for name, local, layout in _model_tensors(model):
+        if _is_pipeline(model):
+            whole = pipeline_parts.get(name) if rank == 0 else None
+        else:
+            kind, dim, sections = _parse(layout.spec)
+            t = local.detach()
+            if _is_sharded(model) and kind == "S" and model.world > 1:
+                blocks = model.comm.all_gather(t.contiguous(), "export")
+                t = _whole(list(blocks.unbind(0)), dim, sections)
+            whole = t.contiguous().clone() if rank == 0 else None
+        if rank != 0 or whole is None:
+            continue
+        nbytes = whole.numel() * whole.element_size()
+        if shard and size + nbytes > max_shard_size:
+            flush()
+        shard[aliases.get(name, [name])[0]] = whole
+        size += nbytes
+        total += nbytes
+    flush()
+    if rank == 0:
+        n = len(shards)
+        for i, part in enumerate(shards):
+            fname = SINGLE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            save_file(part, str(path / fname), metadata={"format": "pt"})
+            files.append(fname)
+            weight_map.update((k, fname) for k in part)
+        if n > 1:
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": dict(sorted(weight_map.items())),
+            }
+            (path / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+            files.append(INDEX)
+        config = config if config is not None else getattr(model, "config", None)
+        if config is None and isinstance(model, nn.Module):
+            config = getattr(getattr(model, "model_ref", None), "config", None)
+        if config is not None and hasattr(config, "save_pretrained"):
+            config.save_pretrained(str(path))
+            files.append("config.json")
+    if dist.is_initialized():
+        dist.barrier()
+    return files
