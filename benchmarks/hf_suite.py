@@ -11,6 +11,10 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
   shard2, shard4   torch_plugin.parallelize(model, DeviceMesh(n), inputs): 3 AdamW steps on
                    n gloo ranks, each loss within 1e-5 of one process's
   shard2x2         the same on a (dp=2, tp=2) mesh
+  shard2_user      users' programs (issue 38): the library-default config (only sizes set:
+                   use_cache, dropout as shipped), parallelize once, then AdamW steps on
+                   padded batches of 4 rows x 16, 24, 12 tokens and a last batch of 2 x 20,
+                   each loss within 1e-5 of one process's (same seed) and the losses moving
   shard2_lean      shard2 with the memory budget at the least any plan needs (what a model that
                    does not fit one device asks for): the parameter bytes each rank holds
   bf16_2           on decoders, 2 ranks: bf16 parameters with float32 master weights, and
@@ -79,6 +83,7 @@ ENTRIES = [
     "shard4",
     "shard2x2",
     "shard2_lean",
+    "shard2_user",
     "bf16_2",
     "fp16_2",
     "pipeline4",
@@ -92,6 +97,7 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "shard4": (4, (4,)),
     "shard2x2": (4, (2, 2)),
     "shard2_lean": (2, (2,)),
+    "shard2_user": (2, (2,)),
     "pipeline4": (4, None),
     "cp_decode": (2, (2,)),
     "cp_decode4": (4, (4,)),
@@ -323,6 +329,51 @@ def check_shard(name: str, mesh_shape: tuple[int, ...], lean: bool = False) -> d
     return {
         "max_loss_diff": diff,
         "param_fraction": sharded.local_parameter_bytes() / whole,
+    }
+
+
+# (rows, tokens, padded positions in row 1) of each step of shard2_user: the sequence length
+# changes every step and the last batch is short, as a padding collator's batches do.
+USER_SHAPES = [(4, 16, 3), (4, 24, 5), (4, 12, 2), (2, 20, 4)]
+
+
+def check_shard_user(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
+    """A user's program: the library-default config, one parallelize on the first batch, then
+    AdamW over batches of other lengths and a short last one, against one process with the
+    same seed (dropout draws the same masks)."""
+    import torch_plugin
+    from torch_plugin.models import hf_suite
+
+    model = hf_suite.build_model(name, library_defaults=True)
+    batches = [
+        hf_suite.make_inputs(name, batch=b, seq=t, seed=10 + i, pad=p)
+        for i, (b, t, p) in enumerate(USER_SHAPES)
+    ]
+    reference = copy.deepcopy(model)
+    mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
+    sharded = torch_plugin.parallelize(model, mesh, batches[0])
+
+    def run(m: Any, opt: torch.optim.Optimizer) -> list[float]:
+        torch.manual_seed(1)
+        losses = []
+        for b in batches:
+            loss = hf_suite.loss_of(m(**b))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        return losses
+
+    got = run(sharded, sharded.optimizer(torch.optim.AdamW, lr=LR))
+    want = run(reference, torch.optim.AdamW(reference.parameters(), lr=LR))
+    diff = _compare_losses(got, want)
+    if max(got) - min(got) <= LOSS_RTOL:
+        raise Mismatch(f"the losses {got} do not move")
+    return {
+        "max_loss_diff": diff,
+        "programs": len(sharded._programs),
+        "capture_s": round(sum(sharded.capture_times_s.values()), 2),
+        "use_cache": bool(getattr(model.config, "use_cache", False)),
     }
 
 
@@ -626,6 +677,8 @@ def rank_figures(rank: int, world: int, entry: str, name: str) -> dict[str, Any]
     """One rank's share of a distributed cell, in a process group already joined (the suite's
     fresh processes, or the tests' kept-alive gloo pool). Raises Mismatch when numbers differ."""
     mesh = DISTRIBUTED[entry][1]
+    if entry == "shard2_user":
+        return check_shard_user(name, mesh)
     if entry.startswith("shard"):
         return check_shard(name, mesh, lean=entry.endswith("_lean"))
     if entry == "recipe2x2":

@@ -1,6 +1,6 @@
 """Smoke test of an installed torch_plugin (a wheel in a fresh venv), run from outside the source
 tree: every subpackage imports from site-packages, the torch.compile entry point is registered,
-the README's compile quick start matches eager, and a 2-rank `parallelize` trains like one process.
+torch.compile with our backend matches eager, and a 2-rank `parallelize` trains like one process.
 
     python scripts/wheel_smoke.py            # run from any directory but the checkout
 """
@@ -46,7 +46,9 @@ def _check_compile() -> None:
     torch.manual_seed(0)
     model, (tokens,) = torch_plugin.models.build("gpt", small=True, batch=1)
     model.eval()
-    fast = torch.compile(model, backend="torch_plugin")
+    # The identity pipeline: the entry point and _C end to end, in seconds (the measured
+    # default compile is the README's quick start, run by make demo).
+    fast = torch.compile(model, backend="torch_plugin", options={"passes": []})
     with torch.no_grad():
         diff = (fast(tokens) - model(tokens)).abs().max().item()
     if not diff < 1e-4:
