@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import socket
 import sys
@@ -52,7 +51,13 @@ def _batch() -> dict[str, torch.Tensor]:
 
 
 def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    """This process's peak resident set (VmHWM). Not getrusage's ru_maxrss: Linux carries the
+    parent's high-water mark across the spawn's fork + exec into it."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _current_mb() -> float:

@@ -38,6 +38,11 @@ PAGES = {
         "hf_sharding.py",
         "features/automatic_sharding",
     ),
+    "pretrained_load": (
+        "Pretrained weights into rank blocks: a 1B Llama on 4 ranks",
+        "pretrained_load.py",
+        "features/automatic_sharding",
+    ),
     "user_programs": (
         "Users' training programs: new lengths after one parallelize",
         "user_programs.py",
