@@ -31,13 +31,9 @@ VOCAB = 256
 
 
 def padded_batch(rows: int, length: int, seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (rows, length), generator=g)
-    lengths = torch.randint(max(2, length // 2), length + 1, (rows,), generator=g)
-    lengths[0] = length
-    mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
-    ids = ids.masked_fill(mask == 0, 0)
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    from torch_plugin.models import hf_suite
+
+    return hf_suite.collated_batch(rows, length, seed, vocab=VOCAB)
 
 
 def _worker(rank: int, world: int, port: int, args: Any, out: Any) -> None:

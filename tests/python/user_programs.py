@@ -33,15 +33,9 @@ def default_config_model(kind: str) -> torch.nn.Module:
 
 
 def padded_batch(rows: int, length: int, seed: int) -> dict[str, torch.Tensor]:
-    """What DataCollatorWithPadding + a causal-LM label mask give: sequences of several lengths
-    right-padded to the longest, attention_mask 0 and labels -100 on the padding."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (rows, length), generator=g)
-    lengths = torch.randint(max(2, length // 2), length + 1, (rows,), generator=g)
-    lengths[0] = length
-    mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
-    ids = ids.masked_fill(mask == 0, 0)
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    from torch_plugin.models import hf_suite
+
+    return hf_suite.collated_batch(rows, length, seed, vocab=VOCAB)
 
 
 SHAPES = [(8, 16), (8, 24), (8, 13), (4, 20)]  # the last batch is short

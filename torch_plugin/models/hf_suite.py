@@ -684,6 +684,21 @@ def _no_dropout(config: Any) -> None:
     config.use_cache = False
 
 
+def collated_batch(
+    rows: int, length: int, seed: int, vocab: int = VOCAB, pad_id: int = 0
+) -> dict[str, torch.Tensor]:
+    """What a padding collator (DataCollatorWithPadding) and a causal-LM label mask give for
+    token sequences of several lengths: right-padded to the longest (`length`; row 0 is that
+    long), attention_mask 0 and labels -100 on the padding."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (rows, length), generator=g)
+    lengths = torch.randint(max(2, length // 2), length + 1, (rows,), generator=g)
+    lengths[0] = length
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
+    ids = ids.masked_fill(mask == 0, pad_id)
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
 def make_inputs(
     name: str, batch: int = BATCH, seq: int = SEQ, seed: int = 1, pad: int = 3
 ) -> dict[str, Any]:
