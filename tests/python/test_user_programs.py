@@ -78,3 +78,28 @@ def test_pretrained_weights_in_and_out_of_rank_blocks(gloo, tmp_path, kind) -> N
     # Each rank read less than the whole checkpoint: the sharded parameters' other blocks not.
     whole = sum(f.stat().st_size for f in src.glob("*.safetensors"))
     assert all(r["report"]["bytes_read"] < 0.8 * whole for r in results)
+
+
+def test_a_meta_capture_keeps_which_parameters_need_gradients() -> None:
+    """New programs are captured from a meta copy of the model. Its parameters must keep
+    requires_grad: SDPA picks its CPU kernel by it, and the flash kernel it picks for a mask
+    without gradients refuses one with (Swin's relative-position bias; a new batch size failed
+    at run time)."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_plugin.distributed.capture import trace_call
+
+    class BiasedAttention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(1, 1, 4, 4))
+
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, q, q, attn_mask=self.bias)
+
+    with torch.device("meta"):
+        model = BiasedAttention()
+    traced = trace_call(model, ((torch.randn(1, 1, 4, 8),), {}))
+    targets = {str(n.target) for n in traced.gm.graph.nodes}
+    assert not any("flash" in t for t in targets), targets

@@ -242,7 +242,9 @@ def trace_call(
         for a in args:
             if isinstance(a, torch.Tensor) and a.is_meta:
                 with mode:
-                    a = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cpu")
+                    a = torch.empty_strided(
+                        a.shape, a.stride(), dtype=a.dtype, device="cpu"
+                    ).requires_grad_(a.requires_grad)  # kernel choices depend on it (SDPA)
             elif isinstance(a, torch.Tensor):
                 a = mode.from_tensor(a)
             converted.append(a)
