@@ -161,6 +161,16 @@ def _data_dependent(e: BaseException) -> bool:
     return False
 
 
+def leaf_name(path: Any) -> str:
+    """A leaf of a call's (args, kwargs), from its pytree path, in a user's words: `input_ids`,
+    or positional argument 0."""
+    if len(path) >= 2 and getattr(path[0], "idx", None) == 1:
+        return f"`{getattr(path[1], 'key', path[1])}`"
+    if len(path) >= 2 and getattr(path[0], "idx", None) == 0:
+        return f"positional argument {getattr(path[1], 'idx', path[1])}"
+    return pytree.keystr(path)
+
+
 def describe(spec: pytree.TreeSpec) -> str:
     """A call structure in a user's words: its positional count and keyword names."""
     try:

@@ -29,7 +29,7 @@ import torch.utils._pytree as pytree
 from .. import _C
 from . import pipeline_capture
 from .agreement import check_same
-from .capture import as_call, describe, label_counter, takes_loss_kwargs
+from .capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from .collectives import hold_groups
 from .graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from .pipeline_capture import AtenPipelineGraph, same_graph
@@ -187,15 +187,6 @@ def plan_pipeline(
 
 def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if r < total % parts else 0) for r in range(parts)]
-
-
-def _leaf_name(path: Any) -> str:
-    """A call leaf in a user's words: `input_ids`, or positional argument 0."""
-    if len(path) >= 2 and getattr(path[0], "idx", None) == 1:
-        return f"`{getattr(path[1], 'key', path[1])}`"
-    if path and getattr(path[0], "idx", None) == 0 and len(path) >= 2:
-        return f"positional argument {getattr(path[1], 'idx', path[1])}"
-    return pytree.keystr(path)
 
 
 class PipelineParallel:
@@ -731,7 +722,7 @@ class PipelineParallel:
             )
         flat = self._flat_tensors(call)
         names = self._flat_tensors(
-            [_leaf_name(path) for path, _ in pytree.tree_flatten_with_path(call)[0]]
+            [leaf_name(path) for path, _ in pytree.tree_flatten_with_path(call)[0]]
         )
         for p, x, name in zip(self.placeholders, flat, names, strict=False):
             if self._batch_major.get(p) and isinstance(x, torch.Tensor) and x.dim():

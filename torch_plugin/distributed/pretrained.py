@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections import defaultdict
@@ -80,8 +81,7 @@ def _aliases(model: Any) -> dict[str, list[str]]:
     by_id: dict[int, list[str]] = defaultdict(list)
     for k, t in model.state_dict(keep_vars=True).items():
         by_id[id(t)].append(k)
-    first = {id(t): k for k, t in reversed(list(model.state_dict(keep_vars=True).items()))}
-    return {first[i]: keys for i, keys in by_id.items()}
+    return {keys[0]: keys for keys in by_id.values()}  # _model_tensors names the first key
 
 
 def stored_names(model: nn.Module, path: str | os.PathLike) -> frozenset[str]:
@@ -165,62 +165,64 @@ def save_pretrained(
     model: Any, path: str | os.PathLike, max_shard_size: int = 2 * 1024**3, config: Any = None
 ) -> list[str]:
     """Writes the whole model as `save_pretrained` does: safetensors shards of at most
-    `max_shard_size` bytes (one tensor at a time gathered to rank 0), their index, and the
-    model's config (`config=` or the model's `.config`). Tied aliases are stored once, under
-    the first key. Every rank must call it; rank 0 writes. Returns the files written."""
+    `max_shard_size` bytes, their index, and the model's config (`config=` or the model's
+    `.config`). Tensors are gathered to rank 0 one at a time and each shard is written as soon
+    as it is complete, so rank 0 holds one shard, not the model. Tied aliases are stored once,
+    under the first key. Every rank must call it; rank 0 writes. Returns the files written."""
     from safetensors.torch import save_file
 
     from .spmd_ops import _parse, _whole
 
     path = Path(path)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0:
-        path.mkdir(parents=True, exist_ok=True)
     aliases = _aliases(model)
-    shard: dict[str, torch.Tensor] = {}
+    tensors = list(_model_tensors(model))
+    # Shard boundaries from the whole tensors' sizes, known before anything is gathered (file
+    # names carry the shard count).
+    shard_of: list[int] = []
     size = 0
-    shards: list[dict[str, torch.Tensor]] = []
+    for _, local, layout in tensors:
+        nbytes = math.prod(layout.shape) * local.element_size()
+        if shard_of and size + nbytes > max_shard_size:
+            size = 0
+            shard_of.append(shard_of[-1] + 1)
+        else:
+            shard_of.append(shard_of[-1] if shard_of else 0)
+        size += nbytes
+    n = shard_of[-1] + 1 if shard_of else 1
+    names = [SINGLE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     pipeline_parts: dict[str, torch.Tensor] = {}
     if _is_pipeline(model):
         from .checkpoint import full_state_dict
 
         pipeline_parts = full_state_dict(model, rank0_only=True)
-    files: list[str] = []
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+    shard: dict[str, torch.Tensor] = {}
     weight_map: dict[str, str] = {}
     total = 0
-
-    def flush() -> None:
-        nonlocal shard, size
-        if shard:
-            shards.append(shard)
-        shard, size = {}, 0
-
-    for name, local, layout in _model_tensors(model):
+    for k, (name, local, layout) in enumerate(tensors):
         if _is_pipeline(model):
-            whole = pipeline_parts.get(name) if rank == 0 else None
+            whole = pipeline_parts.get(name)
         else:
             kind, dim, sections = _parse(layout.spec)
-            t = local.detach()
+            whole = local.detach()
             if _is_sharded(model) and kind == "S" and model.world > 1:
-                blocks = model.comm.all_gather(t.contiguous(), "export")
-                t = _whole(list(blocks.unbind(0)), dim, sections)
-            whole = t.contiguous().clone() if rank == 0 else None
+                blocks = model.comm.all_gather(whole.contiguous(), "export")
+                whole = _whole(list(blocks.unbind(0)), dim, sections)
         if rank != 0 or whole is None:
             continue
-        nbytes = whole.numel() * whole.element_size()
-        if shard and size + nbytes > max_shard_size:
-            flush()
-        shard[aliases.get(name, [name])[0]] = whole
-        size += nbytes
-        total += nbytes
-    flush()
+        key = aliases.get(name, [name])[0]
+        shard[key] = whole.contiguous().clone()
+        total += whole.numel() * whole.element_size()
+        if k + 1 == len(tensors) or shard_of[k + 1] != shard_of[k]:
+            fname = names[shard_of[k]]
+            save_file(shard, str(path / fname), metadata={"format": "pt"})
+            weight_map.update((key, fname) for key in shard)
+            shard = {}
+    files: list[str] = []
     if rank == 0:
-        n = len(shards)
-        for i, part in enumerate(shards):
-            fname = SINGLE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            save_file(part, str(path / fname), metadata={"format": "pt"})
-            files.append(fname)
-            weight_map.update((k, fname) for k in part)
+        files = list(dict.fromkeys(weight_map.values()))
         if n > 1:
             index = {
                 "metadata": {"total_size": total},
@@ -229,8 +231,6 @@ def save_pretrained(
             (path / INDEX).write_text(json.dumps(index, indent=2) + "\n")
             files.append(INDEX)
         config = config if config is not None else getattr(model, "config", None)
-        if config is None and isinstance(model, nn.Module):
-            config = getattr(getattr(model, "model_ref", None), "config", None)
         if config is not None and hasattr(config, "save_pretrained"):
             config.save_pretrained(str(path))
             files.append("config.json")

@@ -674,10 +674,10 @@ class ShardedModule(nn.Module):
         total = None if labels is None else self._count_labels(labels)
         if (
             total is not None
+            and "num_items_in_batch" in call[1]
             and "num_items_in_batch" not in kwargs
-            and "num_items_in_batch" in (call[1])
         ):
-            call[1]["num_items_in_batch"] = total
+            call[1]["num_items_in_batch"] = total  # _with_count's placeholder: the real count
         leaves, spec = pytree.tree_flatten(call)
         key = self._call_key((leaves, spec), self.training)
         program = self._programs.get(key)
