@@ -103,3 +103,27 @@ def test_a_meta_capture_keeps_which_parameters_need_gradients() -> None:
     traced = trace_call(model, ((torch.randn(1, 1, 4, 8),), {}))
     targets = {str(n.target) for n in traced.gm.graph.nodes}
     assert not any("flash" in t for t in targets), targets
+
+
+def test_a_checkpoint_of_another_model_is_named(tmp_path) -> None:
+    """load_pretrained into a plain module: a checkpoint of another size names the tensor and
+    both shapes; one missing tensors names them (strict), and strict=False loads the rest."""
+    import torch
+
+    import torch_plugin
+    from torch_plugin.distributed.pretrained import PretrainedError
+
+    user_programs.default_config_model("llama").save_pretrained(tmp_path / "llama")
+    small = torch.nn.Linear(4, 4)
+    with pytest.raises(PretrainedError, match="not in the checkpoint: \\['weight', 'bias'\\]"):
+        torch_plugin.load_pretrained(small, tmp_path / "llama")
+    model = user_programs.default_config_model("llama")
+    model.model.embed_tokens = torch.nn.Embedding(user_programs.VOCAB + 8, 64)
+    with pytest.raises(
+        PretrainedError, match="'model.embed_tokens.weight' has shape \\[256, 64\\]"
+    ):
+        torch_plugin.load_pretrained(model, tmp_path / "llama")
+    report = torch_plugin.load_pretrained(small, tmp_path / "llama", strict=False)
+    assert report["loaded"] == 0 and report["missing"] == ["weight", "bias"]
+    with pytest.raises(PretrainedError, match="no model.safetensors"):
+        torch_plugin.load_pretrained(small, tmp_path)
