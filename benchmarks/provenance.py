@@ -41,9 +41,19 @@ def provenance() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         machine["gpu"] = torch.cuda.get_device_name(0)
+        machine["cuda"] = torch.version.cuda
+        try:
+            machine["driver"] = subprocess.check_output(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], text=True
+            ).strip()
+        except (OSError, subprocess.CalledProcessError):
+            machine["driver"] = None
     return {
-        "commit": _git("rev-parse", "--short", "HEAD") or None,
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # A lent GPU machine gets the working tree without .git: the command passes TP_COMMIT.
+        "commit": _git("rev-parse", "--short", "HEAD") or os.environ.get("TP_COMMIT") or None,
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))
+        if _git("rev-parse", "HEAD")
+        else os.environ.get("TP_DIRTY") == "1",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine,
     }

@@ -17,6 +17,10 @@ TORCH_LIBRARY(torch_plugin, m) {
       "split_kv_attention(Tensor q, Tensor k, Tensor v, Tensor lengths, int num_splits, "
       "float scale=0.0, Tensor? starts=None, float softcap=0.0) -> (Tensor, Tensor)");
   m.def("merge_attention_partials(Tensor out, Tensor lse) -> (Tensor, Tensor)");
+  // Split-KV decode with the merge done: out [B, Hq, D] in q's dtype, lse [B, Hq] float32.
+  m.def(
+      "decode_attention(Tensor q, Tensor k, Tensor v, Tensor lengths, int num_splits=0, "
+      "float scale=0.0, Tensor? starts=None, float softcap=0.0) -> (Tensor, Tensor)");
   // Kernels of the placement pass's "fused" backend (forward / inference graphs).
   m.def("linear_act(Tensor x, Tensor weight_t, Tensor bias, str act) -> Tensor");
   m.def(
@@ -36,6 +40,7 @@ TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
   m.impl("bias_gelu_backward", &tp::kernels::BiasGeluBackwardCpu);
   m.impl("split_kv_attention", &tp::kernels::SplitKvAttentionCpu);
   m.impl("merge_attention_partials", &tp::kernels::MergeAttentionPartialsCpu);
+  m.impl("decode_attention", &tp::kernels::DecodeAttentionCpu);
   m.impl("linear_act", &tp::kernels::LinearActCpu);
   m.impl("add_layer_norm", &tp::kernels::AddLayerNormCpu);
   m.impl("add_layer_norm_stats", &tp::kernels::AddLayerNormStatsCpu);

@@ -58,4 +58,28 @@ struct MergePartialsParams {
   int64_t rows = 0, parts = 0, head_dim = 0;
 };
 
+// Decode attention with the merge of splits fused (kernels/cuda/decode_attention.cu): q [B, Hq, D]
+// in float16/bfloat16, k/v [B, Hkv, S, D] contiguous, lengths/starts [B] int64 (clamped to
+// [0, S] and [0, length] in the kernel: checking them on the host would stall the stream).
+// out [B, Hq, D] in q's dtype, lse [B, Hq] float32 (natural log; -inf where nothing was
+// attended). With splits > 1 the partials go to part_out [B, Hq, splits, D] and part_lse
+// [B, Hq, splits] (float32), and the last block of each (sequence, KV head, head chunk) to
+// finish merges them; `counters` holds one zeroed int32 per such unit.
+struct DecodeParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const int64_t* lengths = nullptr;
+  const int64_t* starts = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+  float* part_out = nullptr;
+  float* part_lse = nullptr;
+  int32_t* counters = nullptr;
+  int64_t batch = 0, heads = 0, kv_heads = 0, seq = 0, head_dim = 0, splits = 1;
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  ScalarKind kind = ScalarKind::kBFloat16;
+};
+
 }  // namespace tp::kernels

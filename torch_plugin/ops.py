@@ -71,6 +71,20 @@ def _merge_attention_partials_fake(
     return out.new_empty((*out.shape[:-2], out.shape[-1])), lse.new_empty(lse.shape[:-1])
 
 
+@torch.library.register_fake("torch_plugin::decode_attention")
+def _decode_attention_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    num_splits: int = 0,
+    scale: float = 0.0,
+    starts: torch.Tensor | None = None,
+    softcap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
 def default_num_splits(
     device: torch.device, batch: int, kv_heads: int, length: int, sms: int | None = None
 ) -> int:
@@ -101,9 +115,16 @@ def split_kv_decode_attention(
     q [B, Hq, D]; caches [B, Hkv, S, D] (GQA when Hq > Hkv); lengths [B] valid entries. The
     cache is split into `num_splits` chunks whose partial results are merged exactly; across
     ranks, gather (out, lse) partials and call `merge_attention_partials` the same way.
-    Returns [B, Hq, D] in q's dtype. num_splits: None picks `default_num_splits` for the
-    device.
+    Returns [B, Hq, D] in q's dtype. num_splits: None picks `default_num_splits` on the CPU
+    and the count that fills the device once on CUDA.
     """
+    if q.device.type == "cuda":
+        # One launch: the tensor-core kernel picks its split count from the device and merges
+        # the splits itself (kernels/cuda/decode_attention.cu) where it applies.
+        out, _ = torch.ops.torch_plugin.decode_attention(
+            q, k_cache, v_cache, lengths, num_splits or 0, 0.0 if scale is None else scale
+        )
+        return out
     if num_splits is None:
         num_splits = default_num_splits(q.device, q.shape[0], k_cache.shape[1], k_cache.shape[2])
     out, lse = torch.ops.torch_plugin.split_kv_attention(

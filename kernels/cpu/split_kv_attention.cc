@@ -3,6 +3,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -368,6 +369,22 @@ std::tuple<at::Tensor, at::Tensor> MergeAttentionPartialsCpu(const at::Tensor& o
     }
   });
   return {merged, mlse};
+}
+
+std::tuple<at::Tensor, at::Tensor> DecodeAttentionCpu(const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& v,
+                                                      const at::Tensor& lengths,
+                                                      int64_t num_splits, double scale,
+                                                      const std::optional<at::Tensor>& starts,
+                                                      double softcap) {
+  TORCH_CHECK(num_splits >= 0, "torch_plugin::decode_attention: num_splits must be >= 0 (0: ",
+              "chosen for the device), got ", num_splits);
+  const int64_t splits =
+      num_splits > 0 ? num_splits : std::max<int64_t>(1, std::min<int64_t>(8, k.size(2) / 512));
+  auto [part_out, part_lse] =
+      SplitKvAttentionCpu(q, k, v, lengths, splits, scale, starts, softcap);
+  auto [merged, merged_lse] = MergeAttentionPartialsCpu(part_out, part_lse);
+  return {merged.to(q.scalar_type()), merged_lse};
 }
 
 }  // namespace tp::kernels

@@ -29,4 +29,13 @@ std::tuple<at::Tensor, at::Tensor> SplitKvAttentionCpu(const at::Tensor& q, cons
 std::tuple<at::Tensor, at::Tensor> MergeAttentionPartialsCpu(const at::Tensor& out,
                                                              const at::Tensor& lse);
 
+// Both steps in one call: out [B, Hq, D] in q's dtype and lse [B, Hq] (float32). num_splits 0
+// picks up to 8 chunks of at least 512 entries. The CUDA twin fuses the merge into the kernel.
+std::tuple<at::Tensor, at::Tensor> DecodeAttentionCpu(const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& v,
+                                                      const at::Tensor& lengths,
+                                                      int64_t num_splits, double scale,
+                                                      const std::optional<at::Tensor>& starts,
+                                                      double softcap);
+
 }  // namespace tp::kernels

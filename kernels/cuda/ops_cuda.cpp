@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -156,12 +157,98 @@ std::tuple<at::Tensor, at::Tensor> MergeAttentionPartialsCuda(const at::Tensor& 
   return {merged, merged_lse};
 }
 
+// decode_attention: the tensor-core kernel with the split merge fused where it applies
+// (DecodeAttentionSupported: sm_80+, float16/bfloat16, head_dim 64/128/256); elsewhere, or
+// under TP_SPLIT_KV_CUDA=warp_per_head|grouped, the split kernel and then the merge kernel.
+// Device-resident lengths/starts are clamped in the kernel rather than checked here: reading
+// them back would stall the stream on every decoded token. CPU ones are checked.
+std::tuple<at::Tensor, at::Tensor> DecodeAttentionCuda(const at::Tensor& q_in,
+                                                       const at::Tensor& k_in,
+                                                       const at::Tensor& v_in,
+                                                       const at::Tensor& lengths_in,
+                                                       int64_t num_splits, double scale,
+                                                       const std::optional<at::Tensor>& starts,
+                                                       double softcap) {
+  constexpr const char* op = "torch_plugin::decode_attention";
+  TORCH_CHECK(num_splits >= 0, op, ": num_splits must be >= 0 (0: chosen for the device), got ",
+              num_splits);
+  CheckSplitKv(q_in, k_in, v_in, lengths_in, num_splits > 0 ? num_splits : 1);
+  TORCH_CHECK(softcap >= 0, op, ": softcap must be >= 0 (0: none), got ", softcap);
+  TORCH_CHECK(q_in.is_cuda(), op, ": the CUDA kernel got q on ", q_in.device());
+  c10::cuda::CUDAGuard guard(q_in.device());
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  if (lengths_in.is_cpu()) {
+    const auto lo = lengths_in.min().item<int64_t>(), hi = lengths_in.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi <= k.size(2), op, ": lengths in [", lo, ", ", hi,
+                "] are outside the cache [0, ", k.size(2), "]");
+  }
+  const at::Tensor lengths = lengths_in.to(q.device()).contiguous();
+  at::Tensor first;
+  if (starts.has_value()) {
+    TORCH_CHECK(starts->dim() == 1 && starts->size(0) == q.size(0) &&
+                    starts->scalar_type() == at::kLong,
+                op, ": starts must be int64 [B]");
+    if (starts->is_cpu() && lengths_in.is_cpu())
+      TORCH_CHECK(starts->ge(0).all().item<bool>() && starts->le(lengths_in).all().item<bool>(),
+                  op, ": starts must lie in [0, lengths]");
+    first = starts->to(q.device()).contiguous();
+  }
+  DecodeParams p;
+  p.q = q.const_data_ptr();
+  p.k = k.const_data_ptr();
+  p.v = v.const_data_ptr();
+  p.lengths = lengths.const_data_ptr<int64_t>();
+  p.starts = first.defined() ? first.const_data_ptr<int64_t>() : nullptr;
+  p.batch = q.size(0);
+  p.heads = q.size(1);
+  p.kv_heads = k.size(1);
+  p.seq = k.size(2);
+  p.head_dim = q.size(2);
+  p.scale = static_cast<float>(scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))));
+  p.softcap = static_cast<float>(softcap);
+  p.kind = KindOf(q);
+  const char* env = std::getenv("TP_SPLIT_KV_CUDA");
+  const bool older = env != nullptr && (std::string_view(env) == "warp_per_head" ||
+                                        std::string_view(env) == "grouped");
+  if (!older && DecodeAttentionSupported(p)) {
+    p.splits = num_splits > 0 ? std::min<int64_t>(num_splits, 256) : DecodeAttentionSplits(p);
+    at::Tensor out = at::empty_like(q);
+    at::Tensor lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
+    at::Tensor part_out, part_lse, counters;
+    if (p.splits > 1) {
+      part_out = at::empty({q.size(0), q.size(1), p.splits, q.size(2)}, lse.options());
+      part_lse = at::empty({q.size(0), q.size(1), p.splits}, lse.options());
+      counters = at::zeros({DecodeAttentionUnits(p)}, q.options().dtype(at::kInt));
+      p.part_out = part_out.mutable_data_ptr<float>();
+      p.part_lse = part_lse.mutable_data_ptr<float>();
+      p.counters = counters.mutable_data_ptr<int32_t>();
+    }
+    p.out = out.mutable_data_ptr();
+    p.lse = lse.mutable_data_ptr<float>();
+    cudaError_t err = LaunchDecodeAttention(p, c10::cuda::getCurrentCUDAStream());
+    TORCH_CHECK(err == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(err));
+    return {out, lse};
+  }
+  int64_t splits = num_splits;
+  if (splits == 0) {  // about 8 blocks per SM, chunks of at least 1024 entries
+    int sms = 1;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device());
+    const int64_t want = (8 * sms + p.batch * p.kv_heads - 1) / (p.batch * p.kv_heads);
+    splits = std::max<int64_t>(1, std::min<int64_t>(want, p.seq / 1024));
+  }
+  auto [part_out, part_lse] =
+      SplitKvAttentionCuda(q, k, v, lengths_in, splits, scale, starts, softcap);
+  auto [merged, merged_lse] = MergeAttentionPartialsCuda(part_out, part_lse);
+  return {merged.to(q.scalar_type()), merged_lse};
+}
+
 }  // namespace
 }  // namespace tp::kernels
 
 TORCH_LIBRARY_IMPL(torch_plugin, CUDA, m) {
   m.impl("split_kv_attention", &tp::kernels::SplitKvAttentionCuda);
   m.impl("merge_attention_partials", &tp::kernels::MergeAttentionPartialsCuda);
+  m.impl("decode_attention", &tp::kernels::DecodeAttentionCuda);
   m.impl("bias_gelu", &tp::kernels::BiasGeluCuda);
   m.impl("bias_gelu_backward", &tp::kernels::BiasGeluBackwardCuda);
 }

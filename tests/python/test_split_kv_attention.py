@@ -171,3 +171,27 @@ def test_default_split_count_follows_the_device() -> None:
     assert default_num_splits(gpu, 8, 8, 32768, sms=132) == 17
     assert default_num_splits(gpu, 1, 8, 131072, sms=132) == 128
     assert default_num_splits(gpu, 1, 8, 100, sms=132) == 1
+
+
+@pytest.mark.parametrize("splits", [0, 1, 5])
+def test_decode_attention_is_split_then_merge(splits: int) -> None:
+    """decode_attention (one call; the CUDA kernel fuses the merge) equals the two ops, with
+    starts and a soft cap, returns q's dtype, and has a working fake kernel."""
+    q, k, v = make(3, 8, 2, 700, 64, dtype=torch.bfloat16, seed=3)
+    lens = torch.tensor([700, 3, 0])
+    starts = torch.tensor([100, 0, 0])
+    out, lse = torch.ops.torch_plugin.decode_attention(q, k, v, lens, splits, 0.0, starts, 2.0)
+    used = splits or 1  # 0: min(8, 700 // 512) on the CPU
+    part, part_lse = torch.ops.torch_plugin.split_kv_attention(
+        q, k, v, lens, used, 0.0, starts, 2.0
+    )
+    want, want_lse = torch.ops.torch_plugin.merge_attention_partials(part, part_lse)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape and lse.shape == (3, 8)
+    torch.testing.assert_close(out, want.to(torch.bfloat16), rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse)
+    assert torch.equal(out[2], torch.zeros_like(out[2])) and bool(torch.isinf(lse[2]).all())
+    torch.library.opcheck(
+        torch.ops.torch_plugin.decode_attention, (q, k, v, lens, splits, 0.0, starts, 2.0)
+    )
+    with pytest.raises(RuntimeError, match="num_splits must be >= 0"):
+        torch.ops.torch_plugin.decode_attention(q, k, v, lens, -1)
