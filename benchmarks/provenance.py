@@ -50,10 +50,12 @@ def provenance() -> dict[str, Any]:
             machine["driver"] = None
     return {
         # A lent GPU machine gets the working tree without .git: the command passes TP_COMMIT.
-        "commit": _git("rev-parse", "--short", "HEAD") or os.environ.get("TP_COMMIT") or None,
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))
-        if _git("rev-parse", "HEAD")
-        else os.environ.get("TP_DIRTY") == "1",
+        # A lent GPU machine gets the working tree with a stale .git: the command passes
+        # TP_COMMIT (and TP_DIRTY), which win over git.
+        "commit": os.environ.get("TP_COMMIT") or _git("rev-parse", "--short", "HEAD") or None,
+        "dirty": os.environ.get("TP_DIRTY") == "1"
+        if "TP_COMMIT" in os.environ
+        else bool(_git("status", "--porcelain", "--untracked-files=no")),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine,
     }

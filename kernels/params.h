@@ -64,7 +64,7 @@ struct MergePartialsParams {
 // out [B, Hq, D] in q's dtype, lse [B, Hq] float32 (natural log; -inf where nothing was
 // attended). With splits > 1 the partials go to part_out [B, Hq, splits, D] and part_lse
 // [B, Hq, splits] (float32), and the last block of each (sequence, KV head, head chunk) to
-// finish merges them; `counters` holds one zeroed int32 per such unit.
+// finish merges them; `counters` holds one int32 per such unit (the launcher zeroes them).
 struct DecodeParams {
   const void* q = nullptr;
   const void* k = nullptr;

@@ -1,7 +1,7 @@
 // Fused bias + GeLU forward and backward on CUDA. Sees only params.h (no torch).
 // float/half/bf16 rows whose length is a multiple of one 16-byte vector take the vector kernels:
-// each thread moves 16 bytes per access with kUnroll accesses in flight, grid-stride (issue 40:
-// the scalar kernel reached 0.2-0.45 of the copy bandwidth). Other shapes and float64 take one
+// each thread moves 16 bytes per access with kUnroll accesses in flight and keeps its column's
+// bias in registers (issue 40: the scalar kernel reached 0.2-0.45 of the copy bandwidth). Other shapes and float64 take one
 // thread per element. Both compute in float (double for float64), matching the CPU twin in
 // kernels/cpu/bias_gelu.cc.
 #include <cuda_bf16.h>
@@ -87,69 +87,103 @@ __device__ __forceinline__ float ToF(T x) {
 
 constexpr int kUnroll = 4;
 
-// Index type: 32-bit when every vector index fits (the modulo by the row length is then cheap).
-template <class T, class I>
+// A thread owns one column vector (its bias stays in registers: no per-element modulo or bias
+// load) and walks `rows_per_thread` rows from its first, kUnroll loads in flight; a warp's
+// threads read consecutive vectors of one row.
+template <class T>
 __global__ void __launch_bounds__(256) BiasGeluVecKernel(const Vec<T>* __restrict__ x,
                                                          const Vec<T>* __restrict__ bias,
-                                                         Vec<T>* __restrict__ out, I n, I cols,
+                                                         Vec<T>* __restrict__ out, int64_t rows,
+                                                         int64_t cols, int64_t rows_per_thread,
                                                          GeluApprox approx) {
   constexpr int N = Vec<T>::N;
-  const I step = static_cast<I>(gridDim.x) * blockDim.x * kUnroll;
-  for (I base = static_cast<I>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; base < n;
-       base += step) {
-    Vec<T> xs[kUnroll], bs[kUnroll];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float bf[N];
+  const Vec<T> b = bias[c];
+#pragma unroll
+  for (int e = 0; e < N; ++e) bf[e] = ToF(b.v[e]);
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y) * rows_per_thread;
+  const int64_t r1 = rows < r0 + rows_per_thread ? rows : r0 + rows_per_thread;
+  for (int64_t r = r0; r < r1; r += kUnroll) {
+    Vec<T> xs[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (r + u < r1)  // read once: stream past L1
+        *reinterpret_cast<float4*>(&xs[u]) =
+            __ldcs(reinterpret_cast<const float4*>(x + (r + u) * cols + c));
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const I i = base + u * blockDim.x;
-      if (i < n) {  // x is read once: stream it past L1; the bias stays cached
-        *reinterpret_cast<float4*>(&xs[u]) = __ldcs(reinterpret_cast<const float4*>(x + i));
-        bs[u] = bias[i % cols];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const I i = base + u * blockDim.x;
-      if (i >= n) continue;
+      if (r + u >= r1) continue;
       Vec<T> y;
 #pragma unroll
       for (int e = 0; e < N; ++e) {
-        const float v = ToF(xs[u].v[e]) + ToF(bs[u].v[e]);
+        const float v = ToF(xs[u].v[e]) + bf[e];
         y.v[e] = Store<T>(approx == GeluApprox::kNone ? GeluExact(v) : GeluTanh(v));
       }
-      out[i] = y;
+      out[(r + u) * cols + c] = y;
     }
   }
 }
 
-template <class T, class I>
+template <class T>
 __global__ void __launch_bounds__(256) BiasGeluBackwardVecKernel(
     const Vec<T>* __restrict__ grad, const Vec<T>* __restrict__ x,
-    const Vec<T>* __restrict__ bias, Vec<T>* __restrict__ grad_in, I n, I cols,
-    GeluApprox approx) {
+    const Vec<T>* __restrict__ bias, Vec<T>* __restrict__ grad_in, int64_t rows, int64_t cols,
+    int64_t rows_per_thread, GeluApprox approx) {
   constexpr int N = Vec<T>::N;
-  const I step = static_cast<I>(gridDim.x) * blockDim.x * kUnroll;
-  for (I base = static_cast<I>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; base < n;
-       base += step) {
-    Vec<T> gs[kUnroll], xs[kUnroll], bs[kUnroll];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float bf[N];
+  const Vec<T> b = bias[c];
+#pragma unroll
+  for (int e = 0; e < N; ++e) bf[e] = ToF(b.v[e]);
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y) * rows_per_thread;
+  const int64_t r1 = rows < r0 + rows_per_thread ? rows : r0 + rows_per_thread;
+  for (int64_t r = r0; r < r1; r += kUnroll) {
+    Vec<T> gs[kUnroll], xs[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (r + u < r1) {
+        *reinterpret_cast<float4*>(&gs[u]) =
+            __ldcs(reinterpret_cast<const float4*>(grad + (r + u) * cols + c));
+        *reinterpret_cast<float4*>(&xs[u]) =
+            __ldcs(reinterpret_cast<const float4*>(x + (r + u) * cols + c));
+      }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const I i = base + u * blockDim.x;
-      if (i < n) gs[u] = grad[i], xs[u] = x[i], bs[u] = bias[i % cols];
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const I i = base + u * blockDim.x;
-      if (i >= n) continue;
+      if (r + u >= r1) continue;
       Vec<T> y;
 #pragma unroll
       for (int e = 0; e < N; ++e) {
-        const float v = ToF(xs[u].v[e]) + ToF(bs[u].v[e]);
+        const float v = ToF(xs[u].v[e]) + bf[e];
         const float d = approx == GeluApprox::kNone ? GeluExactGrad(v) : GeluTanhGrad(v);
         y.v[e] = Store<T>(ToF(gs[u].v[e]) * d);
       }
-      grad_in[i] = y;
+      grad_in[(r + u) * cols + c] = y;
     }
   }
+}
+
+// Launch shape of the vector kernels over rows x cols column vectors: blockDim.x covers up to
+// 256 vectors of a row (whole warps), blockDim.y the rest of 256 threads; each thread walks
+// 16 rows (more where the grid's y limit requires).
+struct VecLaunch {
+  dim3 grid, block;
+  int64_t rows_per_thread;
+};
+
+VecLaunch VecShape(int64_t rows, int64_t cols) {
+  const int64_t bx = cols >= 256 ? 256 : (cols + 31) / 32 * 32;
+  const int64_t by = 256 / bx;
+  int64_t per = 16;
+  while ((rows + by * per - 1) / (by * per) > 65535) per *= 2;
+  VecLaunch v;
+  v.block = dim3(static_cast<unsigned>(bx), static_cast<unsigned>(by));
+  v.grid = dim3(static_cast<unsigned>((cols + bx - 1) / bx),
+                static_cast<unsigned>((rows + by * per - 1) / (by * per)));
+  v.rows_per_thread = per;
+  return v;
 }
 
 // Whether the vector kernels apply: float/half/bf16, rows a whole number of vectors, and
@@ -161,12 +195,6 @@ bool Vectorizable(ScalarKind kind, int64_t cols, std::initializer_list<const voi
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
-}
-
-dim3 VecGrid(int64_t nvec) {
-  const int64_t per_block = 256 * kUnroll;
-  const int64_t blocks = (nvec + per_block - 1) / per_block;
-  return dim3(static_cast<unsigned>(blocks < (1 << 20) ? (blocks > 0 ? blocks : 1) : (1 << 20)));
 }
 
 dim3 GridFor(int64_t n, int threads) {
@@ -197,17 +225,10 @@ cudaError_t LaunchBiasGelu(const BiasGeluParams& p, cudaStream_t stream) {
     return DispatchKind(p.kind, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
-        constexpr int64_t N = Vec<T>::N;
-        const int64_t nvec = n / N, cvec = p.cols / N;
-        const auto* x = static_cast<const Vec<T>*>(p.x);
-        const auto* b = static_cast<const Vec<T>*>(p.bias);
-        auto* o = static_cast<Vec<T>*>(p.out);
-        if (nvec < int64_t{1} << 30)
-          BiasGeluVecKernel<T, uint32_t><<<VecGrid(nvec), 256, 0, stream>>>(
-              x, b, o, static_cast<uint32_t>(nvec), static_cast<uint32_t>(cvec), p.approx);
-        else
-          BiasGeluVecKernel<T, int64_t><<<VecGrid(nvec), 256, 0, stream>>>(x, b, o, nvec, cvec,
-                                                                           p.approx);
+        const VecLaunch v = VecShape(p.rows, p.cols / Vec<T>::N);
+        BiasGeluVecKernel<T><<<v.grid, v.block, 0, stream>>>(
+            static_cast<const Vec<T>*>(p.x), static_cast<const Vec<T>*>(p.bias),
+            static_cast<Vec<T>*>(p.out), p.rows, p.cols / Vec<T>::N, v.rows_per_thread, p.approx);
       }
     });
   }
@@ -226,18 +247,11 @@ cudaError_t LaunchBiasGeluBackward(const BiasGeluBackwardParams& p, cudaStream_t
     return DispatchKind(p.kind, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
-        constexpr int64_t N = Vec<T>::N;
-        const int64_t nvec = n / N, cvec = p.cols / N;
-        const auto* g = static_cast<const Vec<T>*>(p.grad);
-        const auto* x = static_cast<const Vec<T>*>(p.x);
-        const auto* b = static_cast<const Vec<T>*>(p.bias);
-        auto* o = static_cast<Vec<T>*>(p.grad_in);
-        if (nvec < int64_t{1} << 30)
-          BiasGeluBackwardVecKernel<T, uint32_t><<<VecGrid(nvec), 256, 0, stream>>>(
-              g, x, b, o, static_cast<uint32_t>(nvec), static_cast<uint32_t>(cvec), p.approx);
-        else
-          BiasGeluBackwardVecKernel<T, int64_t><<<VecGrid(nvec), 256, 0, stream>>>(
-              g, x, b, o, nvec, cvec, p.approx);
+        const VecLaunch v = VecShape(p.rows, p.cols / Vec<T>::N);
+        BiasGeluBackwardVecKernel<T><<<v.grid, v.block, 0, stream>>>(
+            static_cast<const Vec<T>*>(p.grad), static_cast<const Vec<T>*>(p.x),
+            static_cast<const Vec<T>*>(p.bias), static_cast<Vec<T>*>(p.grad_in), p.rows,
+            p.cols / Vec<T>::N, v.rows_per_thread, p.approx);
       }
     });
   }

@@ -347,18 +347,31 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(DecodeParams p) {
   float* weight = reinterpret_cast<float*>(smem) + L::kCombineBytes / 4;  // [16][splits]
   float* final_lse = weight + 16 * kMaxSplits;                            // [16]
   const int splits = static_cast<int>(p.splits);
+  constexpr int kPerLane = kMaxSplits / 32;
   for (int h = warp; h < nh; h += kWarps) {  // a warp per head, lanes over the splits
     const float* lse_in = p.part_lse + (row0 + h) * splits;
+    float lv[kPerLane];  // all of a lane's loads in flight at once: one L2 round trip
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int s = lane + 32 * i;
+      lv[i] = s < splits ? __ldcg(lse_in + s) : -INFINITY;
+    }
     float big = -INFINITY;
-    for (int s = lane; s < splits; s += 32) big = fmaxf(big, __ldcg(lse_in + s));
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) big = fmaxf(big, lv[i]);
     for (int o = 16; o > 0; o /= 2) big = fmaxf(big, ShflXor(big, o));
     float total = 0.0f;
-    if (big != -INFINITY)
-      for (int s = lane; s < splits; s += 32) total += __expf(__ldcg(lse_in + s) - big);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      lv[i] = big == -INFINITY ? 0.0f : __expf(lv[i] - big);
+      total += lv[i];
+    }
     for (int o = 16; o > 0; o /= 2) total += ShflXor(total, o);
-    for (int s = lane; s < splits; s += 32)
-      weight[h * kMaxSplits + s] =
-          total > 0.0f ? __expf(__ldcg(lse_in + s) - big) / total : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int s = lane + 32 * i;
+      if (s < splits) weight[h * kMaxSplits + s] = total > 0.0f ? lv[i] / total : 0.0f;
+    }
     if (lane == 0) final_lse[h] = total > 0.0f ? big + logf(total) : -INFINITY;
   }
   __syncthreads();
@@ -366,7 +379,7 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(DecodeParams p) {
     const int h = idx / (D / 4), d = (idx % (D / 4)) * 4;
     const float* src = p.part_out + (row0 + h) * splits * D + d;
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
+#pragma unroll 16
     for (int s = 0; s < splits; ++s) {
       const float w = weight[h * kMaxSplits + s];
       const float4 part = __ldcg(reinterpret_cast<const float4*>(src + s * D));
@@ -484,7 +497,9 @@ int64_t DecodeAttentionSplits(const DecodeParams& p) {
   int resident = 1;
   Dispatch(p, Occupancy{&resident});
   const int64_t units = DecodeAttentionUnits(p);
-  const int64_t fill = (static_cast<int64_t>(sms) * resident + units - 1) / units;
+  // One wave: a split count whose blocks all fit at once (a second, partial wave of blocks
+  // cost up to 19% on an H100 at 4 x 32K, benchmarks/results/gpu_kernels.json).
+  const int64_t fill = static_cast<int64_t>(sms) * resident / units;
   // At least two tiles per split, so that a split's pipeline runs at all.
   const int64_t most = (p.seq + 2 * kTile - 1) / (2 * kTile);
   int64_t splits = fill < most ? fill : most;
@@ -496,6 +511,10 @@ cudaError_t LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   if (p.batch * p.heads == 0) return cudaSuccess;
   if (p.splits < 1 || p.splits > kMaxSplits) return cudaErrorInvalidValue;
   const int64_t units = DecodeAttentionUnits(p);
+  if (p.splits > 1) {  // the merge's counters start at zero (and the merging block resets them)
+    const cudaError_t err = cudaMemsetAsync(p.counters, 0, units * sizeof(int32_t), stream);
+    if (err != cudaSuccess) return err;
+  }
   return Dispatch(p, Launch{&p, units, stream});
 }
 

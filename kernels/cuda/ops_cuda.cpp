@@ -218,7 +218,7 @@ std::tuple<at::Tensor, at::Tensor> DecodeAttentionCuda(const at::Tensor& q_in,
     if (p.splits > 1) {
       part_out = at::empty({q.size(0), q.size(1), p.splits, q.size(2)}, lse.options());
       part_lse = at::empty({q.size(0), q.size(1), p.splits}, lse.options());
-      counters = at::zeros({DecodeAttentionUnits(p)}, q.options().dtype(at::kInt));
+      counters = at::empty({DecodeAttentionUnits(p)}, q.options().dtype(at::kInt));
       p.part_out = part_out.mutable_data_ptr<float>();
       p.part_lse = part_lse.mutable_data_ptr<float>();
       p.counters = counters.mutable_data_ptr<int32_t>();
