@@ -80,6 +80,7 @@ struct DecodeParams {
   float scale = 1.0f;
   float softcap = 0.0f;
   ScalarKind kind = ScalarKind::kBFloat16;
+  int32_t copy = 0;  // 0: the bulk copy engine on sm_90+, else cp.async; 1: cp.async always
 };
 
 }  // namespace tp::kernels
