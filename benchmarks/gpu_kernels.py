@@ -183,7 +183,7 @@ def decode_reference(q, k, v, lengths, starts=None, softcap=0.0) -> torch.Tensor
     return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), vv)
 
 
-VARIANTS: tuple[str, ...] = ("tensor_core", "tensor_core_cp_async", "grouped", "warp_per_head")
+VARIANTS: tuple[str, ...] = ("tensor_core", "tensor_core_l2_256B", "grouped", "warp_per_head")
 
 _PROBE = """
 import torch, torch_plugin
@@ -228,10 +228,10 @@ def probe_tensor_core() -> str | None:
 
 def with_variant(variant: str, fn: Callable[[], Any]) -> Any:
     """Runs fn under one CUDA decode kernel: tensor_core is the default (decode_attention with
-    the merge fused, K/V rows by the bulk copy engine on sm_90); tensor_core_cp_async the same
-    with 16-byte cp.async; grouped and warp_per_head the older split kernels plus the merge."""
-    if variant == "tensor_core_cp_async":
-        os.environ["TP_DECODE_COPY"] = "cp_async"
+    the merge fused); tensor_core_l2_256B the same with the L2::256B prefetch hint on its
+    copies; grouped and warp_per_head the older split kernels plus the merge."""
+    if variant == "tensor_core_l2_256B":
+        os.environ["TP_DECODE_COPY"] = "l2_256"
     elif variant != "tensor_core":
         os.environ["TP_SPLIT_KV_CUDA"] = variant
     try:
@@ -417,7 +417,7 @@ def save_png(data: dict[str, Any], path: Path) -> None:
     xs = range(len(labels))
     shown = [
         v
-        for v in ("tensor_core", "tensor_core_cp_async", "grouped")
+        for v in ("tensor_core", "tensor_core_l2_256B", "grouped")
         if v in {r["variant"] for r in rows}
     ]
     for i, variant in enumerate(shown):

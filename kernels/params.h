@@ -80,7 +80,7 @@ struct DecodeParams {
   float scale = 1.0f;
   float softcap = 0.0f;
   ScalarKind kind = ScalarKind::kBFloat16;
-  int32_t copy = 0;  // 0: the bulk copy engine on sm_90+, else cp.async; 1: cp.async always
+  int32_t copy = 0;  // 0: 16-byte cp.async; 1: the same with the L2::256B prefetch hint
 };
 
 }  // namespace tp::kernels

@@ -50,64 +50,25 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 }
 
 // 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros (rows past the split).
+// kPrefetch256: with the L2::256B hint (the L2 fetches 256-byte blocks from HBM).
+//
+// Tried and dropped (H100, benchmarks/results/gpu_kernels.json history): rows by Hopper's bulk
+// copy engine, one cp.async.bulk per 256-byte row issued by one warp, ran at 0.52-0.59 of the
+// read bandwidth against 0.75-0.89 for these 16-byte copies.
+template <bool kPrefetch256>
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(bytes));
+  if constexpr (kPrefetch256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "r"(bytes));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// Hopper's bulk copy engine (sm_90): whole rows global -> shared, completing on an mbarrier.
-// cp.async keeps one 16-byte request per thread in flight, and on an H100 the kernel streamed
-// at ~0.87 of the read bandwidth with one or two blocks per SM alike (per-SM request slots, not
-// bytes in flight, were the cap); the copy engine takes a row per instruction.
-__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes,
-                                         uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void FenceProxyAsync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
 }
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
@@ -179,7 +140,7 @@ __device__ __forceinline__ float ShflXor(float x, int m) {
 }
 
 // Heads of the query group served by one block: 8 per n-tile.
-template <class T, int D, int kHeadTiles, bool kBulk>
+template <class T, int D, int kHeadTiles, bool kPrefetch256>
 __global__ void __launch_bounds__(kThreads) DecodeKernel(DecodeParams p) {
   using L = Layout<D>;
   constexpr int kHeads = 8 * kHeadTiles;
@@ -250,60 +211,22 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(DecodeParams p) {
       const int row = c / L::kChunks, col = (c % L::kChunks) * 8;
       const bool valid = key0 + row < hi;
       const int64_t src = (valid ? key0 + row : lo) * D + col;
-      CpAsync16(SmemAddr(kd + row * L::kStride + col), k_global + src, valid);
-      CpAsync16(SmemAddr(vd + row * L::kStride + col), v_global + src, valid);
-    }
-  };
-  // Bulk copies, issued by warp 0: a row per copy into the padded layout. Rows past the split's
-  // end are not copied; they are zeroed here (V must be finite under p = 0), and are read no
-  // sooner than after the next __syncthreads.
-  __shared__ __align__(8) uint64_t full[L::kStages];
-  const auto load_tile_bulk = [&](int tile, int stage) {
-    const int64_t key0 = lo + static_cast<int64_t>(tile) * kTile;
-    const int valid = static_cast<int>(hi - key0 < kTile ? hi - key0 : kTile);
-    T* kd = k_smem + stage * L::kStageElems;
-    T* vd = v_smem + stage * L::kStageElems;
-    for (int row = valid; row < kTile; ++row)
-      for (int col = lane * 8; col < D; col += 32 * 8) {
-        *reinterpret_cast<uint4*>(kd + row * L::kStride + col) = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(vd + row * L::kStride + col) = make_uint4(0, 0, 0, 0);
-      }
-    const uint32_t bar = SmemAddr(&full[stage]);
-    if (lane == 0) MbarExpectTx(bar, static_cast<uint32_t>(valid) * D * sizeof(T) * 2);
-    __syncwarp();
-    for (int row = lane; row < valid; row += 32) {
-      BulkCopy(SmemAddr(kd + row * L::kStride), k_global + (key0 + row) * D, D * sizeof(T), bar);
-      BulkCopy(SmemAddr(vd + row * L::kStride), v_global + (key0 + row) * D, D * sizeof(T), bar);
+      CpAsync16<kPrefetch256>(SmemAddr(kd + row * L::kStride + col), k_global + src, valid);
+      CpAsync16<kPrefetch256>(SmemAddr(vd + row * L::kStride + col), v_global + src, valid);
     }
   };
 
-  const int i4 = lane >> 3, r8 = lane & 7;  // ldmatrix: this lane addresses row r8 of matrix i4
-  if constexpr (kBulk) {
-    if (threadIdx.x == 0)
-      for (int s = 0; s < L::kStages; ++s) MbarInit(SmemAddr(&full[s]), 1);
-    FenceProxyAsync();  // the barriers' init before the copy engine uses them
-    __syncthreads();
-    if (warp == 0)
-      for (int s = 0; s < L::kStages - 1 && s < n_tiles; ++s) load_tile_bulk(s, s);
-  } else {
 #pragma unroll
-    for (int s = 0; s < L::kStages - 1; ++s) {
-      if (s < n_tiles) load_tile(s, s);
-      CpAsyncCommit();
-    }
+  for (int s = 0; s < L::kStages - 1; ++s) {
+    if (s < n_tiles) load_tile(s, s);
+    CpAsyncCommit();
   }
+  const int i4 = lane >> 3, r8 = lane & 7;  // ldmatrix: this lane addresses row r8 of matrix i4
   for (int it = 0; it < n_tiles; ++it) {
-    const int next = it + L::kStages - 1;
-    if constexpr (kBulk) {
-      __syncthreads();  // every warp is done with tile it - 1: its stage may be refilled
-      if (warp == 0 && next < n_tiles) load_tile_bulk(next, next % L::kStages);
-      MbarWait(SmemAddr(&full[it % L::kStages]), (it / L::kStages) & 1);
-    } else {
-      CpAsyncWait<L::kStages - 2>();
-      __syncthreads();  // tile `it` visible to all; the stage refilled below is free
-      if (next < n_tiles) load_tile(next, next % L::kStages);
-      CpAsyncCommit();
-    }
+    CpAsyncWait<L::kStages - 2>();
+    __syncthreads();  // tile `it` visible to all; the stage refilled below is free
+    if (it + L::kStages - 1 < n_tiles) load_tile(it + L::kStages - 1, (it + L::kStages - 1) % L::kStages);
+    CpAsyncCommit();
     const int stage = it % L::kStages;
     const T* kt = k_smem + stage * L::kStageElems + warp * kKeysPerWarp * L::kStride;
     const T* vt = v_smem + stage * L::kStageElems + warp * kKeysPerWarp * L::kStride;
@@ -364,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(DecodeParams p) {
       for (int ht = 0; ht < kHeadTiles; ++ht) Mma<T>(acc[ht][mt], a, pf[ht][0], pf[ht][1]);
     }
   }
-  if constexpr (!kBulk) CpAsyncWait<0>();
+  CpAsyncWait<0>();
   __syncthreads();  // every warp is done with the pipeline's memory before it is reused
 
   // Combine the warps: shared m, l [kWarps][16] and accumulators [kWarps][16][D].
@@ -479,17 +402,10 @@ __global__ void __launch_bounds__(kThreads) DecodeKernel(DecodeParams p) {
   }
 }
 
-bool UseBulk(const DecodeParams& p) {
-  int device = 0, major = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  return major >= 9 && p.copy == 0;
-}
-
 template <class T, int D, int kHeadTiles>
 cudaError_t LaunchShape(const DecodeParams& p, int64_t units, cudaStream_t stream) {
-  const auto kernel = UseBulk(p) ? DecodeKernel<T, D, kHeadTiles, true>
-                                 : DecodeKernel<T, D, kHeadTiles, false>;
+  const auto kernel = p.copy == 1 ? DecodeKernel<T, D, kHeadTiles, true>
+                                  : DecodeKernel<T, D, kHeadTiles, false>;
   const int smem = Layout<D>::kSmemBytes;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

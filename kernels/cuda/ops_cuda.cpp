@@ -207,9 +207,9 @@ std::tuple<at::Tensor, at::Tensor> DecodeAttentionCuda(const at::Tensor& q_in,
   p.scale = static_cast<float>(scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))));
   p.softcap = static_cast<float>(softcap);
   p.kind = KindOf(q);
-  // TP_DECODE_COPY=cp_async: 16-byte cp.async instead of the bulk copy engine (for comparison).
+  // TP_DECODE_COPY=l2_256: copies with the L2::256B prefetch hint (benchmarks compare them).
   const char* copy = std::getenv("TP_DECODE_COPY");
-  p.copy = copy != nullptr && std::string_view(copy) == "cp_async" ? 1 : 0;
+  p.copy = copy != nullptr && std::string_view(copy) == "l2_256" ? 1 : 0;
   const char* env = std::getenv("TP_SPLIT_KV_CUDA");
   const bool older = env != nullptr && (std::string_view(env) == "warp_per_head" ||
                                         std::string_view(env) == "grouped");
