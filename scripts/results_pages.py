@@ -30,7 +30,6 @@ PAGES = {
     "placement": ("Backend placement", "placement.py", PLACE),
     "placement_full": ("Backend placement, published shapes", "placement.py --full-size", PLACE),
     "placement_mix": ("Placement across graph compilers", "placement_mix.py", PLACE),
-    "placement_reruns": ("Placement reruns", "placement.py", PLACE),
     "fused_attention": ("Fused attention kernel", "fused_attention.py", "features/fused_attention"),
     "sharding": ("Automatic sharding", "sharding.py", "features/automatic_sharding"),
     "hf_sharding": (
@@ -60,11 +59,6 @@ PAGES = {
     "compile_overhead": ("Compile overhead", "compile_overhead.py", OVERHEAD),
     "compile_overhead_small": ("Compile overhead, small shapes", "compile_overhead.py", OVERHEAD),
     "gpu_kernels": ("CUDA kernels on a GPU", "gpu_kernels.py", "features/fused_attention"),
-    "gpu_paths": (
-        "GPU paths: default compile, placement, NCCL",
-        "bash scripts/gpu/run.sh",
-        "reliability",
-    ),
 }
 
 
