@@ -134,6 +134,35 @@ def split_kv_decode_attention(
     return merged.to(q.dtype)
 
 
+def decode_partials(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    lengths: torch.Tensor,
+    num_splits: int | None,
+    scale: float,
+    starts: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    length: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One rank's (or process's) merged decode attention as a partial for a further merge:
+    out [B, Hq, D] float32 and lse [B, Hq]. CUDA: the tensor-core kernel with its split merge
+    fused (one launch, no host sync); CPU: split kernel then merge, `length` (the attended
+    entries, default the cache's) sizing the default split count."""
+    if q.device.type == "cuda":
+        out, lse = torch.ops.torch_plugin.decode_attention(
+            q, k_cache, v_cache, lengths, num_splits or 0, scale, starts, softcap
+        )
+        return out.float(), lse
+    if num_splits is None:
+        n = k_cache.shape[2] if length is None else length
+        num_splits = default_num_splits(q.device, q.shape[0], k_cache.shape[1], n)
+    out, lse = torch.ops.torch_plugin.split_kv_attention(
+        q, k_cache, v_cache, lengths, num_splits, scale, starts, softcap
+    )
+    return torch.ops.torch_plugin.merge_attention_partials(out, lse)
+
+
 # Inference kernels of the placement pass's "fused" backend (kernels/cpu/fused_inference.cc).
 @torch.library.register_fake("torch_plugin::linear_act")
 def _linear_act_fake(

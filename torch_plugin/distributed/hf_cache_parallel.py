@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..ops import default_num_splits
+from ..ops import decode_partials
 from .collectives import Collectives
 from .hf_helix import merge_head_group, shard_helix
 from .kv_cache import BlockPlacement
@@ -526,18 +526,17 @@ class HFCacheParallel(nn.Module):
             if bool((row.sum(-1) == trailing).all()):
                 starts = n - trailing
                 lengths = torch.full((b,), n, dtype=torch.int64, device=query.device)
-                splits = self.num_splits or default_num_splits(query.device, b, k.shape[1], n)
-                out, lse = torch.ops.torch_plugin.split_kv_attention(
+                out, lse = decode_partials(
                     query[:, :, 0].contiguous(),
                     k,
                     v,
                     lengths,
-                    splits,
+                    self.num_splits,
                     scale,
                     starts,
                     softcap or 0.0,
+                    length=n,
                 )
-                out, lse = torch.ops.torch_plugin.merge_attention_partials(out, lse)
                 return out.unsqueeze(2), lse.unsqueeze(2)
         group = h // k.shape[1]
         kk = k[:, :, :n].float().repeat_interleave(group, dim=1)

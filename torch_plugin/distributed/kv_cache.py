@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..ops import default_num_splits
+from ..ops import decode_partials
 from .collectives import Collectives
 
 _MANAGERS: weakref.WeakValueDictionary[int, KVCacheManager] = weakref.WeakValueDictionary()
@@ -213,12 +213,10 @@ class KVCacheManager(BlockPlacement):
         n = self.local_length(end)
         k, v = shard.k[:b], shard.v[:b]
         if s_len == 1 and mask is None:
-            splits = self.num_splits or default_num_splits(q.device, b, k.shape[1], n)
             lengths = torch.full((b,), n, dtype=torch.int64, device=q.device)
-            out, lse = torch.ops.torch_plugin.split_kv_attention(
-                q[:, :, 0].contiguous(), k, v, lengths, splits, scale
+            out, lse = decode_partials(
+                q[:, :, 0].contiguous(), k, v, lengths, self.num_splits, scale, length=n
             )
-            out, lse = torch.ops.torch_plugin.merge_attention_partials(out, lse)
             return out.unsqueeze(2), lse.unsqueeze(2)
         # Several new tokens (prefill): the same partials, written out; keys are this rank's
         # entries, masked by their global positions.
