@@ -59,6 +59,11 @@ PAGES = {
     "compile_overhead": ("Compile overhead", "compile_overhead.py", OVERHEAD),
     "compile_overhead_small": ("Compile overhead, small shapes", "compile_overhead.py", OVERHEAD),
     "gpu_kernels": ("CUDA kernels on a GPU", "gpu_kernels.py", "features/fused_attention"),
+    "gpu_generate": (
+        "Cache-parallel generate() on one GPU",
+        "gpu_generate.py",
+        "features/cache_parallelism",
+    ),
 }
 
 
