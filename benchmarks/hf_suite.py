@@ -19,7 +19,7 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
                    does not fit one device asks for): the parameter bytes each rank holds
   bf16_2           on decoders, 2 ranks: bf16 parameters with float32 master weights, and
                    float32 parameters with the forward under torch.autocast(bfloat16), each
-                   within 2e-2 of one process running the same recipe
+                   within 1e-3 (fp16 5e-4) of one process running the same recipe
   fp16_2           the same in fp16 with torch_plugin.ShardedGradScaler against one process with
                    torch.amp.GradScaler, and an overflow on one rank skipped by every rank
   pipeline4        torch_plugin.parallelize(model, 4, inputs, strategy="pipeline") on decoders:
@@ -66,7 +66,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 LR = 1e-3
 STEPS = 3
 LOSS_RTOL = 1e-5
-BF16_RTOL = 2e-2
+# Reduced-precision recipes against one process running the same recipe: the worst of the 51
+# suite models measured 1.4e-4 (bf16) and 6.3e-5 (fp16) (hf_suite.json, 88c6a5a); the bounds
+# keep about 7x of margin. Those comparisons also require the reference's losses to move by
+# more than the bound, or an optimizer that never steps would pass (2e-2 once let it).
+BF16_RTOL = 1e-3
+FP16_RTOL = 5e-4
 COLLECTIVE_TIMEOUT_S = 60
 PLACEMENT_BOUNDS = {
     "cache_path": ":memory:",
@@ -169,10 +174,18 @@ def _reference_losses(
     return _train(ref, inputs, make, autocast=autocast, scaler=scaler)
 
 
-def _compare_losses(got: list[float], want: list[float], rtol: float = LOSS_RTOL) -> float:
+def _compare_losses(
+    got: list[float], want: list[float], rtol: float = LOSS_RTOL, must_move: bool = False
+) -> float:
     diff = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(got, want, strict=True))
     if not diff <= rtol:
         raise Mismatch(f"losses {got} vs one process {want} (max rel diff {diff:.2e})")
+    moved = max(abs(b - want[0]) / max(1.0, abs(want[0])) for b in want)
+    if must_move and not moved > rtol:
+        raise Mismatch(
+            f"one process's losses {want} move by {moved:.2e}, within the tolerance {rtol:.0e}: "
+            "the comparison cannot tell training from an optimizer that never steps"
+        )
     return diff
 
 
@@ -462,10 +475,10 @@ def _masters_reference(
 
 
 def check_bf16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
-    """bf16 two ways on `mesh_shape`, each against one process running the same recipe
-    (within 2e-2 relative): bf16 parameters with float32 master weights
-    (`optimizer(..., master_weights=True)`), and float32 parameters with the forward under
-    `torch.autocast("cpu", dtype=torch.bfloat16)` (the sharded program is captured again
+    """bf16 two ways on `mesh_shape`, each against one process running the same recipe (within
+    BF16_RTOL relative, the reference moving by more): bf16 parameters with float32 master
+    weights (`optimizer(..., master_weights=True)`), and float32 parameters with the forward
+    under `torch.autocast("cpu", dtype=torch.bfloat16)` (the sharded program is captured again
     under it on its first such call, its specs pinned)."""
     import torch_plugin
     from torch_plugin.models import hf_suite
@@ -478,7 +491,7 @@ def check_bf16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     got = _train(
         sharded, inputs, lambda: sharded.optimizer(torch.optim.AdamW, lr=LR, master_weights=True)
     )
-    out["bf16_params_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL)
+    out["bf16_params_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL, must_move=True)
     model, inputs = hf_suite.build(name)
     want = _reference_losses(model, inputs, autocast=torch.bfloat16)
     sharded = torch_plugin.parallelize(model, mesh, inputs)
@@ -488,7 +501,7 @@ def check_bf16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
         lambda: sharded.optimizer(torch.optim.AdamW, lr=LR),
         autocast=torch.bfloat16,
     )
-    out["autocast_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL)
+    out["autocast_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL, must_move=True)
     return out
 
 
@@ -496,11 +509,11 @@ FP16_INIT_SCALE = 1024.0  # both sides start here; tiny models overflow fp16 at 
 
 
 def check_fp16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
-    """fp16 two ways on `mesh_shape` with torch_plugin.ShardedGradScaler, each against one
-    process running the same recipe with torch.amp.GradScaler (within 2e-2 relative): fp16
-    parameters with float32 master weights, and float32 parameters with the forward under
-    torch.autocast(float16). Then an overflow on one rank only (an inf written into rank 1's
-    first gradient): every rank must skip that step and halve its scale
+    """fp16 two ways on `mesh_shape` with torch_plugin.ShardedGradScaler, each against one process
+    running the same recipe with torch.amp.GradScaler (within FP16_RTOL relative, the reference
+    moving by more): fp16 parameters with float32 master weights, and float32 parameters with
+    the forward under torch.autocast(float16). Then an overflow on one rank only (an inf written
+    into rank 1's first gradient): every rank must skip that step and halve its scale
     (`overflow_disagreements` 0)."""
     import torch.distributed as dist
 
@@ -517,7 +530,7 @@ def check_fp16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     scaler = torch_plugin.ShardedGradScaler("cpu", init_scale=FP16_INIT_SCALE)
     opt = sharded.optimizer(torch.optim.AdamW, lr=LR, master_weights=True)
     got = _train(sharded, inputs, lambda: opt, scaler=scaler)
-    out["fp16_params_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL)
+    out["fp16_params_loss_diff"] = _compare_losses(got, want, rtol=FP16_RTOL, must_move=True)
 
     scale = scaler.get_scale()
     before = [p.detach().clone() for p in sharded.parameters()]
@@ -545,7 +558,7 @@ def check_fp16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
         autocast=torch.float16,
         scaler=torch_plugin.ShardedGradScaler("cpu", init_scale=FP16_INIT_SCALE),
     )
-    out["autocast_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL)
+    out["autocast_loss_diff"] = _compare_losses(got, want, rtol=FP16_RTOL, must_move=True)
     return out
 
 

@@ -1045,6 +1045,7 @@ def schedule_pipeline_composition(
     from schedule import megatron_schedule
 
     _init(rank, world, port)
+    undo = None
     try:
         torch.manual_seed(0)
         cfg = gpt.GPTConfig(
@@ -1065,7 +1066,10 @@ def schedule_pipeline_composition(
         if placement:
             import stub_profile
 
-            stub_profile.install({"fused": 1e-5})  # decisions must not hang on this CPU's speed
+            # Decisions must not hang on this CPU's speed; undone when the case ends (the
+            # pool's ranks run later cases too).
+            undo = stub_profile.Undo()
+            stub_profile.install({"fused": 1e-5}, undo)
             options["placement"] = {
                 "backends": ["aten", "fused"],
                 "cache_path": str(Path(out_dir, "profile.db")),  # one file, 4 writers
@@ -1102,6 +1106,8 @@ def schedule_pipeline_composition(
             )
         )
     finally:
+        if undo is not None:
+            undo.restore()
         _finish()
 
 

@@ -6,6 +6,24 @@ from collections.abc import Callable
 from typing import Any
 
 
+class Undo:
+    """A setattr that remembers what it replaced: pass it as `setattr_` in a rank of a pool
+    that outlives the test, and call restore() when the case ends, so the stubs do not leak
+    into the next case the same process runs."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def __call__(self, obj: Any, name: str, value: Any) -> None:
+        self.saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def restore(self) -> None:
+        for obj, name, old in reversed(self.saved):
+            setattr(obj, name, old)
+        self.saved.clear()
+
+
 def install(seconds: dict[str, float], setattr_: Callable[..., Any] = setattr) -> None:
     """Every group that compiles and matches eager on a backend named in `seconds` costs that
     many seconds (ATen and unnamed backends: 1e-3 s); groups are still compiled and checked

@@ -41,8 +41,10 @@ def test_every_architecture_trains_from_its_labels(name: str) -> None:
 @pytest.mark.parametrize("name", ["llama", "mixtral", "bert", "vit"])
 def test_roundtrip_is_bit_exact_on_hf_calls(name: str) -> None:
     """A decoder, MoE, an encoder and a vision model (the full suite: `python
-    benchmarks/hf_suite.py --entries roundtrip`)."""
-    runner.check_roundtrip(name)
+    benchmarks/hf_suite.py --entries roundtrip`). check_roundtrip raises Mismatch on a loss or
+    gradient that is not bit-exact against aot_eager; the figure it returns is checked too."""
+    figures = runner.check_roundtrip(name)
+    assert figures["max_grad_diff"] <= runner.LOSS_RTOL, figures
 
 
 class TestOnTwoRanks:
@@ -59,8 +61,8 @@ class TestOnTwoRanks:
     def test_bf16_sharded_decoder_trains_as_one_process_recipe(self, gloo: Any) -> None:
         """Llama on 2 ranks in bf16, both ways: bf16 parameters stepped as float32 master
         weights (`optimizer(..., master_weights=True)`, gradients summed in float32), and
-        float32 parameters under torch.autocast(bfloat16); 3 AdamW steps each within 2e-2 of
-        one process running the same recipe."""
+        float32 parameters under torch.autocast(bfloat16); 3 AdamW steps each within 1e-3 of
+        one process running the same recipe, whose losses move by more than that."""
         figures = runner.run_on_pool(gloo(2), "bf16_2", "llama")
         assert figures["bf16_params_loss_diff"] <= runner.BF16_RTOL
         assert figures["autocast_loss_diff"] <= runner.BF16_RTOL
@@ -68,11 +70,12 @@ class TestOnTwoRanks:
     def test_fp16_sharded_decoder_scales_its_loss_and_agrees_on_overflows(self, gloo: Any) -> None:
         """Llama on 2 ranks in fp16 with torch_plugin.ShardedGradScaler, both ways (fp16
         parameters with float32 masters; float32 parameters under autocast(float16)): 3 AdamW
-        steps within 2e-2 of one process with torch.amp.GradScaler. An inf in one rank's
-        gradient makes every rank skip the step and halve its scale."""
+        steps within 5e-4 of one process with torch.amp.GradScaler (whose losses move by
+        more). An inf in one rank's gradient makes every rank skip the step and halve its
+        scale."""
         figures = runner.run_on_pool(gloo(2), "fp16_2", "llama")
-        assert figures["fp16_params_loss_diff"] <= runner.BF16_RTOL
-        assert figures["autocast_loss_diff"] <= runner.BF16_RTOL
+        assert figures["fp16_params_loss_diff"] <= runner.FP16_RTOL
+        assert figures["autocast_loss_diff"] <= runner.FP16_RTOL
         assert figures["overflow_disagreements"] == 0
 
 

@@ -149,7 +149,11 @@ def test_graph_compilers_and_evolution_never_lose_to_the_seed(tmp_path, monkeypa
     torch.testing.assert_close(placed(*inputs), want, rtol=1e-3, atol=1e-3)
     r = placed.placement
     assert r.evolution is not None and r.evolution["evaluations"] >= 1
-    assert r.evolution["best_fitness"] <= r.evolution["seed_fitness"]
+    # The pick is the fastest finalist as measured side by side (best <= seed held by
+    # construction and could not fail).
+    # finalists_s: -1 where a finalist repeats an earlier one (measured once) or failed.
+    measured = {k: t for k, t in enumerate(r.evolution["finalists_s"]) if t >= 0}
+    assert measured and r.evolution["final"] == min(measured, key=measured.get), r.evolution
     assert r.measured > 0
     # Warm: every measurement, the evolution's decision and the final check against eager come
     # from the cache (a fresh check of a near tie once flipped the warm result to eager).

@@ -97,9 +97,12 @@ def test_sharded_training_step_equals_single_process(gloo, world: int, tmp_path:
         if world == 2:  # mesh_shape="auto": both shapes planned, the faster one runs
             auto = res["auto_mesh"]
             assert sorted((r["dp"], r["tp"]) for r in auto["search"]) == [(1, 2), (2, 1)]
-            best = auto["search"][0]
-            assert best["objective"] <= auto["search"][1]["objective"]
-            assert auto["dp"] == best["dp"] and auto["max_grad_diff"] < 1e-5
+            # The run uses the shape of least modelled step time, found here independently of
+            # the order the search reports (the order alone once made this check a tautology).
+            assert all(r["objective"] is not None for r in auto["search"]), auto["search"]
+            best = min(auto["search"], key=lambda r: r["objective"])
+            assert auto["dp"] == best["dp"], auto  # tp is the rest of the world
+            assert auto["max_grad_diff"] < 1e-5
             pure_dp = res["gpt2@dp2xtp1"]
             assert pure_dp["max_grad_diff"] < 1e-5 and pure_dp["sharded_params"] == 0
         if world == 4:  # 2 x 2 (dp, tp): data parallel replicas of the tensor-parallel program
