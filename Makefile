@@ -12,7 +12,7 @@ SANITIZE_BUILD = cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug 
 	  cmake --build build/sanitize -j2
 CORE_DIRS = csrc/ir csrc/pattern csrc/cost csrc/solver csrc/passes csrc/sim
 
-.PHONY: bootstrap demo test test-cpp test-sanitize fuzz test-py test-wheel cuda-check check-core-deps lint benchmarks clean
+.PHONY: bootstrap demo test test-cpp test-sanitize fuzz test-py test-wheel cuda-check check-core-deps lint stubtest benchmarks clean
 
 bootstrap:
 	@echo "[$$(date +%T)] make bootstrap"
@@ -98,8 +98,14 @@ check-core-deps:
 	  echo "check-core-deps: the C++ core must not include torch, pybind11 or Python" >&2; exit 1; \
 	else echo "check-core-deps: core is torch- and Python-free"; fi
 
-lint:
+lint: stubtest
 	$(PYTHON) -m ruff check torch_plugin tests/python benchmarks examples scripts
+
+# torch_plugin/_C.pyi against the built module (regenerate it with scripts/gen_stub.sh).
+stubtest:
+	@echo "[$$(date +%T)] make stubtest"
+	$(PYTHON) -m mypy.stubtest torch_plugin._C --mypy-config-file scripts/stubtest.ini \
+	  --allowlist scripts/stubtest_allowlist.txt
 
 benchmarks: bootstrap
 	$(PYTHON) benchmarks/compile_overhead.py
