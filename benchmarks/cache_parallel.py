@@ -494,8 +494,12 @@ def main() -> None:
             threads=torch.get_num_threads(), torch=torch.__version__, python=sys.version.split()[0]
         ),
     )
-    with open(os.path.join(RESULTS, "cache_parallel.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(os.path.join(RESULTS, "cache_parallel.json"), result)
     plot(kernel, real, model, os.path.join(RESULTS, "cache_parallel.png"))
     print("wrote benchmarks/results/cache_parallel.{json,png}")
 

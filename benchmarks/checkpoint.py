@@ -469,7 +469,12 @@ def main() -> None:
         merged = json.loads(out.read_text())["scenarios"] if out.exists() else {}
         merged.update(rows)
         meta = {"torch": torch.__version__, "model": MODEL, "steps": STEPS, "save_at": SAVE_AT}
-        out.write_text(json.dumps({"meta": meta, "scenarios": merged}, indent=1))
+        try:
+            from benchmarks.provenance import write_results
+        except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+            from provenance import write_results
+
+        write_results(out, {"meta": meta, "scenarios": merged})
         save_png(merged, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -173,8 +172,14 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     suffix = "_small" if args.small else ""
-    with open(os.path.join(args.out, f"compile_overhead{suffix}.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(
+        os.path.join(args.out, f"compile_overhead{suffix}.json"), {"meta": meta, "rows": rows}
+    )
     plot(rows, os.path.join(args.out, f"compile_overhead{suffix}.png"))
     print(f"wrote {args.out}/compile_overhead{suffix}.json and .png")
 

@@ -428,7 +428,12 @@ def _save(rows: list[dict[str, Any]], out: Path) -> tuple[list[dict[str, Any]], 
         "summary": summary,
         "rows": rows,
     }
-    out.write_text(json.dumps(payload, indent=1))
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(out, payload)
     if rows:
         plot(rows, RESULTS / "default_compile.png")
     return rows, summary

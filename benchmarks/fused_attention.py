@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import statistics
@@ -199,7 +198,12 @@ def main() -> None:
         "rows": rows,
         **summary,
     }
-    (RESULTS / "fused_attention.json").write_text(json.dumps(payload, indent=1))
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(RESULTS / "fused_attention.json", payload)
     _plot(rows, RESULTS / "fused_attention.png")
     print("wrote benchmarks/results/fused_attention.{json,png}")
 

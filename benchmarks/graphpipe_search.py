@@ -15,7 +15,6 @@ Writes benchmarks/results/graphpipe_search.{json,png}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -124,8 +123,12 @@ def main() -> None:
         "torch": torch.__version__,
         "profile": args.profile,
     }
-    with open(os.path.join(RESULTS, "graphpipe_search.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(os.path.join(RESULTS, "graphpipe_search.json"), {"meta": meta, "rows": rows})
     _plot(rows)
 
 

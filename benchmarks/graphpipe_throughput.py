@@ -251,8 +251,15 @@ def main() -> None:
         "real_micro_batch": REAL_MICRO,
         "python": sys.version.split()[0],
     }
-    with open(os.path.join(RESULTS, "graphpipe_throughput.json"), "w") as f:
-        json.dump({"meta": meta, "simulated": sim_rows, "real": real_res}, f, indent=1)
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(
+        os.path.join(RESULTS, "graphpipe_throughput.json"),
+        {"meta": meta, "simulated": sim_rows, "real": real_res},
+    )
     _plot(sim_rows, real_res)
 
 

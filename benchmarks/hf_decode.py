@@ -318,8 +318,12 @@ def main() -> None:
         "torch": torch.__version__,
     }
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "hf_decode.json"), "w") as f:
-        json.dump(out, f, indent=1)
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(os.path.join(RESULTS, "hf_decode.json"), out)
     plot(rows, os.path.join(RESULTS, "hf_decode.png"))
     print(f"wrote {RESULTS}/hf_decode.json and hf_decode.png")
 

@@ -230,7 +230,12 @@ def main() -> None:
         "contenders": rows,
         "ratios": ratios,
     }
-    (RESULTS / "hf_sharding.json").write_text(json.dumps(data, indent=1))
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(RESULTS / "hf_sharding.json", data)
     _png(rows, RESULTS / "hf_sharding.png")
     print(f"wrote {RESULTS / 'hf_sharding.json'}")
 

@@ -912,7 +912,12 @@ def _save(cells: dict[str, dict[str, dict[str, Any]]], out: Path) -> dict[str, A
         "cells": cells,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(out.with_suffix(".json"), report)
     save_png(cells, out.with_suffix(".png"))
     return cells
 

@@ -376,7 +376,12 @@ def _save(
         "geomean_speedup_vs_best_single": geo,
         "geomean_cold_over_warm": warm,
     }
-    (RESULTS / f"{_stem(args)}.json").write_text(json.dumps(payload, indent=1, default=str))
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(RESULTS / f"{_stem(args)}.json", payload, default=str)
     _plot(ok, _stem(args))
 
 

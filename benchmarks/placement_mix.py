@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import operator
 import os
 import statistics
@@ -185,7 +184,12 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "rows": rows,
     }
-    (RESULTS / "placement_mix.json").write_text(json.dumps(payload, indent=1))
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(RESULTS / "placement_mix.json", payload)
     _plot(rows)
 
 

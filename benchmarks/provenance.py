@@ -59,3 +59,13 @@ def provenance() -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine,
     }
+
+
+def write_results(path: str | Path, payload: Any, **dump: Any) -> None:
+    """Writes a results JSON with its provenance (commit, dirty flag, date, machine) in front of
+    the payload's own keys: every benchmarks/results/*.json is written through here."""
+    import json
+
+    if isinstance(payload, dict):
+        payload = {**provenance(), **payload}
+    Path(path).write_text(json.dumps(payload, indent=1, **dump))

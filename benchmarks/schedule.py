@@ -168,7 +168,12 @@ def main() -> None:
     print(f"throughput schedule / dtensor: {r['throughput_ratio']:.3f}x (target >= 0.95x)")
 
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "schedule.json").write_text(json.dumps(r, indent=1))
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(RESULTS / "schedule.json", r)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -61,7 +61,7 @@ PAGES = {
     "gpu_kernels": ("CUDA kernels on a GPU", "gpu_kernels.py", "features/fused_attention"),
     "gpu_generate": (
         "Cache-parallel generate() on one GPU",
-        "gpu_generate.py",
+        "torchrun --nproc-per-node 1 benchmarks/gpu_generate.py",
         "features/cache_parallelism",
     ),
 }
@@ -140,6 +140,57 @@ def render(name: str, data: Any, depth: int = 1) -> str:
     return "\n".join(out)
 
 
+# What each result measures, for the staleness flag: a result is flagged when a later commit
+# changed any of these paths (besides its own benchmark script).
+DEFAULT_CODE = ["torch_plugin", "csrc", "kernels"]
+CODE = {
+    "gpu_kernels": ["kernels/cuda"],
+    "gpu_generate": ["kernels/cuda", "torch_plugin/distributed/hf_cache_parallel.py"],
+    "fused_attention": ["kernels/cpu"],
+    "pretrained_load": ["torch_plugin/distributed"],
+    "user_programs": ["torch_plugin/distributed", "csrc/passes/sharding_ilp.cc"],
+}
+
+
+def _git(*args: str) -> str:
+    import subprocess
+
+    try:
+        return subprocess.check_output(["git", *args], cwd=ROOT, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def provenance_note(data: Any, command: str, code: list[str]) -> str:
+    """Where a result comes from (commit, date, machine) and whether the code it measures has
+    changed since; a result that records none says so."""
+    if not isinstance(data, dict) or not data.get("commit"):
+        return (
+            "> **No provenance recorded**: this JSON was written before results recorded their "
+            f"commit, date and machine. Rerun `{command}` to regenerate it.\n"
+        )
+    commit = str(data["commit"])
+    machine = data.get("machine") or {}
+    where = ", ".join(
+        str(machine[k]) for k in ("gpu", "cpu", "threads", "torch") if machine.get(k) is not None
+    )
+    dirty = " (uncommitted changes)" if data.get("dirty") else ""
+    lines = [f"> Commit `{commit}`{dirty}, {data.get('date', 'date not recorded')}; {where}."]
+    paths = [c.removeprefix("python benchmarks/") for c in code]
+    paths = [p if "/" in p or p in DEFAULT_CODE else f"benchmarks/{p}" for p in paths]
+    paths = [p.split(" ")[-1] for p in paths]
+    later = _git("log", "--format=%h", f"{commit}..HEAD", "--", *paths)
+    if later:
+        n = len(later.splitlines())
+        lines.append(
+            f"> **Possibly stale**: {n} later commit(s) changed what it measures "
+            f"({', '.join(paths)}); rerun `{command}`."
+        )
+    elif not _git("cat-file", "-t", commit):
+        lines.append(f"> Commit `{commit}` is not in this clone's history.")
+    return "\n>\n".join(lines) + "\n"
+
+
 def hf_suite_page(data: dict[str, Any]) -> str:
     """The suite's status grid: one row per architecture, one column per entry point."""
     entries = data["entries"]
@@ -160,6 +211,23 @@ def hf_suite_page(data: dict[str, Any]) -> str:
             if c.get("status") not in ("pass", "n/a", None) and e not in first_errors:
                 first_errors[e] = fmt(c.get("error", ""))
     errs = [f"- **{e}**: {msg}" for e, msg in first_errors.items()]
+    # Cells are run entry by entry over many sessions: say which commits they span, and name
+    # the entry points with no cell run at all.
+    commits: dict[str, int] = {}
+    for cells in data["cells"].values():
+        for c in cells.values():
+            if isinstance(c, dict) and c.get("status") not in (None, "n/a"):
+                key = str(c.get("commit") or "not recorded")
+                commits[key] = commits.get(key, 0) + 1
+    spans = ", ".join(f"`{k}` ({v})" for k, v in sorted(commits.items(), key=lambda kv: -kv[1]))
+    not_run = [
+        e
+        for e in entries
+        if not any(
+            isinstance(c.get(e), dict) and c[e].get("status") not in (None, "n/a")
+            for c in data["cells"].values()
+        )
+    ]
     # Parameter bytes each rank holds, as a fraction of one process's, per sharding entry.
     fractions = []
     for e in entries:
@@ -184,6 +252,10 @@ def hf_suite_page(data: dict[str, Any]) -> str:
         + "\n".join(lines)
         + "\n\n## First failure per entry point\n\n"
         + ("\n".join(errs) or "none")
+        + "\n\n## Commits the cells were run at (cells per commit)\n\n"
+        + (spans or "none")
+        + "\n\n## Entry points with no cell run\n\n"
+        + (", ".join(not_run) or "none")
         + "\n"
     )
 
@@ -202,7 +274,7 @@ def main(out: Path = DOCS) -> None:
     for path in sorted(RESULTS.glob("*.json")):
         name = path.stem
         title, script, notes = PAGES.get(name, (name, f"{name}.py", None))
-        command = script if script.startswith("bash ") else f"python benchmarks/{script}"
+        command = script if " " in script else f"python benchmarks/{script}"
         data = json.loads(path.read_text())
         body = hf_suite_page(data) if name == "hf_suite" else render(name, data)
         png = RESULTS / f"{name}.png"
@@ -218,7 +290,7 @@ def main(out: Path = DOCS) -> None:
             )
         if png.exists():
             parts += ["", f"![{title}](../../benchmarks/results/{name}.png)"]
-        parts += ["", body]
+        parts += ["", provenance_note(data, command, CODE.get(name, DEFAULT_CODE) + [script]), body]
         (out / f"{name}.md").write_text("\n".join(parts))
         index.append(f"| [{title}]({name}.md) | `{command}` |")
     (out / "README.md").write_text("\n".join(index) + "\n")
