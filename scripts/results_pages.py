@@ -181,9 +181,9 @@ def provenance_note(data: Any, command: str, code: list[str]) -> str:
     paths = [p.split(" ")[-1] for p in paths]
     later = _git("log", "--format=%h", f"{commit}..HEAD", "--", *paths)
     if later:
-        n = len(later.splitlines())
         lines.append(
-            f"> **Possibly stale**: {n} later commit(s) changed what it measures "
+            f"> **Possibly stale**: later commits changed what it measures (since "
+            f"`{commit}`: `git log {commit}..HEAD -- <paths>`) "
             f"({', '.join(paths)}); rerun `{command}`."
         )
     elif not _git("cat-file", "-t", commit):
