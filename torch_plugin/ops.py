@@ -125,12 +125,9 @@ def split_kv_decode_attention(
             q, k_cache, v_cache, lengths, num_splits or 0, 0.0 if scale is None else scale
         )
         return out
-    if num_splits is None:
-        num_splits = default_num_splits(q.device, q.shape[0], k_cache.shape[1], k_cache.shape[2])
-    out, lse = torch.ops.torch_plugin.split_kv_attention(
+    merged, _ = decode_partials(
         q, k_cache, v_cache, lengths, num_splits, 0.0 if scale is None else scale
     )
-    merged, _ = torch.ops.torch_plugin.merge_attention_partials(out, lse)
     return merged.to(q.dtype)
 
 
