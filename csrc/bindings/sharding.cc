@@ -77,7 +77,12 @@ void BindSharding(py::module_& m, py::class_<passes::PassManager>& pm) {
             o.pinned.clear();
             for (const auto& [k, v] : pins) o.pinned[k] = SpecFromString(v);
           },
-          "input source or node name -> spec ('R', 'S(d)', 'S(d)xk', 'P')");
+          "input source or node name -> spec ('R', 'S(d)', 'S(d)xk', 'P')")
+      .field("fixed_strategies", &ShardingOptions::fixed_strategies,
+             "node or input name -> strategy name (a plan's `strategy`): the same program at "
+             "another size; all fixed: no ILP is solved (status 'fixed')")
+      .field("fixed_zero", &ShardingOptions::fixed_zero,
+             "parameter -> ZeRO stage (a plan's `zero_stage`) where strategies are fixed");
 
   Struct<passes::Collective>(m, "Collective", "One forward resharding the plan priced.")
       .field("kind", &passes::Collective::kind)

@@ -107,7 +107,8 @@ void ArgKey(const ir::Arg& a, std::string* out) {
 // class id is its first member's index.
 std::vector<int> RepeatClasses(const ir::Graph& g, const std::vector<Entity>& ents,
                                const std::map<ir::ValueId, std::pair<int, int>>& producer,
-                               const std::map<int, ShardSpec>& pins, int rounds = 4) {
+                               const std::map<int, ShardSpec>& pins,
+                               const std::vector<int>& fixed, int rounds = 4) {
   const size_t n = ents.size();
   std::map<std::string, const ir::Node*> node_of;
   for (const auto& node : g.nodes()) node_of[node.name] = &node;
@@ -123,6 +124,7 @@ std::vector<int> RepeatClasses(const ir::Graph& g, const std::vector<Entity>& en
     std::string key = std::to_string(e.strategies.size()) + (outputs.count(int(i)) ? "o" : "");
     auto pin = pins.find(static_cast<int>(i));
     if (pin != pins.end()) key += "pin" + pin->second.ToString();
+    if (fixed[i] >= 0) key += "fix" + std::to_string(fixed[i]);
     if (e.is_input) {
       label[i] = key + "in" + (e.is_parameter ? "p" : "u");
       continue;
@@ -266,6 +268,30 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     pins[found] = spec;
   }
 
+  // Fixed strategies (the same program at another size): the strategy each entity must take,
+  // -1 where free. A fixed name that this graph's sizes do not allow, or that contradicts a pin,
+  // leaves the entity free; an input pinned to a spec is fixed (one strategy per spec).
+  std::vector<int> fixed(ents.size(), -1);
+  for (size_t i = 0; i < ents.size(); ++i) {
+    const Entity& e = ents[i];
+    int f = -1;
+    auto fs = o.fixed_strategies.find(e.name);
+    for (size_t s = 0; fs != o.fixed_strategies.end() && s < e.strategies.size(); ++s)
+      if (e.strategies[s].name == fs->second) {
+        f = static_cast<int>(s);
+        break;
+      }
+    auto pin = pins.find(static_cast<int>(i));
+    if (pin != pins.end() && f >= 0 &&
+        e.strategies[static_cast<size_t>(f)].outputs[0] != pin->second)
+      f = -1;
+    for (size_t s = 0; f < 0 && e.is_input && pin != pins.end() && s < e.strategies.size(); ++s)
+      if (e.strategies[s].outputs[0] == pin->second) f = static_cast<int>(s);
+    fixed[i] = f;
+  }
+  const bool all_fixed =
+      !ents.empty() && std::all_of(fixed.begin(), fixed.end(), [](int f) { return f >= 0; });
+
   // Fast level: entities whose neighbourhoods are identical (the same op in every repeat of a
   // layer) share their variables, so the ILP has one copy of each repeated layer.
   if (o.level != "exact" && o.level != "fast" && o.level != "auto")
@@ -273,7 +299,7 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   const bool tie = o.level == "fast" || (o.level == "auto" && ents.size() > o.auto_fast_above);
   std::vector<int> cls(ents.size());
   for (size_t i = 0; i < ents.size(); ++i) cls[i] = static_cast<int>(i);
-  if (tie) cls = RepeatClasses(g, ents, producer, pins);
+  if (tie && !all_fixed) cls = RepeatClasses(g, ents, producer, pins, fixed);
 
   // Per parameter block: how many ranks hold a copy (its replicas over tp, and the dp axis),
   // the gradient sync it needs, and what sharding its optimizer state over the copies saves.
@@ -387,6 +413,13 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     const Entity& e = ents[static_cast<size_t>(i)];
     for (size_t s = 0; s < e.strategies.size(); ++s)
       if (e.strategies[s].outputs[0] != spec)
+        m.AddConstraint({{e.vars[s], 1.0}}, solver::Sense::kEqual, 0.0);
+  }
+  for (size_t i = 0; i < ents.size() && !all_fixed; ++i) {
+    const Entity& e = ents[i];
+    if (fixed[i] < 0 || cls[i] != static_cast<int>(i)) continue;  // a class shares its fix
+    for (size_t s = 0; s < e.strategies.size(); ++s)
+      if (static_cast<int>(s) != fixed[i])
         m.AddConstraint({{e.vars[s], 1.0}}, solver::Sense::kEqual, 0.0);
   }
   // Memory per rank: parameters (with gradients and optimizer state when training) and, when
@@ -542,14 +575,31 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
   // percent for one percent. Activations are left out (the example batch is a tracing input,
   // rarely the run's) and so is ZeRO (a collective per step: the budget's tool). Solved on a
   // copy taken before CBC consumes `m`.
-  const bool lean = o.memory_slack > 0 && !state_by_var.empty();
+  const bool lean = o.memory_slack > 0 && !state_by_var.empty() && !all_fixed;
   std::optional<solver::IlpModel> second;
   if (lean) second.emplace(m.Clone());
-  solver::IlpSolution sol = m.Solve(so);
-  plan.variables = m.num_variables();
-  plan.constraints = m.num_constraints();
-  plan.status = solver::IlpStatusName(sol.status);
-  plan.level = tie ? "fast" : "exact";
+  plan.level = tie && !all_fixed ? "fast" : "exact";
+  // Every choice fixed: read the plan off, nothing to solve.
+  solver::IlpSolution sol;
+  if (all_fixed) {
+    sol.status = solver::IlpStatus::kOptimal;
+    sol.values.assign(static_cast<size_t>(m.num_variables()), 0.0);
+    for (size_t i = 0; i < ents.size(); ++i) {
+      const Entity& e = ents[i];
+      const size_t f = static_cast<size_t>(fixed[i]);
+      sol.values[static_cast<size_t>(e.vars[f])] = 1.0;
+      if (!e.is_parameter) continue;
+      auto z = o.fixed_zero.find(e.source.empty() ? e.name : e.source);
+      const int stage = z == o.fixed_zero.end() ? 0 : z->second;
+      if (stage == 1 && e.zero_vars[f] >= 0) sol.values[static_cast<size_t>(e.zero_vars[f])] = 1;
+      if (stage == 2 && e.zero2_vars[f] >= 0) sol.values[static_cast<size_t>(e.zero2_vars[f])] = 1;
+    }
+  } else {
+    sol = m.Solve(so);
+    plan.variables = m.num_variables();
+    plan.constraints = m.num_constraints();
+  }
+  plan.status = all_fixed ? "fixed" : solver::IlpStatusName(sol.status);
   if (!sol.has_solution())
     throw ShardingError("the sharding ILP found no plan (" + plan.status + ")", min_bytes);
   plan.objective = plan.fastest_objective = sol.objective / kMicro;
@@ -627,6 +677,14 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
     for (size_t k = 0; k < n.outputs.size() && k < st.outputs.size(); ++k)
       plan.spec[g.value(n.outputs[k]).name] = st.outputs[k];
   }
+  if (all_fixed) {  // priced as the ILP's objective would price it
+    plan.objective = plan.fastest_objective = 0;
+    for (size_t i = 0; i < ents.size(); ++i) {
+      const Entity& e = ents[i];
+      const size_t f = static_cast<size_t>(chosen[i]);
+      plan.objective += e.compute_s[f] + (e.is_parameter ? grad_sync(e, f) : 0.0);
+    }
+  }
   for (const auto& e : edges) {
     const EdgeGroup& grp = *e.group;
     const bool on = chosen[static_cast<size_t>(grp.p)] == e.sp &&
@@ -636,7 +694,18 @@ ShardingPlan PlanSharding(const ir::Graph& g, const ShardingOptions& o) {
       plan.collectives.push_back(
           {e.kind, me.value, me.consumer, e.from, e.to, me.bytes, e.seconds});
       plan.comm_s += comm_factor * e.seconds;
+      if (all_fixed) plan.objective += comm_factor * e.seconds;
     }
+  }
+  if (all_fixed) {
+    plan.objective += plan.zero_gather_s;
+    plan.fastest_objective = plan.objective;
+    const double used = plan.state_bytes_per_rank + plan.activation_bytes_per_rank;
+    if (o.memory_budget_bytes > 0 && used > o.memory_budget_bytes)
+      throw ShardingError("the fixed strategies need " + std::to_string(used / 1e9) +
+                              " GB per rank, over the budget of " +
+                              std::to_string(o.memory_budget_bytes / 1e9) + " GB",
+                          used);
   }
   return plan;
 }

@@ -65,6 +65,13 @@ struct ShardingOptions {
   size_t auto_fast_above = 600;
   // Pinned specs: graph input source ("fc.weight") or node name -> spec of its (first) output.
   std::map<std::string, ir::ShardSpec> pinned;
+  // Strategies fixed by name: node (or input value) name -> strategy name, as a plan's
+  // `strategy` gives them, and parameter -> ZeRO stage, as its `zero_stage`: the same program at
+  // another size. A name whose strategy this graph lacks at its sizes is free. Where every node
+  // and input is fixed (here or by `pinned`), no ILP is built: the plan is read off and priced
+  // (status "fixed"); otherwise the fixed ones are constraints of the ILP.
+  std::map<std::string, std::string> fixed_strategies;
+  std::map<std::string, int> fixed_zero;
 };
 
 struct Collective {

@@ -27,6 +27,13 @@ def test_default_config_trains_on_padded_batches_of_every_length(gloo, kind, sha
     assert r["after_warmup"] == r["programs"]
     # Captures: the three new shapes, then the call without a mask.
     assert len(r["capture_s"]) == len(user_programs.SHAPES)
+    # Another length or batch is the same program at another size: the example's strategies
+    # are read off without an ILP (8 x 24 and 4 x 20; at 13 tokens a split of the sequence
+    # does not divide, and the ILP plans that node with the rest fixed); the call without a
+    # mask is another graph, planned by the ILP.
+    plans = dict(zip(user_programs.SHAPES[1:], r["plans"], strict=False))
+    assert plans[(8, 24)] == plans[(4, 20)] == "fixed", r["plans"]
+    assert r["plans"][-1] != "fixed"
     ours, expect = r["no_mask"]
     assert abs(ours - expect) < 1e-5
     for other in results[1:]:

@@ -89,6 +89,7 @@ def train_like_a_user(rank: int, world: int, port: int, kind: str, shape: list[i
             "programs": programs,
             "after_warmup": after_warmup,
             "capture_s": list(sharded.capture_times_s.values()),
+            "plans": list(sharded.program_plans.values()),
             "no_mask": (no_mask, ref_no_mask),
             "config_use_cache": bool(model.config.use_cache),
         }

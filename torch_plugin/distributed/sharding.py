@@ -162,6 +162,19 @@ class _Program:
     summed_loss: bool  # the model's loss read num_items_in_batch (a sum over the batch)
 
 
+def _structure(graph: _C.Graph) -> tuple[Any, ...]:
+    """A graph's inputs (name, kind, source, rank, dtype) and nodes (name, op): equal for
+    captures of one program at other sizes."""
+    inputs, nodes, _ = graph.records()
+    return (
+        tuple(
+            (r[0], r[2], r[3], len(r[1][1]), r[1][3]) if r[1][0] == "tensor" else (r[0], r[2])
+            for r in inputs
+        ),
+        tuple((r[0], r[1]) for r in nodes),
+    )
+
+
 def _constant_key(x: Any) -> Any:
     try:
         hash(x)
@@ -284,6 +297,14 @@ class ShardedModule(nn.Module):
         self._node_specs = {
             (r[0], r[1]): plan.spec[r[0]] for r in graph.records()[1] if r[0] in plan.spec
         }
+        # A capture with the same inputs and nodes (the same program at another size) takes
+        # the example's strategies as they are: no ILP is solved for it.
+        self._structure = _structure(graph)
+        self._fixed = {
+            **plan.strategy,
+            **{r[0]: plan.spec[r[0]] for r in graph.records()[0] if r[0] in plan.spec},
+        }
+        self._fixed_zero = dict(plan.zero_stage)
         self._programs: dict[Any, _Program] = {
             self._call_key(pytree.tree_flatten(full_call), model.training): _Program(
                 self.graph_module,
@@ -293,6 +314,9 @@ class ShardedModule(nn.Module):
             )
         }
         self.capture_times_s: dict[str, float] = {}  # a new program's capture and plan, by call
+        # How each new program was planned: "fixed" (the example's strategies read off, no
+        # ILP: the same program at another size) or the ILP's status.
+        self.program_plans: dict[str, str] = {}
 
         # This rank's blocks, in placeholder order; the model's own tensors are not kept.
         spec = plan.spec
@@ -619,10 +643,20 @@ class ShardedModule(nn.Module):
             if (r[0], r[1]) in self._node_specs
         }
         try:
-            # The example's choices where this graph has the same node: the same program at
-            # another size, unless a spec does not fit the new sizes (then only the parameters
-            # stay pinned and the ILP plans the rest).
-            every = _C.ShardingOptions(**{**options, "pinned": {**nodes, **self._pinned}})
+            # The same inputs and nodes: the example's strategies, read off without an ILP
+            # (one that the new sizes do not allow is left to it). Otherwise the example's
+            # specs where this graph has the same node, unless a spec does not fit the new
+            # sizes (then only the parameters stay pinned and the ILP plans the rest).
+            if _structure(captured.graph) == self._structure:
+                every = _C.ShardingOptions(
+                    **{
+                        **options,
+                        "fixed_strategies": self._fixed,
+                        "fixed_zero": self._fixed_zero,
+                    }
+                )
+            else:
+                every = _C.ShardingOptions(**{**options, "pinned": {**nodes, **self._pinned}})
             plan, sharded = self._shard(captured.graph, every)
         except _C.PlanError as e:
             log.info("torch_plugin sharding: the example's node specs do not fit (%s)", e)
@@ -653,11 +687,15 @@ class ShardedModule(nn.Module):
         took = time.perf_counter() - t0
         log.debug("capture %.2f plan %.2f fx %.2f", t1 - t0, t2 - t1, took - (t2 - t0))
         self.capture_times_s[what] = took
+        self.program_plans[what] = plan.status
         log.info(
             "torch_plugin sharding: new program for a call with %s (%s mode): captured and "
-            "planned with the parameter specs pinned in %.2f s",
+            "planned %s in %.2f s",
             what,
             "train" if self.training else "eval",
+            "with the example's strategies (no ILP)"
+            if plan.status == "fixed"
+            else "with the parameter specs pinned",
             took,
         )
         return program

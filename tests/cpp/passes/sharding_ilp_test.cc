@@ -445,5 +445,64 @@ TEST(ShardingIlp, FastLevelEqualsBruteForceOnTiedBranches) {
   EXPECT_NEAR(exact.fastest_objective, brute, 1e-12 + 1e-9 * brute);
 }
 
+TEST(ShardingIlp, FixedStrategiesReadThePlanOffAtAnotherSize) {
+  // A plan's strategies, input specs and ZeRO stages fixed: on the same graph no ILP is solved
+  // (status "fixed") and the plan is priced as the ILP priced it; on the block at another batch
+  // and sequence, the same choices.
+  const ir::Graph g = GptBlock(2, 32, 256, 4);
+  ShardingOptions o;
+  o.world = 2;
+  o.dp = 2;
+  o.activation_bytes_factor = 0;
+  const ShardingPlan whole = PlanSharding(g, o);
+  o.memory_budget_bytes = 0.8 * whole.state_bytes_per_rank;
+  const ShardingPlan p = PlanSharding(g, o);
+  ASSERT_FALSE(p.zero_stage.empty());  // the budget needs ZeRO: its stages are fixed too
+  ShardingOptions f = o;
+  f.fixed_strategies = p.strategy;
+  for (const auto& in : g.inputs()) {
+    const std::string& name = g.value(in.value).name;
+    f.fixed_strategies[name] = p.spec.at(in.source.empty() ? name : in.source).ToString();
+  }
+  f.fixed_zero = p.zero_stage;
+  const ShardingPlan same = PlanSharding(g, f);
+  EXPECT_EQ(same.status, "fixed");
+  EXPECT_EQ(same.variables, 0);
+  EXPECT_NEAR(same.objective, p.objective, 1e-12 + 1e-9 * p.objective);
+  EXPECT_NEAR(same.state_bytes_per_rank, p.state_bytes_per_rank, 1.0);
+  EXPECT_EQ(same.collectives.size(), p.collectives.size());
+  f.memory_budget_bytes = 0;
+  const ShardingPlan q = PlanSharding(GptBlock(3, 48, 256, 4), f);
+  EXPECT_EQ(q.status, "fixed");
+  EXPECT_EQ(q.strategy, p.strategy);
+  EXPECT_EQ(q.zero_stage, p.zero_stage);
+  for (const auto& [name, spec] : p.spec) EXPECT_EQ(q.spec.at(name), spec) << name;
+  EXPECT_GT(q.objective, p.objective);  // more tokens
+  // A budget the fixed choices exceed is an error, not a silent plan.
+  f.memory_budget_bytes = 0.99 * p.state_bytes_per_rank;
+  EXPECT_THROW(PlanSharding(g, f), ShardingError);
+}
+
+TEST(ShardingIlp, FixedStrategiesLeaveWhatTheySayNothingOfToTheIlp) {
+  const ir::Graph g = GptBlock(2, 32, 256, 4);
+  ShardingOptions o;
+  o.world = 2;
+  const ShardingPlan p = PlanSharding(g, o);
+  ShardingOptions f = o;
+  f.fixed_strategies = p.strategy;
+  // One node moved off the optimum, a name this graph lacks, and a strategy name no rule has:
+  // the first binds, the others are ignored, and the ILP solves the rest (inputs are free).
+  const std::string moved = "mlp.fc1_addmm";
+  ASSERT_EQ(p.strategy.at(moved), "col");
+  f.fixed_strategies[moved] = "replicate";
+  f.fixed_strategies["no_such_node"] = "col";
+  f.fixed_strategies["mlp.fc2_addmm"] = "no_such_strategy";
+  const ShardingPlan q = PlanSharding(g, f);
+  EXPECT_NE(q.status, "fixed");
+  EXPECT_GT(q.variables, 0);
+  EXPECT_EQ(q.strategy.at(moved), "replicate");
+  EXPECT_GE(q.objective, p.objective);
+}
+
 }  // namespace
 }  // namespace tp::passes

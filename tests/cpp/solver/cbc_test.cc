@@ -55,5 +55,29 @@ TEST(CbcTest, RejectsBadInput) {
   EXPECT_THROW(m.AddConstraint({{5, 1.0}}, Sense::kEqual, 0), std::out_of_range);
 }
 
+TEST(CbcTest, BufferedModelLoadsOnceAndTakesAdditionsAfter) {
+  // Variables and rows are buffered until the model is needed: objective changes before that
+  // land in the buffer, a clone loads it, and rows added to the clone go to CBC directly.
+  IlpModel m;
+  int a = m.AddBinary(5.0, "a");
+  int b = m.AddBinary(3.0, "b");
+  m.AddConstraint({{a, 1}, {b, 1}}, Sense::kGreaterEqual, 1, "one");
+  m.SetObjective(a, 2.0);  // now a (2) is cheaper than b (3)
+  EXPECT_EQ(m.ObjectiveCoefficients(), (std::vector<double>{2.0, 3.0}));
+  IlpModel copy = m.Clone();
+  int c = copy.AddBinary(1.0, "c");
+  copy.AddConstraint({{a, 1}}, Sense::kEqual, 0, "no_a");
+  copy.AddConstraint({{b, 1}, {c, 1}}, Sense::kGreaterEqual, 1, "b_or_c");
+  IlpSolution s = m.Solve();
+  ASSERT_EQ(s.status, IlpStatus::kOptimal);
+  EXPECT_NEAR(s.objective, 2.0, 1e-6);
+  EXPECT_EQ(s.IntValue(a), 1);
+  IlpSolution t = copy.Solve();
+  ASSERT_EQ(t.status, IlpStatus::kOptimal);
+  EXPECT_EQ(t.IntValue(a), 0);
+  EXPECT_EQ(t.IntValue(b), 1);  // b covers both rows: 3 < b + c = 4
+  EXPECT_NEAR(t.objective, 3.0, 1e-6);
+}
+
 }  // namespace
 }  // namespace tp::solver
