@@ -691,6 +691,22 @@ class ShardingOptions:
     def dp(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
+    def fixed_strategies(self) -> dict[str, str]:
+        """
+        node or input name -> strategy name (a plan's `strategy`): the same program at another size; all fixed: no ILP is solved (status 'fixed')
+        """
+    @fixed_strategies.setter
+    def fixed_strategies(self, arg0: collections.abc.Mapping[str, str]) -> None:
+        ...
+    @property
+    def fixed_zero(self) -> dict[str, int]:
+        """
+        parameter -> ZeRO stage (a plan's `zero_stage`) where strategies are fixed
+        """
+    @fixed_zero.setter
+    def fixed_zero(self, arg0: collections.abc.Mapping[str, typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
     def level(self) -> str:
         """
         'exact', 'fast' or 'auto'
