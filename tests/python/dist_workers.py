@@ -1256,19 +1256,29 @@ def sharding_dropout_matches(rank: int, world: int, port: int, out_dir: str) -> 
         _finish()
 
 
-def dp_batch_refusal(rank: int, world: int, port: int) -> str:
-    """parallelize on a (2, 2) mesh with a batch of 3: the error each rank raises."""
+def dp_batch_refusal(rank: int, world: int, port: int) -> tuple[str, str]:
+    """parallelize on a (2, 2) mesh with an example batch of 3, then (with a batch of 2) a call
+    of 1 row: the error each rank raises for each."""
     import torch_plugin
     from torch_plugin.models import hf_suite
 
     _init(rank, world, port)
+    errors = []
     try:
         mesh = torch_plugin.DeviceMesh((2, 2), ("dp", "tp"), timeout_s=TIMEOUT_S)
         model, inputs = hf_suite.build("llama", batch=3)
         try:
             torch_plugin.parallelize(model, mesh, inputs)
+            errors.append("no error")
         except ValueError as e:
-            return str(e)
-        return "no error"
+            errors.append(str(e))
+        model, inputs = hf_suite.build("llama", batch=2)
+        sharded = torch_plugin.parallelize(model, mesh, inputs)
+        try:
+            sharded(**{k: v[:1] for k, v in inputs.items()})
+            errors.append("no error")
+        except ValueError as e:
+            errors.append(str(e))
+        return errors[0], errors[1]
     finally:
         _finish()

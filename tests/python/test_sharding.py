@@ -272,9 +272,11 @@ def test_shard_options_are_checked_where_they_come_in() -> None:
     assert not ilp.reduce_scatter and ilp.level == "fast"
 
 
-def test_a_batch_the_dp_axis_does_not_split_is_refused(gloo) -> None:
-    """A (2, 2) mesh and a batch of 3: every rank says the batch does not split over the dp
-    replicas and what to do, before any sharded step."""
-    for message in dist_workers.pooled(gloo(4), dist_workers.dp_batch_refusal):
-        assert "batch of 3 rows does not split over the mesh's 2 dp replicas" in message
-        assert "divisible by the dp size" in message
+def test_an_example_the_dp_axis_does_not_split_is_refused(gloo) -> None:
+    """A (2, 2) mesh and an example batch of 3: every rank says the example does not split over
+    the dp replicas and what to do, before any sharded step (the layout is planned on equal
+    slices). A later call of 1 row leaves a replica without one, and is named so too."""
+    for example, later in dist_workers.pooled(gloo(4), dist_workers.dp_batch_refusal):
+        assert "example batch of 3 rows does not split over the mesh's 2 dp replicas" in example
+        assert "divisible by the dp size" in example
+        assert "a batch of 1 rows leaves some of the mesh's 2 dp replicas without a row" in later

@@ -60,6 +60,7 @@ from .spmd_ops import (
     grad_sync,
     replicated_output,
     reshard,
+    uneven_batch_gather,
 )
 
 __all__ = [
@@ -175,6 +176,18 @@ def _structure(graph: _C.Graph) -> tuple[Any, ...]:
     )
 
 
+def _batch_rows(call: Any) -> int:
+    """The batch of a call: dim 0 of its first tensor with a dimension (0 when none)."""
+    return next(
+        (
+            int(x.shape[0])
+            for x in pytree.tree_leaves(call)
+            if isinstance(x, torch.Tensor) and x.dim() > 0
+        ),
+        0,
+    )
+
+
 def _constant_key(x: Any) -> Any:
     try:
         hash(x)
@@ -237,6 +250,14 @@ class ShardedModule(nn.Module):
         check_batch_agrees(call[1])
         call = self._with_count(call)
         full_call = call
+        rows = _batch_rows(call)
+        if self.dp > 1 and rows % self.dp:
+            # Every replica plans the same layout on its slice of the example: equal slices.
+            raise ValueError(
+                f"the example batch of {rows} rows does not split over the mesh's {self.dp} dp "
+                "replicas; give parallelize an example batch divisible by the dp size (later "
+                f"calls may have any batch of at least {self.dp} rows)"
+            )
         call = pytree.tree_map(self._dp_slice, call)
         comm = Collectives(mesh.group(tp_axis), self.world, self.rank, "torch_plugin sharding")
         self.comm = comm
@@ -288,7 +309,7 @@ class ShardedModule(nn.Module):
         self.graph_module = fx_bridge.from_ir(sharded.graph, ctx)
         self._random_ops = fx_bridge.has_random_ops(sharded.graph)
         if self._random_ops:
-            self._replica_masks(self.graph_module, call)
+            self._replica_masks(self.graph_module, rows)
         self.local_graph = sharded.graph
         state_names = set(pnames) | set(bnames)
         self._pinned = {n: sp for n, sp in plan.spec.items() if n in state_names}
@@ -582,20 +603,14 @@ class ShardedModule(nn.Module):
             captured.unused_inputs
         )
 
-    def _replica_masks(self, gm: fx.GraphModule, call: Any) -> None:
-        """dp replicas: each dropout mask becomes the replica's rows of the whole batch's mask,
-        so that with one seed the losses equal one process's (see replica_bernoulli_)."""
+    def _replica_masks(self, gm: fx.GraphModule, total: int) -> None:
+        """dp replicas: each dropout mask becomes the replica's rows of the whole batch's mask
+        (`total` rows), so that with one seed the losses equal one process's (see
+        replica_bernoulli_)."""
         if self.dp == 1:
             return
-        batch = next(
-            (
-                int(x.shape[0])
-                for x in pytree.tree_leaves(call)
-                if isinstance(x, torch.Tensor) and x.dim() > 0
-            ),
-            0,
-        )
-        n = global_dropout_masks(gm, self.dp, self.dp_rank, batch)
+        offset, batch = self._dp_rows(total)
+        n = global_dropout_masks(gm, total, offset, batch)
         log.info(
             "torch_plugin sharding: %d dropout draw(s) take the replica's rows of the whole "
             "batch's mask",
@@ -616,9 +631,10 @@ class ShardedModule(nn.Module):
             training,
         )
 
-    def _new_program(self, call: tuple[tuple[Any, ...], dict[str, Any]]) -> _Program:
-        """The program for a new kind of call: captured from the model's meta copy in this
-        module's mode, planned with every parameter's spec pinned to the plan, materialised."""
+    def _new_program(self, call: tuple[tuple[Any, ...], dict[str, Any]], total: int) -> _Program:
+        """The program for a new kind of call (`call`: this dp replica's slice of a batch of
+        `total` rows): captured from the model's meta copy in this module's mode, planned with
+        every parameter's spec pinned to the plan, materialised."""
         what = f"{describe(pytree.tree_flatten(call)[1])}, shapes " + ", ".join(
             str(list(x.shape)) for x in pytree.tree_leaves(call) if isinstance(x, torch.Tensor)
         )
@@ -683,7 +699,7 @@ class ShardedModule(nn.Module):
             self._summed(call, captured),
         )
         if program.random_ops:
-            self._replica_masks(program.module, call)
+            self._replica_masks(program.module, total)
         took = time.perf_counter() - t0
         log.debug("capture %.2f plan %.2f fx %.2f", t1 - t0, t2 - t1, took - (t2 - t0))
         self.capture_times_s[what] = took
@@ -719,8 +735,9 @@ class ShardedModule(nn.Module):
         leaves, spec = pytree.tree_flatten(call)
         key = self._call_key((leaves, spec), self.training)
         program = self._programs.get(key)
+        rows = _batch_rows(call)
         if program is None:
-            program = self._new_program(pytree.tree_map(self._dp_slice, call))
+            program = self._new_program(pytree.tree_map(self._dp_slice, call), rows)
             self._programs[key] = program
         flat = [x for x in leaves if isinstance(x, torch.Tensor)]
         graph_module, random_ops = program.module, program.random_ops
@@ -759,14 +776,16 @@ class ShardedModule(nn.Module):
             self._unsynced = True
         local = [self._dp_slice(x) for x in flat]
         outs = graph_module(*params, *buffers, *local)
-        weight = 1.0 / self.dp
+        # A mean over the batch: each replica's share of the rows (1/dp for an even batch).
+        weight = self._dp_rows(rows)[1] / rows
         if total is not None:
             if program.summed_loss:
                 weight = 1.0
             elif int(total) > 0:
                 weight = int(self._count_labels(self._dp_slice(labels))) / int(total)
+        sizes = tuple(self._dp_rows(rows, r)[1] for r in range(self.dp))
         whole = [
-            replicated_output(reshard(o, "S(0)", "R", self._dp_handle), self._dp_handle)
+            self._gather_batch(o, sizes)
             if isinstance(o, torch.Tensor) and o.dim() > 0 and o.is_floating_point()
             else _BatchLoss.apply(o, self._dp_handle, weight)
             if isinstance(o, torch.Tensor) and o.is_floating_point()
@@ -775,16 +794,38 @@ class ShardedModule(nn.Module):
         ]
         return pytree.tree_unflatten(whole, program.out_spec)
 
+    def _gather_batch(self, o: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+        """An output of this replica's rows, made the whole batch's on every rank."""
+        if len(set(sizes)) == 1:
+            return replicated_output(reshard(o, "S(0)", "R", self._dp_handle), self._dp_handle)
+        if o.shape[0] != sizes[self.dp_rank]:
+            raise RuntimeError(
+                f"torch_plugin sharding: an output of shape {list(o.shape)} does not run along "
+                f"the batch (this dp replica has {sizes[self.dp_rank]} of its "
+                f"{sum(sizes)} rows), so it cannot be gathered over an uneven split; use a "
+                f"batch divisible by the dp size ({self.dp})"
+            )
+        return uneven_batch_gather(o, self._dp_handle, sizes)
+
+    def _dp_rows(self, total: int, replica: int | None = None) -> tuple[int, int]:
+        """(offset, rows) of a dp replica's slice of a batch of `total` rows: as
+        torch.tensor_split cuts it, the first total % dp replicas one row more (the last,
+        short batch of an epoch)."""
+        if total < self.dp:
+            raise ValueError(
+                f"a batch of {total} rows leaves some of the mesh's {self.dp} dp replicas "
+                f"without a row; use a batch of at least {self.dp} rows"
+            )
+        r = self.dp_rank if replica is None else replica
+        base, extra = divmod(total, self.dp)
+        return r * base + min(r, extra), base + (1 if r < extra else 0)
+
     def _dp_slice(self, x: Any) -> Any:
         """This dp replica's rows (dim 0) of a batch tensor."""
         if self.dp == 1 or not isinstance(x, torch.Tensor) or x.dim() == 0:
             return x
-        if x.shape[0] % self.dp:
-            raise ValueError(
-                f"a batch of {x.shape[0]} rows does not split over the mesh's {self.dp} dp "
-                "replicas; use a batch divisible by the dp size"
-            )
-        return x.chunk(self.dp, 0)[self.dp_rank]
+        offset, rows = self._dp_rows(int(x.shape[0]))
+        return x.narrow(0, offset, rows)
 
 
 def search_mesh_shape(

@@ -180,6 +180,33 @@ class _BatchLoss(torch.autograd.Function):
         return grad * ctx.weight, None, None
 
 
+class _UnevenBatchGather(torch.autograd.Function):
+    """dp replicas' outputs along the batch when it does not divide by dp (the last batch of an
+    epoch): replica i holds sizes[i] rows. Gathered padded to the largest slice and trimmed.
+    Every rank seeds the same loss gradient (see _ReplicatedOutput): the backward averages
+    it over the replicas and keeps this replica's rows, as S(0) -> R does for an even batch."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, handle: int, sizes: tuple[int, ...]) -> torch.Tensor:
+        comm = _group(handle)
+        ctx.handle, ctx.sizes = handle, sizes
+        most = max(sizes)
+        padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, most - x.shape[0]))
+        parts = comm.all_gather(padded, "batch gather").unbind(0)
+        return torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        comm = _group(ctx.handle)
+        mean = comm.all_reduce(grad, "batch gather") / comm.world
+        start = sum(ctx.sizes[: comm.rank])
+        return mean[start : start + ctx.sizes[comm.rank]], None, None
+
+
+def uneven_batch_gather(x: torch.Tensor, group: int, sizes: tuple[int, ...]) -> torch.Tensor:
+    return _UnevenBatchGather.apply(x, group, sizes)
+
+
 def reshard(x: torch.Tensor, src: str, dst: str, group: int) -> torch.Tensor:
     return _Reshard.apply(x, src, dst, group)
 
@@ -225,31 +252,32 @@ def replica_bernoulli_(
     p: float = 0.5,
     *,
     generator: torch.Generator | None = None,
-    dp: int,
-    dp_rank: int,
+    total: int,
+    offset: int,
     batch: int,
 ) -> torch.Tensor:
     """bernoulli_ in a dp replica's program, as one process draws it: a dropout mask over the
-    replica's `batch` rows is the replica's rows of the whole batch's mask, drawn from the
-    generator state every rank shares (so the generator advances as one process's does). A
-    tensor that does not run along the batch is drawn as is."""
+    replica's `batch` rows is rows [offset, offset + batch) of the whole batch's mask (`total`
+    rows), drawn from the generator state every rank shares (so the generator advances as one
+    process's does). A tensor that does not run along the batch is drawn as is."""
     if t.dim() == 0 or t.shape[0] != batch:
         return t.bernoulli_(p, generator=generator)
-    whole = torch.empty((batch * dp, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    whole = torch.empty((total, *t.shape[1:]), dtype=t.dtype, device=t.device)
     whole.bernoulli_(p, generator=generator)
     with torch.no_grad():
-        return t.copy_(whole[dp_rank * batch : (dp_rank + 1) * batch])
+        return t.copy_(whole[offset : offset + batch])
 
 
-def global_dropout_masks(gm: torch.fx.GraphModule, dp: int, dp_rank: int, batch: int) -> int:
-    """Rewrites a dp replica's program so its dropout masks are its rows of one process's
-    (dropout captures as bernoulli_ on an empty tensor). Returns how many draws it rewrote;
-    other random ops draw per replica, as before (logged by the caller)."""
+def global_dropout_masks(gm: torch.fx.GraphModule, total: int, offset: int, batch: int) -> int:
+    """Rewrites a dp replica's program so its dropout masks are its rows [offset, offset +
+    batch) of one process's over `total` rows (dropout captures as bernoulli_ on an empty
+    tensor). Returns how many draws it rewrote; other random ops draw per replica, as before
+    (logged by the caller)."""
     rewritten = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.bernoulli_.float:
             node.target = replica_bernoulli_
-            node.kwargs = {**node.kwargs, "dp": dp, "dp_rank": dp_rank, "batch": batch}
+            node.kwargs = {**node.kwargs, "total": total, "offset": offset, "batch": batch}
             rewritten += 1
     if rewritten:
         gm.recompile()
