@@ -237,6 +237,26 @@ def test_cp_attention_refuses_writes_and_masks_it_cannot_split() -> None:
         attend(5, -1)
 
 
+def test_cp_attention_runs_the_scheme_its_node_carries() -> None:
+    """The runtime obeys the planned scheme: a batch that does not fit it is an error naming
+    both, not a scheme inferred from the batch (checked before any collective, so a manager
+    that believes it has 2 ranks needs none here)."""
+    m = KVCacheManager(block_size=4)
+    m.world, m.global_batch = 2, 4
+    kv = torch.randn(4, 2, 1, 8)
+
+    def attend(batch: int, scheme: str) -> torch.Tensor:
+        q = torch.randn(batch, 4, 1, 8)
+        return m.attention(q, kv[:batch], kv[:batch], 0, 1, False, 0.0, "c", 16, scheme)
+
+    with pytest.raises(RuntimeError, match="scheme gather_qkv runs 1/2 of the batch.*holds 4 of"):
+        attend(4, "gather_qkv")
+    with pytest.raises(RuntimeError, match="gather_partials runs the whole batch.*holds 2 of"):
+        attend(2, "gather_partials")
+    with pytest.raises(RuntimeError, match="carries scheme 'auto'"):
+        attend(4, "auto")
+
+
 def test_decorator_wraps_instances() -> None:
     from torch_plugin.models.llama import Llama, LlamaConfig
 

@@ -289,16 +289,27 @@ class KVCacheManager(BlockPlacement):
                 f"torch_plugin cp_attention ({cache_k}): the attention mask covers "
                 f"{mask.shape[-1]} keys, attention reads {end}"
             )
+        # The scheme is the plan's (the C++ pass chose it and wrote it into the node): the
+        # batch this rank holds must be the one that scheme runs, not a scheme guessed from it.
+        if scheme not in ("gather_partials", "gather_qkv"):
+            raise RuntimeError(
+                f"torch_plugin cp_attention ({cache_k}): the node carries scheme {scheme!r}; a "
+                "planned graph carries 'gather_partials' or 'gather_qkv'"
+            )
+        split = scheme == "gather_qkv" and self.world > 1
         global_batch = self.global_batch or q.shape[0]
         local_batch = q.shape[0]
-        if local_batch == global_batch:
-            split = False
-        elif local_batch * self.world == global_batch:
-            split = True
-        else:
+        expect = global_batch // self.world if split else global_batch
+        if local_batch != expect or (split and global_batch % self.world):
             raise RuntimeError(
-                f"torch_plugin cp_attention ({cache_k}): batch {local_batch} is neither the "
-                f"global batch {global_batch} nor 1/{self.world} of it"
+                f"torch_plugin cp_attention ({cache_k}): the plan's scheme {scheme} runs "
+                + (
+                    f"1/{self.world} of the batch per rank (the cache_parallel wrapper slices "
+                    "it)"
+                    if split
+                    else "the whole batch on every rank"
+                )
+                + f", but this rank holds {local_batch} of a batch of {global_batch}"
             )
         if split:  # the thesis's scheme: gather q/k/v of every rank's requests
             q = self.comm.all_gather(q, "qkv").flatten(0, 1)
