@@ -1437,6 +1437,10 @@ def model_decode_layer(layer: dict, world: typing.SupportsInt | typing.SupportsI
     """
     Modelled decode step of one layer: times, bytes sent per rank, memory (dict).
     """
+def parse_spec(spec: str) -> tuple[str, int, int]:
+    """
+    (kind, dim, sections) of 'R', 'P', 'S(d)' or the strided 'S(d)xN' (dim -1 unless kind is 'S'). Raises ValueError for anything else.
+    """
 def placement_candidates(graph: Graph, backends: collections.abc.Sequence[str], extra_rules: collections.abc.Mapping[str, collections.abc.Sequence[tuple[str, typing.Any]]] = {}, max_candidates: typing.SupportsInt | typing.SupportsIndex = 200000) -> dict:
     """
     Candidate groups per backend: dicts with id, backend, rule, node names/ids, input and output value names, and the canonical signature.

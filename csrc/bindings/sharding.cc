@@ -84,6 +84,21 @@ void BindSharding(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("fixed_zero", &ShardingOptions::fixed_zero,
              "parameter -> ZeRO stage (a plan's `zero_stage`) where strategies are fixed");
 
+  // The one parser of spec strings: reshard nodes, checkpoint layouts and pretrained boxes read
+  // their specs through it (Python keeps no twin of it).
+  m.def(
+      "parse_spec",
+      [](const std::string& s) {
+        const ir::ShardSpec spec = SpecFromString(s);
+        const char* kind = spec.kind == ir::ShardSpec::Kind::kShard     ? "S"
+                           : spec.kind == ir::ShardSpec::Kind::kPartial ? "P"
+                                                                        : "R";
+        return py::make_tuple(kind, spec.dim, spec.sections);
+      },
+      py::arg("spec"),
+      "(kind, dim, sections) of 'R', 'P', 'S(d)' or the strided 'S(d)xN' (dim -1 unless "
+      "kind is 'S'). Raises ValueError for anything else.");
+
   Struct<passes::Collective>(m, "Collective", "One forward resharding the plan priced.")
       .field("kind", &passes::Collective::kind)
       .field("value", &passes::Collective::value)

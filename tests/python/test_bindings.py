@@ -110,6 +110,16 @@ def test_options_are_typed_and_say_what_is_wrong() -> None:
         _C.ShardingOptions(world="four")
     with pytest.raises(ValueError, match="bad shard spec"):
         _C.ShardingOptions(pinned={"w": "Shard(0)"})
+    # The one spec parser, which the runtime's reshards and checkpoint layouts read through.
+    assert [_C.parse_spec(s) for s in ("R", "P", "S(1)", "S(0)x3")] == [
+        ("R", -1, 1),
+        ("P", -1, 1),
+        ("S", 1, 1),
+        ("S", 0, 3),
+    ]
+    for bad in ("S(1)y", "S(0)x1", "S(a)", "Q"):
+        with pytest.raises(ValueError, match="bad shard spec"):
+            _C.parse_spec(bad)
     with pytest.raises(ValueError, match="methods: exhaustive, coordinate_descent"):
         _C.TuneOptions(method="random")
     assert _C.TuneOptions(method="coordinate_descent").method == "coordinate_descent"

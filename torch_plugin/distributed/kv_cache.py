@@ -304,8 +304,7 @@ class KVCacheManager(BlockPlacement):
             raise RuntimeError(
                 f"torch_plugin cp_attention ({cache_k}): the plan's scheme {scheme} runs "
                 + (
-                    f"1/{self.world} of the batch per rank (the cache_parallel wrapper slices "
-                    "it)"
+                    f"1/{self.world} of the batch per rank (the cache_parallel wrapper slices it)"
                     if split
                     else "the whole batch on every rank"
                 )

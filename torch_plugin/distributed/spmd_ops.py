@@ -5,6 +5,7 @@ process groups as int handles, registered here."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .. import _C
 from .collectives import Collectives
 
 # Process groups by handle: the graph's reshard nodes carry an int, not a Python object.
@@ -38,17 +40,11 @@ def _group(handle: int) -> Collectives:
         ) from None
 
 
+@functools.lru_cache(maxsize=1024)
 def _parse(spec: str) -> tuple[str, int, int]:
-    """(kind, dim, sections) of 'R', 'P', 'S(d)' or the strided 'S(d)xN'."""
-    if spec in ("R", "P"):
-        return spec, -1, 1
-    if spec.startswith("S("):
-        close = spec.index(")")
-        sections = int(spec[close + 2 :]) if spec[close + 1 :].startswith("x") else 1
-        if close + 1 < len(spec) and not spec[close + 1 :].startswith("x"):
-            raise ValueError(f"bad shard spec {spec!r}")
-        return "S", int(spec[2:close]), sections
-    raise ValueError(f"bad shard spec {spec!r}")
+    """(kind, dim, sections) of 'R', 'P', 'S(d)' or the strided 'S(d)xN': the C++ parser's
+    reading (the one the planner and materialiser use), cached per string."""
+    return _C.parse_spec(spec)
 
 
 def _dual(spec: str) -> str:
