@@ -166,28 +166,47 @@ def bad_calls(rank: int, world: int, port: int) -> dict:
 
 
 def pipeline_default_config(rank: int, world: int, port: int) -> dict:
-    """A library-default Llama (use_cache=True) through strategy="pipeline": the step's loss
-    equals one process's; a batch of another length is refused on every rank before anything
-    runs, naming the input, and the ranks stay in step for the next batch."""
+    """A library-default Llama (use_cache=True) through strategy="pipeline", then padded batches
+    of other lengths (a stage captured again at each, the plan kept): each step's loss and this
+    rank's gradients equal one process's; a batch of another size is refused on every rank
+    before anything runs, naming the input, and the ranks stay in step for the next batch."""
     import torch_plugin
 
     dist_workers._init(rank, world, port)
     try:
         model = default_config_model("llama")
         reference = copy.deepcopy(model)
-        batch = padded_batch(4, 12, 0)
-        pp = torch_plugin.parallelize(model, world, batch, strategy="pipeline")
-        loss = pp.step(batch)
+        batches = [padded_batch(4, t, i) for i, t in enumerate((12, 16, 9, 16, 12))]
+        pp = torch_plugin.parallelize(model, world, batches[0], strategy="pipeline")
+        losses, expect, grad_diff = [], [], 0.0
+        for b in batches:
+            for p in [*pp.parameters(), *reference.parameters()]:
+                p.grad = None
+            losses.append(pp.step(b))
+            loss = reference(**b).loss
+            loss.backward()
+            expect.append(float(loss))
+            ref = dict(reference.named_parameters())
+            for name, p in pp.named_parameters():
+                if p.grad is not None:
+                    grad_diff = max(grad_diff, float((p.grad - ref[name].grad).abs().max()))
         try:
-            pp.step(padded_batch(4, 16, 1))
+            pp.step(padded_batch(3, 12, 1))
             refused = None
         except ValueError as e:
             refused = str(e)
         again = padded_batch(4, 12, 2)
-        loss_again = pp.step(again)
+        losses.append(pp.step(again))
         with torch.no_grad():
-            expect = [float(reference(**b).loss) for b in (batch, again)]
-        return {"losses": [loss, loss_again], "expect": expect, "refused": refused}
+            expect.append(float(reference(**again).loss))
+        return {
+            "losses": losses,
+            "expect": expect,
+            "grad_diff": grad_diff,
+            "grads": sum(p.grad is not None for p in pp.parameters()),
+            "refused": refused,
+            "captures": list(pp.capture_times_s),
+        }
     finally:
         dist_workers._finish()
 

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -252,6 +253,11 @@ class PipelineParallel:
         self._count_labels = None  # HF labels: the whole mini-batch's count goes in per step
         self._summed_loss = False
         self.aten: AtenPipelineGraph | None = None
+        self._sig0: Any = None
+        self._sig: Any = None
+        self._calls: dict[Any, Any] = {}
+        # A stage's capture at a step's new shapes (ATen-level pipelines), by what it ran.
+        self.capture_times_s: dict[str, float] = {}
         traced = None
         if capture != "aten" and not isinstance(example_inputs, dict):
             try:
@@ -314,7 +320,6 @@ class PipelineParallel:
                 call[0],
                 dict(sorted({**call[1], "num_items_in_batch": count(call[1]["labels"])}.items())),
             )
-        self._call = call
         aten = pipeline_capture.capture(model, call, batch)
         # The model's loss read the count (a sum over the mini-batch); otherwise its loss is a
         # mean over each micro-batch, weighed by the micro-batch's share.
@@ -322,16 +327,62 @@ class PipelineParallel:
             self._count_labels is not None and "num_items_in_batch" not in aten.traced.unused_inputs
         )
         self.aten = aten
-        self._traces: dict[int, AtenPipelineGraph] = {batch: aten}
+        # Calls by their tensors' shapes: the example's, then each other length a step brings
+        # (a stage runs a graph traced at its shapes; see _stage_module).
+        self._sig0 = self._sig = self._signature(call)
+        self._calls[self._sig0] = call
+        self._traces: dict[tuple[Any, int], AtenPipelineGraph] = {(self._sig0, batch): aten}
+        self._by_name: dict[tuple[Any, int], dict[str, fx.Node]] = {}
         flat_tensors = self._flat_tensors(call)
         return cost_graph(aten.gm, flat_tensors, batch, aten.free, aten=True), call
 
-    def _trace(self, n: int) -> AtenPipelineGraph:
-        trace = self._traces.get(n)
+    def _signature(self, call: Any) -> tuple[Any, ...]:
+        return tuple(
+            tuple(x.shape) if isinstance(x, torch.Tensor) else None
+            for x in self._flat_tensors(call)
+        )
+
+    def _trace(self, n: int, sig: Any = None) -> AtenPipelineGraph:
+        """The model's graph at n samples of the call with shapes `sig` (the example's by
+        default)."""
+        key = (self._sig0 if sig is None else sig, n)
+        trace = self._traces.get(key)
         if trace is None:
-            trace = pipeline_capture.capture(self.model_ref, self._call, self.batch, n)
-            self._traces[n] = trace
+            t0 = time.perf_counter()
+            trace = pipeline_capture.capture(self.model_ref, self._calls[key[0]], self.batch, n)
+            self._traces[key] = trace
+            if key[0] != self._sig0:
+                took = time.perf_counter() - t0
+                what = f"{n} samples of shapes {[list(x) for x in key[0] if x is not None]}"
+                self.capture_times_s[what] = took
+                log.info(
+                    "torch_plugin pipeline: stage S%d captured for %s in %.2f s (the plan's "
+                    "stages and micro-batches kept)",
+                    self.my_stage,
+                    what,
+                    took,
+                )
         return trace
+
+    def _meta(self, v: fx.Node) -> Any:
+        """Shape and dtype of crossing value v at this step's shapes: its own at the example's,
+        else its twin's in a graph traced at this step's shapes (the stage's, already made)."""
+        if self._sig == self._sig0:
+            return v.meta["tensor_meta"]
+        key = next(k for k in self._traces if k[0] == self._sig)
+        by_name = self._by_name.get(key)
+        if by_name is None:
+            by_name = {node.name: node for node in self._traces[key].gm.graph.nodes}
+            self._by_name[key] = by_name
+        twin = by_name.get(v.name)
+        val = twin.meta.get("val") if twin is not None else None
+        if not isinstance(val, torch.Tensor):
+            raise RuntimeError(
+                f"torch_plugin pipeline: value {v.name!r} crosses stages, and the model's graph "
+                f"at shapes {[list(x) for x in self._sig if x is not None]} has no tensor of "
+                "that name; pad each batch to the example's length"
+            )
+        return val
 
     def _traceable_sizes(self) -> list[int]:
         """The micro-batch sizes (powers of two dividing the batch, as the partitioner
@@ -473,7 +524,7 @@ class PipelineParallel:
         if self.my_stage < 0:
             self.module = nn.Module()
             return
-        self._modules: dict[int, fx.GraphModule] = {}
+        self._modules: dict[tuple[Any, int], fx.GraphModule] = {}
         self.module = self._stage_module(self.batch)
 
     def _stage_params(self, s: int) -> dict[str, nn.Parameter]:
@@ -519,24 +570,32 @@ class PipelineParallel:
     def _stage_module(self, n: int) -> fx.GraphModule:
         """This rank's stage as a GraphModule for micro-batches of n samples (module-level
         graphs take any n; ATen graphs are traced at n)."""
-        module = self._modules.get(n) if hasattr(self, "_modules") else None
+        key = (self._sig, n)
+        module = self._modules.get(key) if hasattr(self, "_modules") else None
         if module is not None:
             return module
         s = self.my_stage
-        if self.aten is None or n == self.batch:
+        if self.aten is None or (n == self.batch and self._sig == self._sig0):
             source = self.gm
             by_name = None
         else:
-            trace = self._trace(n)
+            trace = self._trace(n, self._sig)
             source = trace.gm
             by_name = {node.name: node for node in trace.gm.graph.nodes}
             for node in [*self.members[s], *self.stage_inputs[s]]:
                 twin = by_name.get(node.name)
                 if twin is None or twin.op != node.op or twin.target != node.target:
+                    other = (
+                        f"at {n} samples"
+                        if self._sig == self._sig0
+                        else f"at {n} samples of shapes "
+                        f"{[list(x) for x in self._sig if x is not None]}"
+                    )
                     raise RuntimeError(
-                        f"torch_plugin pipeline: the model's graph at {n} samples differs from "
-                        f"its graph at {self.batch} at node {node.name!r}; pass "
-                        "micro_batch_sizes (or num_microbatches) so every stage runs one size"
+                        f"torch_plugin pipeline: the model's graph {other} differs from its "
+                        f"graph at the example's {self.batch} at node {node.name!r}; pass "
+                        "micro_batch_sizes (or num_microbatches) so every stage runs one size, "
+                        "or pad each batch to the example's length"
                     )
 
         def twin(node: fx.Node) -> fx.Node:
@@ -553,7 +612,7 @@ class PipelineParallel:
             outs += [env[twin(v)] if isinstance(v, fx.Node) else v for v in self.out_leaves]
         g.output(tuple(outs))
         module = fx.GraphModule(source, g)
-        self._modules[n] = module
+        self._modules[key] = module
         return module
 
     def _release_groups(self) -> None:
@@ -690,8 +749,8 @@ class PipelineParallel:
             ) from e
 
     def _buffer(self, v: fx.Node, n: int) -> torch.Tensor:
-        """Room for n samples of crossing value v."""
-        meta = v.meta["tensor_meta"]
+        """Room for n samples of crossing value v (at this step's shapes)."""
+        meta = self._meta(v)
         rows = n * self._rows.get(v, 1)
         return torch.empty((rows, *meta.shape[1:]), dtype=meta.dtype, device=self._device)
 
@@ -734,7 +793,8 @@ class PipelineParallel:
             meta = p.meta.get("tensor_meta")
             traced = tuple(meta.shape[1:]) if meta is not None else None
             if (
-                traced is not None
+                self.aten is None  # ATen stages are traced again at a step's other shapes
+                and traced is not None
                 and isinstance(x, torch.Tensor)
                 and x.dim()
                 and (tuple(x.shape[1:]) != traced)
@@ -743,9 +803,16 @@ class PipelineParallel:
                 # leave its peers waiting on a message that never comes.
                 raise ValueError(
                     f"input {name} has shape {list(x.shape)}; the pipeline's stages were "
-                    f"captured for [{self.batch}, {', '.join(map(str, traced))}]: pipelines "
-                    "run the example's sequence length only, so pad each batch to it"
+                    f"captured for [{self.batch}, {', '.join(map(str, traced))}]: a pipeline "
+                    "split at module level runs the example's shapes only, so pad each batch "
+                    "to them (HF models and keyword calls, split at ATen level, take any "
+                    "length)"
                 )
+        if self.aten is not None:
+            # Another length: each stage runs its part of the model traced at these shapes
+            # (the plan, its stages and micro-batches, and the parameters stay).
+            self._sig = self._signature(call)
+            self._calls.setdefault(self._sig, call)
         return flat
 
     def step(self, inputs: tuple[Any, ...] | dict[str, Any], target: Any = None) -> float:
@@ -785,6 +852,9 @@ class PipelineParallel:
         return float(loss_total)
 
     def _forward(self, s, j, lo, hi, local, target, sends):  # type: ignore[no-untyped-def]
+        # The stage's module first: at a new length it is traced now, and the receive buffers
+        # below take their shapes from that trace.
+        module = self.module if self.aten is None else self._stage_module(hi - lo)
         args = []
         for v in self.stage_inputs[s]:
             if v.op == "placeholder":
@@ -800,7 +870,6 @@ class PipelineParallel:
             if buf.is_floating_point():
                 buf.requires_grad_(True)
             args.append(buf)
-        module = self.module if self.aten is None else self._stage_module(hi - lo)
         outs = list(module(*args))
         n_cross = len(self.stage_outputs[s])
         outs, model_out = outs[:n_cross], outs[n_cross:]
