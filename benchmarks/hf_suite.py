@@ -15,6 +15,8 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
                    use_cache, dropout as shipped), parallelize once, then AdamW steps on
                    padded batches of 4 rows x 16, 24, 12 tokens and a last batch of 2 x 20,
                    each loss within 1e-5 of one process's (same seed) and the losses moving
+  shard2x2_user    the same on a (dp=2, tp=2) mesh, the last batch 3 x 20 (2 + 1 rows over the
+                   dp replicas), dropout as shipped (each replica draws its rows of one mask)
   shard2_lean      shard2 with the memory budget at the least any plan needs (what a model that
                    does not fit one device asks for): the parameter bytes each rank holds
   bf16_2           on decoders, 2 ranks: bf16 parameters with float32 master weights, and
@@ -89,6 +91,7 @@ ENTRIES = [
     "shard2x2",
     "shard2_lean",
     "shard2_user",
+    "shard2x2_user",
     "bf16_2",
     "fp16_2",
     "pipeline4",
@@ -103,6 +106,7 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "shard2x2": (4, (2, 2)),
     "shard2_lean": (2, (2,)),
     "shard2_user": (2, (2,)),
+    "shard2x2_user": (4, (2, 2)),
     "pipeline4": (4, None),
     "cp_decode": (2, (2,)),
     "cp_decode4": (4, (4,)),
@@ -348,6 +352,8 @@ def check_shard(name: str, mesh_shape: tuple[int, ...], lean: bool = False) -> d
 # (rows, tokens, padded positions in row 1) of each step of shard2_user: the sequence length
 # changes every step and the last batch is short, as a padding collator's batches do.
 USER_SHAPES = [(4, 16, 3), (4, 24, 5), (4, 12, 2), (2, 20, 4)]
+# On a dp axis of 2 the last batch does not divide: 2 + 1 rows.
+USER_SHAPES_DP = [(4, 16, 3), (4, 24, 5), (4, 12, 2), (3, 20, 4)]
 
 
 def check_shard_user(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
@@ -358,9 +364,10 @@ def check_shard_user(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
     from torch_plugin.models import hf_suite
 
     model = hf_suite.build_model(name, library_defaults=True)
+    shapes = USER_SHAPES_DP if len(mesh_shape) == 2 else USER_SHAPES
     batches = [
         hf_suite.make_inputs(name, batch=b, seq=t, seed=10 + i, pad=p)
-        for i, (b, t, p) in enumerate(USER_SHAPES)
+        for i, (b, t, p) in enumerate(shapes)
     ]
     reference = copy.deepcopy(model)
     mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
@@ -690,7 +697,7 @@ def rank_figures(rank: int, world: int, entry: str, name: str) -> dict[str, Any]
     """One rank's share of a distributed cell, in a process group already joined (the suite's
     fresh processes, or the tests' kept-alive gloo pool). Raises Mismatch when numbers differ."""
     mesh = DISTRIBUTED[entry][1]
-    if entry == "shard2_user":
+    if entry in ("shard2_user", "shard2x2_user"):
         return check_shard_user(name, mesh)
     if entry.startswith("shard"):
         return check_shard(name, mesh, lean=entry.endswith("_lean"))
