@@ -280,3 +280,35 @@ def test_an_example_the_dp_axis_does_not_split_is_refused(gloo) -> None:
         assert "example batch of 3 rows does not split over the mesh's 2 dp replicas" in example
         assert "divisible by the dp size" in example
         assert "a batch of 1 rows leaves some of the mesh's 2 dp replicas without a row" in later
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_replica_dropout_masks_are_rows_of_one_process_mask(k: int) -> None:
+    """dp replicas of an uneven batch (3 rows: 2 + 1) each draw their rows of the mask one
+    process draws over the whole batch, also where dim 0 is k rows per sample (a flattened
+    [batch * seq, hidden] view, as OPT's MLP drops out)."""
+    from torch_plugin.distributed.spmd_ops import replica_bernoulli_
+
+    torch.manual_seed(3)
+    expect = torch.empty(3 * k, 4).bernoulli_(0.5)
+    parts = []
+    for offset, rows in ((0, 2), (2, 1)):
+        torch.manual_seed(3)
+        parts.append(
+            replica_bernoulli_(torch.empty(rows * k, 4), 0.5, total=3, offset=offset, batch=rows)
+        )
+    assert torch.equal(torch.cat(parts), expect)
+
+
+def test_replica_rand_is_rows_of_one_process_draw() -> None:
+    """Stochastic depth's per-sample draws (aten.rand, Swin's drop path) in dp replicas of an
+    uneven batch equal one process's rows."""
+    from torch_plugin.distributed.spmd_ops import replica_rand
+
+    torch.manual_seed(5)
+    expect = torch.rand(3, 1, 1)
+    parts = []
+    for offset, rows in ((0, 2), (2, 1)):
+        torch.manual_seed(5)
+        parts.append(replica_rand([rows, 1, 1], total=3, offset=offset, batch=rows))
+    assert torch.equal(torch.cat(parts), expect)

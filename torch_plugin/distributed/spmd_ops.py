@@ -255,24 +255,49 @@ def replica_bernoulli_(
     """bernoulli_ in a dp replica's program, as one process draws it: a dropout mask over the
     replica's `batch` rows is rows [offset, offset + batch) of the whole batch's mask (`total`
     rows), drawn from the generator state every rank shares (so the generator advances as one
-    process's does). A tensor that does not run along the batch is drawn as is."""
-    if t.dim() == 0 or t.shape[0] != batch:
+    process's does). A tensor whose dim 0 is k rows per sample (a [batch * seq, ...] view, as
+    OPT's and XGLM's MLPs flatten their input) takes rows [offset * k, (offset + batch) * k).
+    A tensor that does not run along the batch is drawn as is."""
+    if t.dim() == 0 or batch <= 0 or t.shape[0] % batch:
         return t.bernoulli_(p, generator=generator)
-    whole = torch.empty((total, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    k = t.shape[0] // batch
+    whole = torch.empty((total * k, *t.shape[1:]), dtype=t.dtype, device=t.device)
     whole.bernoulli_(p, generator=generator)
     with torch.no_grad():
-        return t.copy_(whole[offset : offset + batch])
+        return t.copy_(whole[offset * k : (offset + batch) * k])
+
+
+def replica_rand(
+    size: list[int],
+    *,
+    total: int,
+    offset: int,
+    batch: int,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """rand in a dp replica's program, as one process draws it (stochastic depth's per-sample
+    keep draws, Swin's drop path): a tensor of the replica's `batch` rows (k per sample) is its
+    rows of the whole batch's draw, as replica_bernoulli_ takes its rows of the mask."""
+    if not size or batch <= 0 or size[0] % batch:
+        return torch.rand(size, **kwargs)
+    k = size[0] // batch
+    whole = torch.rand([total * k, *size[1:]], **kwargs)
+    return whole[offset * k : (offset + batch) * k].clone()
 
 
 def global_dropout_masks(gm: torch.fx.GraphModule, total: int, offset: int, batch: int) -> int:
-    """Rewrites a dp replica's program so its dropout masks are its rows [offset, offset +
-    batch) of one process's over `total` rows (dropout captures as bernoulli_ on an empty
-    tensor). Returns how many draws it rewrote; other random ops draw per replica, as before
-    (logged by the caller)."""
+    """Rewrites a dp replica's program so its dropout masks (bernoulli_ on an empty tensor) and
+    per-sample draws (rand: stochastic depth) are its rows [offset, offset + batch) of one
+    process's over `total` rows. Returns how many draws it rewrote; other random ops draw per
+    replica, as before (logged by the caller)."""
     rewritten = 0
+    replica = {
+        torch.ops.aten.bernoulli_.float: replica_bernoulli_,
+        torch.ops.aten.rand.default: replica_rand,
+    }
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.bernoulli_.float:
-            node.target = replica_bernoulli_
+        if node.op == "call_function" and node.target in replica:
+            node.target = replica[node.target]
             node.kwargs = {**node.kwargs, "total": total, "offset": offset, "batch": batch}
             rewritten += 1
     if rewritten:
