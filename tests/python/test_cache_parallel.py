@@ -242,7 +242,7 @@ def test_cp_attention_runs_the_scheme_its_node_carries() -> None:
     both, not a scheme inferred from the batch (checked before any collective, so a manager
     that believes it has 2 ranks needs none here)."""
     m = KVCacheManager(block_size=4)
-    m.world, m.global_batch = 2, 4
+    m.world, m.global_batch, m.sliced = 2, 4, True  # the wrapper sliced this call
     kv = torch.randn(4, 2, 1, 8)
 
     def attend(batch: int, scheme: str) -> torch.Tensor:

@@ -185,7 +185,10 @@ class CacheParallel(nn.Module):
         if m.global_batch is not None and m.global_batch != batch and m.layers:
             m.layers.clear()  # a new batch of sequences: the old caches are meaningless
         m.global_batch = batch
-        if m.scheme != "gather_qkv" or m.world == 1:
+        # Whether this call's requests are sliced over the ranks: a scheme="auto" model's first
+        # call runs whole while its graph is planned (the plan may say gather_qkv).
+        m.sliced = m.scheme == "gather_qkv" and m.world > 1
+        if not m.sliced:
             return self._compiled(tokens, *args, **kwargs)
         if batch % m.world != 0:
             raise ValueError(

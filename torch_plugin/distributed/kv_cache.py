@@ -137,6 +137,7 @@ class KVCacheManager(BlockPlacement):
         self.device_profile = device_profile
         self.context = context
         self.global_batch: int | None = None  # set per call by the wrapper
+        self.sliced = False  # the wrapper sliced this call's batch over the ranks (gather_qkv)
         self.comm = Collectives(group, world, rank, "torch_plugin cache_parallel")
         self.layers: dict[str, _LayerShard] = {}
         self.filled: dict[str, int] = {}  # positions written, per cat-grown cache
@@ -296,7 +297,9 @@ class KVCacheManager(BlockPlacement):
                 f"torch_plugin cp_attention ({cache_k}): the node carries scheme {scheme!r}; a "
                 "planned graph carries 'gather_partials' or 'gather_qkv'"
             )
-        split = scheme == "gather_qkv" and self.world > 1
+        # gather_qkv on a call the wrapper ran whole (scheme="auto": planned during the call)
+        # runs unsplit: every rank holds every request.
+        split = scheme == "gather_qkv" and self.world > 1 and self.sliced
         global_batch = self.global_batch or q.shape[0]
         local_batch = q.shape[0]
         expect = global_batch // self.world if split else global_batch
