@@ -364,6 +364,16 @@ class PipelineParallel:
                 )
         return trace
 
+    def _rows_of(self, v: fx.Node) -> int:
+        """Rows of dim 0 per sample of crossing value v at this step's shapes: a view that
+        merged the batch with the sequence (OPT's [batch * seq, ffn]) has as many rows per
+        sample as the step has positions, read off the graph traced at these shapes."""
+        rows = self._rows.get(v, 1)
+        if rows == 1 or self._sig == self._sig0:
+            return rows
+        n = next(key[1] for key in self._traces if key[0] == self._sig)  # the trace _meta reads
+        return int(self._meta(v).shape[0]) // n
+
     def _meta(self, v: fx.Node) -> Any:
         """Shape and dtype of crossing value v at this step's shapes: its own at the example's,
         else its twin's in a graph traced at this step's shapes (the stage's, already made)."""
@@ -751,12 +761,12 @@ class PipelineParallel:
     def _buffer(self, v: fx.Node, n: int) -> torch.Tensor:
         """Room for n samples of crossing value v (at this step's shapes)."""
         meta = self._meta(v)
-        rows = n * self._rows.get(v, 1)
+        rows = n * self._rows_of(v)
         return torch.empty((rows, *meta.shape[1:]), dtype=meta.dtype, device=self._device)
 
     def _samples(self, v: fx.Node, x: torch.Tensor, a: int, e: int) -> torch.Tensor:
         """Samples [a, e) (relative to x's first) of crossing value v's tensor x."""
-        k = self._rows.get(v, 1)
+        k = self._rows_of(v)
         return x[a * k : e * k]
 
     def _dtype(self, v: fx.Node) -> torch.dtype:
