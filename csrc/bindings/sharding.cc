@@ -22,7 +22,9 @@ ir::ShardSpec SpecFromString(const std::string& s) {
   const auto close = s.find(')');
   if (s.size() > 3 && s.rfind("S(", 0) == 0 && close != std::string::npos) {
     try {
-      const int dim = std::stoi(s.substr(2, close - 2));
+      size_t digits = 0;
+      const int dim = std::stoi(s.substr(2, close - 2), &digits);
+      if (digits != close - 2) throw std::invalid_argument(s);  // "S(1a)": not a dim
       if (close + 1 == s.size()) return ir::ShardSpec::S(dim);
       if (s[close + 1] == 'x' && close + 2 < s.size()) {
         size_t used = 0;

@@ -117,7 +117,7 @@ def test_options_are_typed_and_say_what_is_wrong() -> None:
         ("S", 1, 1),
         ("S", 0, 3),
     ]
-    for bad in ("S(1)y", "S(0)x1", "S(a)", "Q"):
+    for bad in ("S(1)y", "S(0)x1", "S(a)", "S(1a)", "Q"):
         with pytest.raises(ValueError, match="bad shard spec"):
             _C.parse_spec(bad)
     with pytest.raises(ValueError, match="methods: exhaustive, coordinate_descent"):
