@@ -186,6 +186,11 @@ def plan_pipeline(
     return PipelinePlan(raw=raw, stage_nodes=names), traced
 
 
+def _shapes(sig: tuple[Any, ...]) -> list[list[int]]:
+    """A call signature's tensor shapes, for messages."""
+    return [list(x) for x in sig if x is not None]
+
+
 def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if r < total % parts else 0) for r in range(parts)]
 
@@ -353,7 +358,7 @@ class PipelineParallel:
             self._traces[key] = trace
             if key[0] != self._sig0:
                 took = time.perf_counter() - t0
-                what = f"{n} samples of shapes {[list(x) for x in key[0] if x is not None]}"
+                what = f"{n} samples of shapes {_shapes(key[0])}"
                 self.capture_times_s[what] = took
                 log.info(
                     "torch_plugin pipeline: stage S%d captured for %s in %.2f s (the plan's "
@@ -371,25 +376,30 @@ class PipelineParallel:
         rows = self._rows.get(v, 1)
         if rows == 1 or self._sig == self._sig0:
             return rows
-        n = next(key[1] for key in self._traces if key[0] == self._sig)  # the trace _meta reads
-        return int(self._meta(v).shape[0]) // n
+        return int(self._meta(v).shape[0]) // self._step_trace()[1]
+
+    def _step_trace(self) -> tuple[Any, int]:
+        """The key of a trace at this step's shapes (the stage's, made before any buffer)."""
+        return next(k for k in self._traces if k[0] == self._sig)
+
+    def _named(self, key: tuple[Any, int]) -> dict[str, fx.Node]:
+        by_name = self._by_name.get(key)
+        if by_name is None:
+            by_name = {node.name: node for node in self._traces[key].gm.graph.nodes}
+            self._by_name[key] = by_name
+        return by_name
 
     def _meta(self, v: fx.Node) -> Any:
         """Shape and dtype of crossing value v at this step's shapes: its own at the example's,
         else its twin's in a graph traced at this step's shapes (the stage's, already made)."""
         if self._sig == self._sig0:
             return v.meta["tensor_meta"]
-        key = next(k for k in self._traces if k[0] == self._sig)
-        by_name = self._by_name.get(key)
-        if by_name is None:
-            by_name = {node.name: node for node in self._traces[key].gm.graph.nodes}
-            self._by_name[key] = by_name
-        twin = by_name.get(v.name)
+        twin = self._named(self._step_trace()).get(v.name)
         val = twin.meta.get("val") if twin is not None else None
         if not isinstance(val, torch.Tensor):
             raise RuntimeError(
                 f"torch_plugin pipeline: value {v.name!r} crosses stages, and the model's graph "
-                f"at shapes {[list(x) for x in self._sig if x is not None]} has no tensor of "
+                f"at shapes {_shapes(self._sig)} has no tensor of "
                 "that name; pad each batch to the example's length"
             )
         return val
@@ -589,17 +599,15 @@ class PipelineParallel:
             source = self.gm
             by_name = None
         else:
-            trace = self._trace(n, self._sig)
-            source = trace.gm
-            by_name = {node.name: node for node in trace.gm.graph.nodes}
+            source = self._trace(n, self._sig).gm
+            by_name = self._named((self._sig, n))
             for node in [*self.members[s], *self.stage_inputs[s]]:
                 twin = by_name.get(node.name)
                 if twin is None or twin.op != node.op or twin.target != node.target:
                     other = (
                         f"at {n} samples"
                         if self._sig == self._sig0
-                        else f"at {n} samples of shapes "
-                        f"{[list(x) for x in self._sig if x is not None]}"
+                        else f"at {n} samples of shapes {_shapes(self._sig)}"
                     )
                     raise RuntimeError(
                         f"torch_plugin pipeline: the model's graph {other} differs from its "
