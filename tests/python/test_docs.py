@@ -19,8 +19,10 @@ _HISTORY = ("> **Possibly stale**", "> Commit `")
 def _from_json(page: str) -> str:
     keep = []
     for line in page.splitlines():
-        if line == ">" or (line.startswith(_HISTORY) and "not in this clone" in line) or (
-            line.startswith(_HISTORY[0])
+        if (
+            line == ">"
+            or (line.startswith(_HISTORY) and "not in this clone" in line)
+            or (line.startswith(_HISTORY[0]))
         ):
             continue
         keep.append(line)
