@@ -59,15 +59,22 @@ def test_bad_calls_name_their_cause(gloo) -> None:
         assert seen["model_refuses"] == seen["model_error"]
 
 
-def test_pipeline_takes_a_default_config_and_batches_of_every_length(gloo) -> None:
-    for r in gloo(2).run(user_programs.pipeline_default_config, 0):
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])  # rotary tables; dropout 0.1
+def test_pipeline_takes_a_default_config_and_batches_of_every_length(gloo, kind) -> None:
+    for r in gloo(2).run(user_programs.pipeline_default_config, 0, kind):
         for ours, expect in zip(r["losses"], r["expect"], strict=True):
             assert abs(ours - expect) < 1e-5, (r["losses"], r["expect"])
         assert r["grads"] > 0 and r["grad_diff"] < 1e-5, r["grad_diff"]
-        # Each new length is captured once per stage and micro-batch size, none seen again.
+        # Dropout masks are one process's: the same draws, the generator left where it was.
+        assert r["same_generator"]
+        assert (r["dropout"] > 0) == (kind == "gpt2"), r["dropout"]
+        # Each new length is captured once per micro-batch size the stage runs (2 samples;
+        # 6 rows at 16 tokens are 3 micro-batches of 2), none seen again.
         assert len(r["captures"]) == 2, r["captures"]
         assert r["refused"] is not None
-        assert "has 3 samples; the pipeline was planned for mini-batches of 4" in r["refused"]
+        assert "has 9 samples; the pipeline was planned for mini-batches of 8 or fewer" in (
+            r["refused"]
+        )
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])  # rotary buffers; tied embeddings

@@ -165,45 +165,57 @@ def bad_calls(rank: int, world: int, port: int) -> dict:
         dist_workers._finish()
 
 
-def pipeline_default_config(rank: int, world: int, port: int) -> dict:
-    """A library-default Llama (use_cache=True) through strategy="pipeline", then padded batches
-    of other lengths (a stage captured again at each, the plan kept): each step's loss and this
-    rank's gradients equal one process's; a batch of another size is refused on every rank
-    before anything runs, naming the input, and the ranks stay in step for the next batch."""
+def pipeline_default_config(rank: int, world: int, port: int, kind: str) -> dict:
+    """A library-default model (use_cache=True; GPT-2's dropout 0.1) through
+    strategy="pipeline", then padded batches of other lengths (a stage captured again at each,
+    the plan kept) and short last batches (partial or empty micro-batches): with one seed each
+    step's loss, this rank's gradients and the generator's state after the step equal one
+    process's. A bigger batch than the example's is refused on every rank before anything runs,
+    naming the input, and the ranks stay in step for the next batch."""
     import torch_plugin
 
     dist_workers._init(rank, world, port)
     try:
-        model = default_config_model("llama")
+        model = default_config_model(kind)
         reference = copy.deepcopy(model)
-        batches = [padded_batch(4, t, i) for i, t in enumerate((12, 16, 9, 16, 12))]
-        pp = torch_plugin.parallelize(model, world, batches[0], strategy="pipeline")
-        losses, expect, grad_diff = [], [], 0.0
-        for b in batches:
+        shapes = [(8, 12), (8, 16), (8, 9), (6, 16), (8, 12), (2, 9)]
+        batches = [padded_batch(rows, t, i) for i, (rows, t) in enumerate(shapes)]
+        pp = torch_plugin.parallelize(
+            model, world, batches[0], strategy="pipeline", num_microbatches=4
+        )
+        losses, expect, grad_diff, same_generator = [], [], 0.0, True
+        for i, b in enumerate(batches):
             for p in [*pp.parameters(), *reference.parameters()]:
                 p.grad = None
+            torch.manual_seed(100 + i)
             losses.append(pp.step(b))
+            after = torch.rand(4)
+            torch.manual_seed(100 + i)
             loss = reference(**b).loss
             loss.backward()
             expect.append(float(loss))
+            same_generator &= bool(torch.equal(after, torch.rand(4)))
             ref = dict(reference.named_parameters())
             for name, p in pp.named_parameters():
                 if p.grad is not None:
                     grad_diff = max(grad_diff, float((p.grad - ref[name].grad).abs().max()))
         try:
-            pp.step(padded_batch(3, 12, 1))
+            pp.step(padded_batch(9, 12, 1))
             refused = None
         except ValueError as e:
             refused = str(e)
-        again = padded_batch(4, 12, 2)
+        again = padded_batch(8, 12, 2)
+        torch.manual_seed(7)
         losses.append(pp.step(again))
-        with torch.no_grad():
-            expect.append(float(reference(**again).loss))
+        torch.manual_seed(7)
+        expect.append(float(reference(**again).loss))
         return {
             "losses": losses,
             "expect": expect,
             "grad_diff": grad_diff,
             "grads": sum(p.grad is not None for p in pp.parameters()),
+            "same_generator": same_generator,
+            "dropout": sum(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()),
             "refused": refused,
             "captures": list(pp.capture_times_s),
         }

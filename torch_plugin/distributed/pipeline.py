@@ -34,6 +34,7 @@ from .capture import as_call, describe, label_counter, leaf_name, takes_loss_kwa
 from .collectives import hold_groups
 from .graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from .pipeline_capture import AtenPipelineGraph, same_graph
+from .pipeline_draws import DRAWS, StepDraws, replace_draws
 
 log = logging.getLogger("torch_plugin.pipeline")
 
@@ -187,7 +188,7 @@ def plan_pipeline(
 
 
 def _shapes(sig: tuple[Any, ...]) -> list[list[int]]:
-    """A call signature's tensor shapes, for messages."""
+    """A call signature's tensor shapes (per sample), for messages."""
     return [list(x) for x in sig if x is not None]
 
 
@@ -263,6 +264,8 @@ class PipelineParallel:
         self._calls: dict[Any, Any] = {}
         # A stage's capture at a step's new shapes (ATen-level pipelines), by what it ran.
         self.capture_times_s: dict[str, float] = {}
+        # One process's random draws, replayed each step (pipeline_draws.py).
+        self._draws = StepDraws()
         traced = None
         if capture != "aten" and not isinstance(example_inputs, dict):
             try:
@@ -304,6 +307,8 @@ class PipelineParallel:
             self._check_sizes()
         self.gm = traced.gm
         self.batch = traced.batch
+        self._step_rows = self.batch  # this step's samples (a last batch may have fewer)
+        self._prepared = {(self._sig0, self.batch)}
         self._build(traced)
         # Backend placement of this stage's compute between the calls that must stay eager.
         self.placed_segments: list[Any] = []
@@ -342,9 +347,23 @@ class PipelineParallel:
         return cost_graph(aten.gm, flat_tensors, batch, aten.free, aten=True), call
 
     def _signature(self, call: Any) -> tuple[Any, ...]:
+        """The call's tensor shapes per sample (a batch-major tensor's without its dim 0): what
+        a stage's graph at n samples depends on."""
+        assert self.aten is not None
         return tuple(
-            tuple(x.shape) if isinstance(x, torch.Tensor) else None
-            for x in self._flat_tensors(call)
+            (tuple(x.shape[1:]) if major else tuple(x.shape))
+            if isinstance(x, torch.Tensor)
+            else None
+            for x, major in zip(self._flat_tensors(call), self.aten.batch_major, strict=True)
+        )
+
+    def _rows_in(self, call: Any) -> int:
+        """Samples in a call: dim 0 of its batch-major tensors."""
+        assert self.aten is not None
+        return next(
+            int(x.shape[0])
+            for x, major in zip(self._flat_tensors(call), self.aten.batch_major, strict=True)
+            if major and isinstance(x, torch.Tensor)
         )
 
     def _trace(self, n: int, sig: Any = None) -> AtenPipelineGraph:
@@ -354,11 +373,12 @@ class PipelineParallel:
         trace = self._traces.get(key)
         if trace is None:
             t0 = time.perf_counter()
-            trace = pipeline_capture.capture(self.model_ref, self._calls[key[0]], self.batch, n)
+            call = self._calls[key[0]]
+            trace = pipeline_capture.capture(self.model_ref, call, self._rows_in(call), n)
             self._traces[key] = trace
             if key[0] != self._sig0:
                 took = time.perf_counter() - t0
-                what = f"{n} samples of shapes {_shapes(key[0])}"
+                what = f"{n} samples of per-sample shapes {_shapes(key[0])}"
                 self.capture_times_s[what] = took
                 log.info(
                     "torch_plugin pipeline: stage S%d captured for %s in %.2f s (the plan's "
@@ -399,7 +419,7 @@ class PipelineParallel:
         if not isinstance(val, torch.Tensor):
             raise RuntimeError(
                 f"torch_plugin pipeline: value {v.name!r} crosses stages, and the model's graph "
-                f"at shapes {_shapes(self._sig)} has no tensor of "
+                f"at per-sample shapes {_shapes(self._sig)} has no tensor of "
                 "that name; pad each batch to the example's length"
             )
         return val
@@ -607,13 +627,20 @@ class PipelineParallel:
                     other = (
                         f"at {n} samples"
                         if self._sig == self._sig0
-                        else f"at {n} samples of shapes {_shapes(self._sig)}"
+                        else f"at {n} samples of per-sample shapes {_shapes(self._sig)}"
                     )
                     raise RuntimeError(
                         f"torch_plugin pipeline: the model's graph {other} differs from its "
-                        f"graph at the example's {self.batch} at node {node.name!r}; pass "
-                        "micro_batch_sizes (or num_microbatches) so every stage runs one size, "
-                        "or pad each batch to the example's length"
+                        f"graph at the example's {self.batch} at node {node.name!r} (where a "
+                        "size changes what an op decomposes into); "
+                        + (
+                            f"this batch of {self._step_rows} leaves {n} sample(s) to a "
+                            "micro-batch: drop a last batch this short "
+                            "(DataLoader(drop_last=True)) or pad it to the example's batch"
+                            if self._step_rows < self.batch
+                            else "pass micro_batch_sizes (or num_microbatches) so every stage "
+                            "runs one size, or pad each batch to the example's length"
+                        )
                     )
 
         def twin(node: fx.Node) -> fx.Node:
@@ -630,6 +657,9 @@ class PipelineParallel:
             outs += [env[twin(v)] if isinstance(v, fx.Node) else v for v in self.out_leaves]
         g.output(tuple(outs))
         module = fx.GraphModule(source, g)
+        if self.aten is not None:
+            drawn = {env[twin(node)]: node.name for node in self.members[s] if node.target in DRAWS}
+            replace_draws(module, drawn, self._draws)
         self._modules[key] = module
         return module
 
@@ -730,10 +760,12 @@ class PipelineParallel:
     # ---- sample ranges -----------------------------------------------------------------------
 
     def _range(self, s: int, j: int, r: int) -> tuple[int, int]:
+        """Samples [lo, hi) of micro-batch j that stage s's replica r runs: the plan's, cut at
+        the step's batch (a short last batch leaves micro-batches partial or empty)."""
         st = self.stages[s]
         sizes = _split(st.micro_batch, st.replicas)
         start = j * st.micro_batch + sum(sizes[:r])
-        return start, start + sizes[r]
+        return min(start, self._step_rows), min(start + sizes[r], self._step_rows)
 
     def _pieces(self, s: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """(rank, start, end) of stage s's replica shares overlapping samples [lo, hi)."""
@@ -801,12 +833,23 @@ class PipelineParallel:
         names = self._flat_tensors(
             [leaf_name(path) for path, _ in pytree.tree_flatten_with_path(call)[0]]
         )
+        rows: tuple[str, int] | None = None
         for p, x, name in zip(self.placeholders, flat, names, strict=False):
             if self._batch_major.get(p) and isinstance(x, torch.Tensor) and x.dim():
-                if x.shape[0] != self.batch:
+                if rows is None:
+                    rows = (name, int(x.shape[0]))
+                elif x.shape[0] != rows[1]:
+                    raise ValueError(
+                        f"input {name} has {x.shape[0]} samples but {rows[0]} has {rows[1]}: "
+                        "every batch-major input of a step needs the same batch"
+                    )
+                if x.shape[0] > self.batch or (self.aten is None and x.shape[0] != self.batch):
+                    # A bigger batch needs more micro-batches than the planned schedule has.
+                    fewer = " or fewer" if self.aten is not None else ""
                     raise ValueError(
                         f"input {name} has {x.shape[0]} samples; the pipeline was planned "
-                        f"for mini-batches of {self.batch} (the example inputs' batch)"
+                        f"for mini-batches of {self.batch}{fewer} (the example inputs' batch): "
+                        "build it with an example of the largest batch you run"
                     )
             meta = p.meta.get("tensor_meta")
             traced = tuple(meta.shape[1:]) if meta is not None else None
@@ -826,11 +869,15 @@ class PipelineParallel:
                     "to them (HF models and keyword calls, split at ATen level, take any "
                     "length)"
                 )
+        self._step_rows = rows[1] if rows is not None else self.batch
         if self.aten is not None:
             # Another length: each stage runs its part of the model traced at these shapes
-            # (the plan, its stages and micro-batches, and the parameters stay).
+            # (the plan, its stages and micro-batches, and the parameters stay). The call kept
+            # for tracing is the one with the most samples, so every micro-batch size slices.
             self._sig = self._signature(call)
-            self._calls.setdefault(self._sig, call)
+            kept = self._calls.get(self._sig)
+            if kept is None or self._rows_in(kept) < self._step_rows:
+                self._calls[self._sig] = call
         return flat
 
     def step(self, inputs: tuple[Any, ...] | dict[str, Any], target: Any = None) -> float:
@@ -842,6 +889,9 @@ class PipelineParallel:
         self._device = next(
             (x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu")
         )
+        self._prepare()
+        if self._replays:
+            self._replay_draws()
         sends: list[Any] = []
         loss_total = torch.zeros((), device=self._device)
         if self.my_stage >= 0:
@@ -849,6 +899,8 @@ class PipelineParallel:
             saved: dict[int, tuple[list[Any], list[Any], torch.Tensor | None]] = {}
             for j, backward in self.plan.raw.schedule[s]:
                 lo, hi = self._range(s, j, self.my_replica)
+                if lo >= hi:  # past a short last batch's samples: nothing to run or send
+                    continue
                 if not backward:
                     saved[j] = self._forward(s, j, lo, hi, local, target, sends)
                     if saved[j][2] is not None:
@@ -869,6 +921,59 @@ class PipelineParallel:
         dist.all_reduce(loss_total, group=self.group)
         return float(loss_total)
 
+    def _prepare(self) -> None:
+        """Before the first message of a step at new shapes or a new batch: this rank's stage
+        for every micro-batch size it runs, and every rank told whether all ranks have theirs.
+        A stage whose graph differs at these shapes would otherwise fail mid-schedule and leave
+        its peers waiting for the process group's timeout."""
+        key = (self._sig, self._step_rows)
+        if self.aten is None or key in self._prepared:
+            return
+        error: Exception | None = None
+        if self.my_stage >= 0:
+            try:
+                for j, backward in self.plan.raw.schedule[self.my_stage]:
+                    lo, hi = self._range(self.my_stage, j, self.my_replica)
+                    if not backward and hi > lo:
+                        self._stage_module(hi - lo)
+            except Exception as e:  # told to the others first, raised below
+                error = e
+        failed = torch.tensor([0 if error is None else self.rank + 1], device=self._device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        if error is not None:
+            raise error
+        if int(failed):
+            raise RuntimeError(
+                f"torch_plugin pipeline: rank {int(failed) - 1} cannot run its stage on this "
+                f"batch ({self._step_rows} samples of per-sample shapes {_shapes(self._sig)}); "
+                "its error says why. Nothing of this step ran."
+            )
+        self._prepared.add(key)
+
+    @property
+    def _replays(self) -> bool:
+        """Whether the model draws random values the pipeline replays (dropout in training)."""
+        if not hasattr(self, "_has_draws"):
+            self._has_draws = self.aten is not None and any(
+                n.target in DRAWS for n in self.gm.graph.nodes
+            )
+        return self._has_draws
+
+    def _replay_draws(self) -> None:
+        """One process's draws for this step, kept where this rank's stage reads them (see
+        pipeline_draws.py)."""
+        if self._sig == self._sig0:
+            graph, n = self.gm.graph, self.batch
+        else:
+            key = self._step_trace()
+            graph, n = self._traces[key].gm.graph, key[1]
+        wanted = (
+            {node.name for node in self.members[self.my_stage] if node.target in DRAWS}
+            if self.my_stage >= 0
+            else set()
+        )
+        self._draws.replay(graph, n, self._step_rows, wanted, self._device)
+
     def _forward(self, s, j, lo, hi, local, target, sends):  # type: ignore[no-untyped-def]
         # The stage's module first: at a new length it is traced now, and the receive buffers
         # below take their shapes from that trace.
@@ -888,6 +993,7 @@ class PipelineParallel:
             if buf.is_floating_point():
                 buf.requires_grad_(True)
             args.append(buf)
+        self._draws.rows = (lo, hi)
         outs = list(module(*args))
         n_cross = len(self.stage_outputs[s])
         outs, model_out = outs[:n_cross], outs[n_cross:]
@@ -913,7 +1019,7 @@ class PipelineParallel:
             piece = target[lo:hi] if isinstance(target, torch.Tensor) else target
             loss = self.loss_fn(output, piece)
             if not self._summed_loss:  # a mean over the micro-batch: weigh by its share
-                loss = loss * ((hi - lo) / self.batch)
+                loss = loss * ((hi - lo) / self._step_rows)
         return args, outs, loss
 
     def _backward(self, s, lo, hi, args, outs, loss, sends):  # type: ignore[no-untyped-def]

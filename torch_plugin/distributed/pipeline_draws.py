@@ -1,0 +1,130 @@
+"""A pipeline's random draws as one process draws them.
+
+One process running the model on a mini-batch draws each dropout mask (bernoulli_ on an
+empty_like) and each per-sample draw (rand: stochastic depth) once, over the whole mini-batch,
+in graph order. A pipeline runs every node once per micro-batch, on its stage's rank, in
+schedule order: drawn there, the masks would be other masks, and a loss with dropout on would
+not be the loss one process computes with the same seed.
+
+So at the start of a step every rank replays one process's draws, in the order of the whole
+model's graph, from the generator state every rank shares: each draw over the step's whole
+batch, kept where this rank's stage reads it and dropped otherwise (so the generator advances as
+one process's does, and all ranks stay in step). A stage's draw node becomes a `_Draw` module that
+takes the micro-batch's rows of the kept draw. Every rank pays the whole model's draws, not its
+stage's: on CPU the generator has no skip-ahead to price them more cheaply.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+log = logging.getLogger("torch_plugin.pipeline")
+
+_ATEN = torch.ops.aten
+# The draws replayed: dropout masks and per-sample draws. Other random ops draw per micro-batch
+# (logged when a stage has one).
+DRAWS = (_ATEN.bernoulli_.float, _ATEN.rand.default)
+_RANDOM = (
+    _ATEN.bernoulli.default,
+    _ATEN.bernoulli.p,
+    _ATEN.bernoulli_.Tensor,
+    _ATEN.native_dropout.default,
+    _ATEN.randn.default,
+    _ATEN.randint.default,
+    _ATEN.randint.low,
+    _ATEN.randperm.default,
+    _ATEN.normal_.default,
+    _ATEN.uniform_.default,
+    _ATEN.exponential_.default,
+)
+
+
+class StepDraws:
+    """This step's kept draws, by node name (with the rows each sample has, 0 for a draw that
+    does not run along the batch), and the rows of the micro-batch a stage is running."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, tuple[torch.Tensor, int]] = {}
+        self.rows = (0, 0)
+
+    def replay(
+        self, graph: fx.Graph, n: int, total: int, wanted: set[str], device: torch.device
+    ) -> None:
+        """Draws every replayed node of `graph` (the whole model traced at n samples) over
+        `total` samples, in graph order; keeps those named in `wanted`."""
+        self.kept = {}
+        for node in graph.nodes:
+            if node.op != "call_function" or node.target not in DRAWS:
+                continue
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                raise RuntimeError(
+                    f"torch_plugin pipeline: random draw {node.name!r} has no traced shape"
+                )
+            shape = list(val.shape)
+            k = shape[0] // n if shape and n > 0 and shape[0] % n == 0 else 0
+            if k:
+                shape[0] = total * k
+            if node.target is _ATEN.rand.default:
+                kw = {key: node.kwargs[key] for key in ("dtype", "layout") if key in node.kwargs}
+                whole = torch.rand(shape, device=device, **kw)
+            else:
+                p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+                # The traced tensor's memory order: bernoulli_ fills in memory order.
+                order = sorted(range(len(shape)), key=lambda d: -val.stride(d)) if shape else []
+                whole = torch.empty_permuted(shape, order, dtype=val.dtype, device=device)
+                whole.bernoulli_(p)
+            if node.name in wanted:
+                self.kept[node.name] = (whole, k)
+
+    def take(self, name: str) -> torch.Tensor:
+        whole, k = self.kept[name]
+        lo, hi = self.rows
+        return whole[lo * k : hi * k] if k else whole
+
+
+class _Draw(nn.Module):
+    """A stage's draw node: the running micro-batch's rows of the step's replayed draw."""
+
+    def __init__(self, draws: StepDraws, name: str, inplace: bool) -> None:
+        super().__init__()
+        self.draws, self.name, self.inplace = draws, name, inplace
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        piece = self.draws.take(self.name)
+        if self.inplace:  # bernoulli_: fills the tensor it is given
+            with torch.no_grad():
+                return args[0].copy_(piece)
+        return piece.clone()
+
+
+def replace_draws(module: fx.GraphModule, names: dict[fx.Node, str], draws: StepDraws) -> int:
+    """Rewrites the stage module's draw nodes (`names`: node to its name in the whole graph)
+    into _Draw modules; returns how many. Logs the random ops it leaves to draw per
+    micro-batch."""
+    count = 0
+    for node in list(module.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in DRAWS:
+            attr = f"_draw_{count}"
+            inplace = node.target is _ATEN.bernoulli_.float
+            module.add_submodule(attr, _Draw(draws, names[node], inplace))
+            node.op, node.target = "call_module", attr
+            node.args, node.kwargs = (node.args[:1] if inplace else ()), {}
+            count += 1
+        elif node.target in _RANDOM:
+            log.warning(
+                "torch_plugin pipeline: random op %s (node %s) draws per micro-batch: its "
+                "values differ from one process's with the same seed",
+                node.target,
+                node.name,
+            )
+    if count:
+        module.recompile()
+    return count
