@@ -26,6 +26,10 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
                    torch.amp.GradScaler, and an overflow on one rank skipped by every rank
   pipeline4        torch_plugin.parallelize(model, 4, inputs, strategy="pipeline") on decoders:
                    3 AdamW steps, losses within 1e-5 of one process's
+  pipeline4_user   pipeline4 as users run it: the library-default config (dropout as shipped:
+                   each step replays one process's masks), shard2_user's padded batches of 16,
+                   24, 12 tokens and a last batch of 2 x 20, clipped AdamW steps, each loss
+                   within 1e-5 of one process's (same seed) and the losses moving
   cp_decode(4)     torch_plugin.cache_parallel(model, DeviceMesh(2 or 4)).generate(...) on
                    decoders, 32 tokens for prompts of mixed lengths (left padding): greedy
                    tokens equal eager generate(), each rank holds at most 1/N of the cache
@@ -95,6 +99,7 @@ ENTRIES = [
     "bf16_2",
     "fp16_2",
     "pipeline4",
+    "pipeline4_user",
     "cp_decode",
     "cp_decode4",
     "helix4",
@@ -108,6 +113,7 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "shard2_user": (2, (2,)),
     "shard2x2_user": (4, (2, 2)),
     "pipeline4": (4, None),
+    "pipeline4_user": (4, None),
     "cp_decode": (2, (2,)),
     "cp_decode4": (4, (4,)),
     "helix4": (4, (4,)),
@@ -115,7 +121,15 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "bf16_2": (2, (2,)),
     "fp16_2": (2, (2,)),
 }
-DECODER_ONLY = {"bf16_2", "fp16_2", "pipeline4", "cp_decode", "cp_decode4", "helix4"}
+DECODER_ONLY = {
+    "bf16_2",
+    "fp16_2",
+    "pipeline4",
+    "pipeline4_user",
+    "cp_decode",
+    "cp_decode4",
+    "helix4",
+}
 
 
 class Mismatch(AssertionError):
@@ -608,6 +622,52 @@ def check_pipeline(name: str, world: int, layers: int = 4) -> dict[str, Any]:
     }
 
 
+def check_pipeline_user(name: str, world: int, layers: int = 4) -> dict[str, Any]:
+    """A user's pipeline: the library-default config, one parallelize on the first padded
+    batch, then clipped AdamW steps over batches of other lengths and a short last one, against
+    one process with the same seed (the pipeline replays its dropout masks)."""
+    import torch_plugin
+    from torch_plugin.models import hf_suite
+
+    model = hf_suite.build_model(name, layers=layers, library_defaults=True)
+    batches = [
+        hf_suite.make_inputs(name, batch=b, seq=t, seed=10 + i, pad=p)
+        for i, (b, t, p) in enumerate(USER_SHAPES)
+    ]
+    reference = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=LR)
+    torch.manual_seed(1)
+    want = []
+    for b in batches:
+        loss = hf_suite.loss_of(reference(**b))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+        ref_opt.step()
+        ref_opt.zero_grad()
+        want.append(float(loss))
+    pp = torch_plugin.parallelize(
+        model, world, batches[0], strategy="pipeline", loss_fn=lambda out, _target: out.loss
+    )
+    opt = torch.optim.AdamW(pp.parameters(), lr=LR)
+    torch.manual_seed(1)
+    got = []
+    for b in batches:
+        got.append(pp.step(b))
+        pp.clip_grad_norm_(1.0)
+        opt.step()
+        opt.zero_grad()
+    diff = _compare_losses(got, want)
+    if max(got) - min(got) <= LOSS_RTOL:
+        raise Mismatch(f"the losses {got} do not move")
+    return {
+        "max_loss_diff": diff,
+        "stages": pp.plan.num_stages,
+        "captures": len(pp.capture_times_s),
+        "capture_s": round(sum(pp.capture_times_s.values()), 2),
+        "replayed_draws": pp.replayed_draws,
+    }
+
+
 def left_padded_prompt(name: str, pad: int = 3) -> dict[str, torch.Tensor]:
     """The suite's token inputs as a decoder's prompt batch: row 1 is `pad` tokens shorter,
     left-padded as generate() wants."""
@@ -709,6 +769,8 @@ def rank_figures(rank: int, world: int, entry: str, name: str) -> dict[str, Any]
         return check_fp16(name, mesh)
     if entry == "pipeline4":
         return check_pipeline(name, world)
+    if entry == "pipeline4_user":
+        return check_pipeline_user(name, world)
     return check_cp_decode(name, mesh, helix=entry.startswith("helix"))
 
 
@@ -803,7 +865,8 @@ def run_distributed(entry: str, name: str, deadline_s: float = 300.0) -> dict[st
     if bad:
         # The cause, not its echo: a rank that failed on its own, before those that then
         # waited on it in vain.
-        causes = [b for b in bad if "died or stalled" not in b.get("error", "")] or bad
+        echoes = ("died or stalled", "Connection closed by peer", "Connection reset by peer")
+        causes = [b for b in bad if not any(e in b.get("error", "") for e in echoes)] or bad
         worst = next((b for b in causes if b["status"] == "mismatch"), causes[0])
         return {**worst, "seconds": seconds}
     figures = merge_figures([res["figures"] for res in ranks])

@@ -67,13 +67,14 @@ def test_pipeline_takes_a_default_config_and_batches_of_every_length(gloo, kind)
         assert r["grads"] > 0 and r["grad_diff"] < 1e-5, r["grad_diff"]
         # Dropout masks are one process's: the same draws, the generator left where it was.
         assert r["same_generator"]
-        assert (r["dropout"] > 0) == (kind == "gpt2"), r["dropout"]
+        assert (r["draws"] > 0) == (kind == "gpt2"), r["draws"]
         # Each new length is captured once per micro-batch size the stage runs (2 samples;
         # 6 rows at 16 tokens are 3 micro-batches of 2), none seen again.
         assert len(r["captures"]) == 2, r["captures"]
         assert r["refused"] is not None
-        assert "has 9 samples; the pipeline was planned for mini-batches of 8 or fewer" in (
-            r["refused"]
+        assert (
+            "has 9 samples; the pipeline was planned for mini-batches of 8 or fewer"
+            in (r["refused"])
         )
 
 

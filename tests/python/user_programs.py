@@ -215,7 +215,7 @@ def pipeline_default_config(rank: int, world: int, port: int, kind: str) -> dict
             "grad_diff": grad_diff,
             "grads": sum(p.grad is not None for p in pp.parameters()),
             "same_generator": same_generator,
-            "dropout": sum(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()),
+            "draws": pp.replayed_draws,
             "refused": refused,
             "captures": list(pp.capture_times_s),
         }

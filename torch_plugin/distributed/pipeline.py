@@ -936,6 +936,10 @@ class PipelineParallel:
                     lo, hi = self._range(self.my_stage, j, self.my_replica)
                     if not backward and hi > lo:
                         self._stage_module(hi - lo)
+                if self._replays and not any(k[0] == self._sig for k in self._traces):
+                    # No micro-batch for this replica in a short batch; it still replays the
+                    # step's draws, at these shapes.
+                    self._trace(self._step_rows, self._sig)
             except Exception as e:  # told to the others first, raised below
                 error = e
         failed = torch.tensor([0 if error is None else self.rank + 1], device=self._device)
@@ -951,13 +955,18 @@ class PipelineParallel:
         self._prepared.add(key)
 
     @property
-    def _replays(self) -> bool:
-        """Whether the model draws random values the pipeline replays (dropout in training)."""
-        if not hasattr(self, "_has_draws"):
-            self._has_draws = self.aten is not None and any(
-                n.target in DRAWS for n in self.gm.graph.nodes
+    def replayed_draws(self) -> int:
+        """How many random draws (dropout masks, per-sample draws) each step replays as one
+        process draws them (ATen-level pipelines; see pipeline_draws.py)."""
+        if not hasattr(self, "_n_draws"):
+            self._n_draws = (
+                0 if self.aten is None else sum(n.target in DRAWS for n in self.gm.graph.nodes)
             )
-        return self._has_draws
+        return self._n_draws
+
+    @property
+    def _replays(self) -> bool:
+        return self.replayed_draws > 0
 
     def _replay_draws(self) -> None:
         """One process's draws for this step, kept where this rank's stage reads them (see
