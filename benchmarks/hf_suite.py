@@ -17,11 +17,14 @@ called the HF way, `model(**inputs).loss` with `labels` inside `inputs`, through
                    each loss within 1e-5 of one process's (same seed) and the losses moving
   shard2x2_user    the same on a (dp=2, tp=2) mesh, the last batch 3 x 20 (2 + 1 rows over the
                    dp replicas), dropout as shipped (each replica draws its rows of one mask)
+  shard4_user      shard2_user on 4 tensor-parallel ranks
   shard2_lean      shard2 with the memory budget at the least any plan needs (what a model that
                    does not fit one device asks for): the parameter bytes each rank holds
   bf16_2           on decoders, 2 ranks: bf16 parameters with float32 master weights, and
                    float32 parameters with the forward under torch.autocast(bfloat16), each
                    within 1e-3 (fp16 5e-4) of one process running the same recipe
+  bf16_2_user      bf16_2 as users run it: the library-default config (dropout as shipped) over
+                   shard2_user's padded batches of changing length, one seed on both sides
   fp16_2           the same in fp16 with torch_plugin.ShardedGradScaler against one process with
                    torch.amp.GradScaler, and an overflow on one rank skipped by every rank
   pipeline4        torch_plugin.parallelize(model, 4, inputs, strategy="pipeline") on decoders:
@@ -96,7 +99,9 @@ ENTRIES = [
     "shard2_lean",
     "shard2_user",
     "shard2x2_user",
+    "shard4_user",
     "bf16_2",
+    "bf16_2_user",
     "fp16_2",
     "pipeline4",
     "pipeline4_user",
@@ -112,6 +117,7 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "shard2_lean": (2, (2,)),
     "shard2_user": (2, (2,)),
     "shard2x2_user": (4, (2, 2)),
+    "shard4_user": (4, (4,)),
     "pipeline4": (4, None),
     "pipeline4_user": (4, None),
     "cp_decode": (2, (2,)),
@@ -119,10 +125,12 @@ DISTRIBUTED: dict[str, tuple[int, tuple[int, ...] | None]] = {
     "helix4": (4, (4,)),
     "recipe2x2": (4, (2, 2)),  # accumulation + clipping (tests; not a column of the table)
     "bf16_2": (2, (2,)),
+    "bf16_2_user": (2, (2,)),
     "fp16_2": (2, (2,)),
 }
 DECODER_ONLY = {
     "bf16_2",
+    "bf16_2_user",
     "fp16_2",
     "pipeline4",
     "pipeline4_user",
@@ -150,23 +158,33 @@ def first_line(e: BaseException) -> str:
 # ---- what one process checks ---------------------------------------------------------------
 
 
+def _steps(inputs: dict[str, Any] | list[dict[str, Any]], steps: int = STEPS) -> list[Any]:
+    """Each step's batch: `inputs` every step, or a list of batches (users' cells), which then
+    start from one seed so that dropout draws the same masks on both sides."""
+    if isinstance(inputs, list):
+        torch.manual_seed(1)
+        return inputs
+    return [inputs] * steps
+
+
 def _train(
     model: Any,
-    inputs: dict[str, Any],
+    inputs: dict[str, Any] | list[dict[str, Any]],
     make_optimizer: Callable[[], torch.optim.Optimizer],
     steps: int = STEPS,
     autocast: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
 ) -> list[float]:
-    """`steps` AdamW steps; autocast: the forward (only, as PyTorch's recipe has it) under
-    torch.autocast to that dtype; scaler: fp16's loss scaling around backward and step."""
+    """`steps` AdamW steps (or one per batch of a list); autocast: the forward (only, as
+    PyTorch's recipe has it) under torch.autocast to that dtype; scaler: fp16's loss scaling
+    around backward and step."""
     import contextlib
 
     from torch_plugin.models import hf_suite
 
     opt = make_optimizer()
     losses = []
-    for _ in range(steps):
+    for inputs in _steps(inputs, steps):  # noqa: B020 - each step's batch
         with torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext():
             loss = hf_suite.loss_of(model(**inputs))
         if scaler is None:
@@ -183,7 +201,7 @@ def _train(
 
 def _reference_losses(
     model: torch.nn.Module,
-    inputs: dict[str, Any],
+    inputs: dict[str, Any] | list[dict[str, Any]],
     autocast: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
 ) -> list[float]:
@@ -379,10 +397,7 @@ def check_shard_user(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
 
     model = hf_suite.build_model(name, library_defaults=True)
     shapes = USER_SHAPES_DP if len(mesh_shape) == 2 else USER_SHAPES
-    batches = [
-        hf_suite.make_inputs(name, batch=b, seq=t, seed=10 + i, pad=p)
-        for i, (b, t, p) in enumerate(shapes)
-    ]
+    batches = _user_batches(name, shapes)
     reference = copy.deepcopy(model)
     mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
     sharded = torch_plugin.parallelize(model, mesh, batches[0])
@@ -465,7 +480,7 @@ def check_recipe(name: str, mesh_shape: tuple[int, ...], micro: int = 4) -> dict
 
 def _masters_reference(
     model: torch.nn.Module,
-    inputs: dict[str, Any],
+    inputs: dict[str, Any] | list[dict[str, Any]],
     scaler: torch.amp.GradScaler | None = None,
 ) -> list[float]:
     """One process, low-precision parameters stepped as float32 masters (the bf16 recipe; with
@@ -476,7 +491,7 @@ def _masters_reference(
     pairs = [(p, p.detach().float().requires_grad_()) for p in ref.parameters()]
     opt = torch.optim.AdamW([m for _, m in pairs], lr=LR)
     losses = []
-    for _ in range(STEPS):
+    for inputs in _steps(inputs):  # noqa: B020 - each step's batch
         loss = hf_suite.loss_of(ref(**inputs))
         (loss if scaler is None else scaler.scale(loss)).backward()
         for p, m in pairs:
@@ -495,27 +510,46 @@ def _masters_reference(
     return losses
 
 
-def check_bf16(name: str, mesh_shape: tuple[int, ...]) -> dict[str, Any]:
+def _user_batches(name: str, shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    from torch_plugin.models import hf_suite
+
+    return [
+        hf_suite.make_inputs(name, batch=b, seq=t, seed=10 + i, pad=p)
+        for i, (b, t, p) in enumerate(shapes)
+    ]
+
+
+def check_bf16(name: str, mesh_shape: tuple[int, ...], user: bool = False) -> dict[str, Any]:
     """bf16 two ways on `mesh_shape`, each against one process running the same recipe (within
     BF16_RTOL relative, the reference moving by more): bf16 parameters with float32 master
     weights (`optimizer(..., master_weights=True)`), and float32 parameters with the forward
     under `torch.autocast("cpu", dtype=torch.bfloat16)` (the sharded program is captured again
-    under it on its first such call, its specs pinned)."""
+    under it on its first such call, its specs pinned). user: the library-default config
+    (dropout as shipped) over shard2_user's padded batches of changing length."""
     import torch_plugin
     from torch_plugin.models import hf_suite
 
+    def build(dtype: torch.dtype | None = None) -> tuple[torch.nn.Module, Any]:
+        if not user:
+            return hf_suite.build(name, dtype=dtype)
+        model = hf_suite.build_model(name, dtype=dtype, library_defaults=True)
+        return model, _user_batches(name, USER_SHAPES)
+
+    def first(inputs: Any) -> dict[str, Any]:
+        return inputs[0] if isinstance(inputs, list) else inputs
+
     out: dict[str, Any] = {}
     mesh = torch_plugin.DeviceMesh(mesh_shape, timeout_s=COLLECTIVE_TIMEOUT_S)
-    model, inputs = hf_suite.build(name, dtype=torch.bfloat16)
+    model, inputs = build(torch.bfloat16)
     want = _masters_reference(model, inputs)
-    sharded = torch_plugin.parallelize(model, mesh, inputs)
+    sharded = torch_plugin.parallelize(model, mesh, first(inputs))
     got = _train(
         sharded, inputs, lambda: sharded.optimizer(torch.optim.AdamW, lr=LR, master_weights=True)
     )
     out["bf16_params_loss_diff"] = _compare_losses(got, want, rtol=BF16_RTOL, must_move=True)
-    model, inputs = hf_suite.build(name)
+    model, inputs = build()
     want = _reference_losses(model, inputs, autocast=torch.bfloat16)
-    sharded = torch_plugin.parallelize(model, mesh, inputs)
+    sharded = torch_plugin.parallelize(model, mesh, first(inputs))
     got = _train(
         sharded,
         inputs,
@@ -630,10 +664,7 @@ def check_pipeline_user(name: str, world: int, layers: int = 4) -> dict[str, Any
     from torch_plugin.models import hf_suite
 
     model = hf_suite.build_model(name, layers=layers, library_defaults=True)
-    batches = [
-        hf_suite.make_inputs(name, batch=b, seq=t, seed=10 + i, pad=p)
-        for i, (b, t, p) in enumerate(USER_SHAPES)
-    ]
+    batches = _user_batches(name, USER_SHAPES)
     reference = copy.deepcopy(model)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=LR)
     torch.manual_seed(1)
@@ -757,14 +788,14 @@ def rank_figures(rank: int, world: int, entry: str, name: str) -> dict[str, Any]
     """One rank's share of a distributed cell, in a process group already joined (the suite's
     fresh processes, or the tests' kept-alive gloo pool). Raises Mismatch when numbers differ."""
     mesh = DISTRIBUTED[entry][1]
-    if entry in ("shard2_user", "shard2x2_user"):
+    if entry in ("shard2_user", "shard2x2_user", "shard4_user"):
         return check_shard_user(name, mesh)
     if entry.startswith("shard"):
         return check_shard(name, mesh, lean=entry.endswith("_lean"))
     if entry == "recipe2x2":
         return check_recipe(name, mesh)
-    if entry == "bf16_2":
-        return check_bf16(name, mesh)
+    if entry in ("bf16_2", "bf16_2_user"):
+        return check_bf16(name, mesh, user=entry.endswith("_user"))
     if entry == "fp16_2":
         return check_fp16(name, mesh)
     if entry == "pipeline4":
