@@ -118,9 +118,10 @@ def _pipeline_out_shape() -> tuple[int, ...]:
 
 def _local_state_bytes(model: Any, opt: Any) -> int:
     """Bytes of this rank's parameters, buffers and optimizer state."""
-    from torch_plugin.distributed.checkpoint import _model_tensors, _optimizers
+    from torch_plugin.distributed.checkpoint import _optimizers
+    from torch_plugin.distributed.checkpoint_layout import model_tensors
 
-    total = sum(t.numel() * t.element_size() for _, t, _ in _model_tensors(model))
+    total = sum(t.numel() * t.element_size() for _, t, _ in model_tensors(model))
     for _, states_of in _optimizers(opt):
         for st in states_of.state.values():
             total += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))

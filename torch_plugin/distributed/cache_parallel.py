@@ -19,11 +19,10 @@ import functools
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from .. import _C
-from .kv_cache import KVCacheManager, manager_for
+from .kv_cache import KVCacheManager, group_of, manager_for
 
 
 @torch.library.custom_op("torch_plugin::cp_attention", mutates_args=())
@@ -94,48 +93,6 @@ def _(
     positions=None,
 ):  # type: ignore[no-untyped-def]
     return torch.empty_like(q)
-
-
-def group_of(mesh: Any) -> Any:
-    """The process group of a 1-D torch_plugin or torch DeviceMesh, a ProcessGroup, or None
-    (the default group)."""
-    from .mesh import DeviceMesh
-
-    if mesh is None or isinstance(mesh, dist.ProcessGroup):
-        return mesh
-    if isinstance(mesh, DeviceMesh):
-        if len(mesh.shape) != 1:
-            raise ValueError(
-                f"torch_plugin cache parallelism splits the KV cache over one axis; {mesh} has "
-                f"{len(mesh.shape)}: pass mesh[{mesh.axis_names[-1]!r}] (the axis to split over)"
-            )
-        return mesh.group()
-    get_group = getattr(mesh, "get_group", None)
-    if get_group is not None:
-        if getattr(mesh, "ndim", 1) != 1:
-            raise ValueError(
-                "torch_plugin cache parallelism splits the KV cache over a 1-D mesh; got a "
-                f"{mesh.ndim}-D mesh. Pass mesh[...] for the axis to split over"
-            )
-        return get_group()
-    raise TypeError(
-        "torch_plugin: `mesh` must be a 1-D torch_plugin.DeviceMesh or torch DeviceMesh, a "
-        "ProcessGroup or "
-        f"None (the default group), got {type(mesh).__name__}"
-    )
-
-
-def pass_options(manager: KVCacheManager) -> _C.CacheParallelOptions:
-    """The cache_parallel pass's options for this manager."""
-    return _C.CacheParallelOptions(
-        world=manager.world,
-        handle=manager.handle,
-        scheme=manager.scheme or manager.requested_scheme,
-        allow_batch_split=manager.allow_batch_split,
-        device=manager.device_profile,
-        context=manager.context,
-        batch=manager.global_batch or 0,
-    )
 
 
 class CacheParallel(nn.Module):

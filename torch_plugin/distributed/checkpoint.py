@@ -34,7 +34,7 @@ from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
-from .checkpoint_layout import Chunks, Layout
+from .checkpoint_layout import Chunks, Layout, model_tensors
 
 log = logging.getLogger("torch_plugin.checkpoint")
 
@@ -81,77 +81,13 @@ class _LoadPlanner(DefaultLoadPlanner):
 # ---- what a model and an optimizer hold, as whole-tensor layouts ------------------------------
 
 
-def _is_sharded(model: Any) -> bool:
-    from .sharding import ShardedModule
-
-    return isinstance(model, ShardedModule)
-
-
-def _is_pipeline(model: Any) -> bool:
-    from .pipeline import PipelineParallel
-
-    return isinstance(model, PipelineParallel)
-
-
-def _model_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor, Layout]]:
-    """(state_dict key, this rank's tensor, its layout) per stored tensor, tied aliases once."""
-    if _is_sharded(model):
-        specs = dict(
-            zip(
-                model.param_names + model.buffer_names,
-                model.param_specs + model.buffer_specs,
-                strict=True,
-            )
-        )
-        local = dict(zip(model.param_names, model.local_params, strict=True))
-        local.update(
-            (n, owner._buffers[attr])
-            for n, (owner, attr) in zip(model.buffer_names, model._buffer_slots, strict=True)
-        )
-        seen = set()
-        for _, name in model.state_keys:
-            if name not in seen:
-                seen.add(name)
-                shape = model.global_shapes[name]
-                yield name, local[name], Layout(shape, specs[name], model.world, model.rank)
-        return
-    if _is_pipeline(model):
-        named = list(model.named_parameters()) + [
-            (n.removeprefix("m."), b) for n, b in model.module.named_buffers()
-        ]
-        for n, t in named:
-            yield n, t, Layout(tuple(t.shape))
-        return
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"{type(model).__name__}: save_checkpoint takes a ShardedModule, a PipelineParallel "
-            "or an nn.Module"
-        )
-    seen_ids: set[int] = set()
-    for n, t in model.state_dict(keep_vars=True).items():
-        if id(t) not in seen_ids and isinstance(t, torch.Tensor):
-            seen_ids.add(id(t))
-            yield n, t, Layout(tuple(t.shape))
-
-
 def _param_layouts(model: Any, optimizer: Any = None) -> dict[int, tuple[str, Layout]]:
     """id(parameter an optimizer may hold) -> (name, layout); ZeRO-2 flat shards and float32
     master weights included."""
-    out = {id(t): (n, lay) for n, t, lay in _model_tensors(model)}
-    if _is_sharded(model):
-        if not all(id(p) in out for p in model.local_params):  # frozen tied aliases etc.
-            out.update(
-                (id(p), (n, Layout(model.global_shapes[n], s, model.world, model.rank)))
-                for n, p, s in model.named_local_parameters()
-            )
-        for name, z in model._zero2.items():
-            block = out[id(z.param)][1]
-            lo = z.shard.data_ptr() - z.param.data_ptr()
-            lo //= z.param.element_size()
-            flat = Layout(
-                block.shape, block.spec, block.world, block.rank, (lo, lo + z.shard.numel())
-            )
-            out[id(z.shard)] = (name, flat)
+    out = {id(t): (n, lay) for n, t, lay in model_tensors(model)}
+    more = getattr(model, "_parameter_layouts", None)  # a ShardedModule's blocks and shards
+    if more is not None:
+        out.update(more(out))
     else:
         out.update((id(p), (n, Layout(tuple(p.shape)))) for n, p in model.named_parameters())
     _add_masters(out, optimizer)
@@ -351,7 +287,7 @@ def save_checkpoint(
     rank, world = _group_info(group)
     layouts = _param_layouts(model, optimizer)
     state: dict[str, Any] = {
-        f"model.{n}": Chunks(lay.shape, lay, t.detach()) for n, t, lay in _model_tensors(model)
+        f"model.{n}": Chunks(lay.shape, lay, t.detach()) for n, t, lay in model_tensors(model)
     }
     merged: dict[str, Any] | None = None
     if optimizer is not None:
@@ -555,7 +491,7 @@ def load_checkpoint(
     saved = reader.read_metadata().state_dict_metadata
     layouts = _param_layouts(model, optimizer)
     state: dict[str, Any] = {}
-    for n, t, lay in _model_tensors(model):
+    for n, t, lay in model_tensors(model):
         state[f"model.{n}"] = Chunks(lay.shape, lay, t.data)
     missing = sorted(k.removeprefix("model.") for k in state if k not in saved)
     if missing:
@@ -633,26 +569,7 @@ def full_state_dict(model: Any, rank0_only: bool = True) -> dict[str, torch.Tens
     """The unwrapped model's state_dict under its own keys (tied aliases included), gathered
     tensor by tensor (each a collective over the blocks' ranks); on rank 0 only by default
     (the other ranks get {}). It loads into the plain model: HF save_pretrained works on it."""
-    if _is_sharded(model):
-        from .spmd_ops import _parse, _whole
-
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        whole: dict[str, torch.Tensor] = {}
-        for name, t, lay in _model_tensors(model):
-            kind, dim, sections = _parse(lay.spec)
-            t = t.detach()
-            if kind == "S" and model.world > 1:
-                blocks = model.comm.all_gather(t.contiguous(), "export")
-                t = _whole(list(blocks.unbind(0)), dim, sections)
-            whole[name] = t.clone()
-        out = {key: whole[name] for key, name in model.state_keys}
-        return {} if rank0_only and rank != 0 else out
-    if _is_pipeline(model):
-        mine = {n: t.detach().clone() for n, t, _ in _model_tensors(model)}
-        parts = _all_gather(mine, model.group)
-        out = {}
-        for part in parts:
-            out.update(part)
-        rank = dist.get_rank()
-        return {} if rank0_only and rank != 0 else out
+    gather = getattr(model, "full_state_dict", None)  # a ShardedModule, a PipelineParallel
+    if gather is not None:
+        return gather(rank0_only)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -11,9 +11,13 @@ intersecting boxes (as it does for DTensor).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     MetadataIndex,
@@ -169,3 +173,41 @@ class Chunks:
         copy.pieces = [(o, v.detach().to("cpu", copy=True).contiguous()) for o, v in self.pieces]
         copy._by_offset = dict(copy.pieces)
         return copy
+
+
+# ---- what a model stores, as whole-tensor layouts ---------------------------------------------
+# A distributed model (ShardedModule, PipelineParallel) says what it stores through
+# `_stored_tensors()` (state name, this rank's tensor, its Layout; tied aliases once) and
+# `_state_aliases()` (state name -> every state_dict key naming it), and gives its tensors whole
+# through `full_state_dict()` or, one at a time, `_whole_tensors()` (in `_stored_tensors` order:
+# a collective). Checkpoints and pretrained weights read models only through these, so they need
+# not know the classes, and the classes need not import them.
+
+
+def model_tensors(model: Any) -> Iterator[tuple[str, torch.Tensor, Layout]]:
+    """(state name, this rank's tensor, its layout) per stored tensor, tied aliases once."""
+    stored = getattr(model, "_stored_tensors", None)
+    if stored is not None:
+        yield from stored()
+        return
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"{type(model).__name__}: save_checkpoint takes a ShardedModule, a PipelineParallel "
+            "or an nn.Module"
+        )
+    seen_ids: set[int] = set()
+    for n, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in seen_ids and isinstance(t, torch.Tensor):
+            seen_ids.add(id(t))
+            yield n, t, Layout(tuple(t.shape))
+
+
+def state_aliases(model: Any) -> dict[str, list[str]]:
+    """Each stored tensor's name -> every state_dict key naming it (tied weights share one)."""
+    aliases = getattr(model, "_state_aliases", None)
+    if aliases is not None:
+        return aliases()
+    by_id: dict[int, list[str]] = defaultdict(list)
+    for k, t in model.state_dict(keep_vars=True).items():
+        by_id[id(t)].append(k)
+    return {keys[0]: keys for keys in by_id.values()}  # model_tensors names the first key

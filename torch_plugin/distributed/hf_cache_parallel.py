@@ -260,7 +260,7 @@ class HFCacheParallel(nn.Module):
         from transformers import AttentionInterface
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-        from .cache_parallel import group_of
+        from .kv_cache import group_of
 
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import _C
 from ..ops import decode_partials
 from .collectives import Collectives
 
@@ -333,3 +334,45 @@ class KVCacheManager(BlockPlacement):
             outs.movedim(0, -2).contiguous(), lses.movedim(0, -1).contiguous()
         )
         return merged.to(q.dtype)
+
+
+def group_of(mesh: Any) -> Any:
+    """The process group of a 1-D torch_plugin or torch DeviceMesh, a ProcessGroup, or None
+    (the default group)."""
+    from .mesh import DeviceMesh
+
+    if mesh is None or isinstance(mesh, dist.ProcessGroup):
+        return mesh
+    if isinstance(mesh, DeviceMesh):
+        if len(mesh.shape) != 1:
+            raise ValueError(
+                f"torch_plugin cache parallelism splits the KV cache over one axis; {mesh} has "
+                f"{len(mesh.shape)}: pass mesh[{mesh.axis_names[-1]!r}] (the axis to split over)"
+            )
+        return mesh.group()
+    get_group = getattr(mesh, "get_group", None)
+    if get_group is not None:
+        if getattr(mesh, "ndim", 1) != 1:
+            raise ValueError(
+                "torch_plugin cache parallelism splits the KV cache over a 1-D mesh; got a "
+                f"{mesh.ndim}-D mesh. Pass mesh[...] for the axis to split over"
+            )
+        return get_group()
+    raise TypeError(
+        "torch_plugin: `mesh` must be a 1-D torch_plugin.DeviceMesh or torch DeviceMesh, a "
+        "ProcessGroup or "
+        f"None (the default group), got {type(mesh).__name__}"
+    )
+
+
+def pass_options(manager: KVCacheManager) -> _C.CacheParallelOptions:
+    """The cache_parallel pass's options for this manager."""
+    return _C.CacheParallelOptions(
+        world=manager.world,
+        handle=manager.handle,
+        scheme=manager.scheme or manager.requested_scheme,
+        allow_batch_split=manager.allow_batch_split,
+        device=manager.device_profile,
+        context=manager.context,
+        batch=manager.global_batch or 0,
+    )

@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from .. import _C
 from . import pipeline_capture
 from .agreement import check_same
 from .capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
+from .checkpoint_layout import Layout
 from .collectives import hold_groups
 from .graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from .pipeline_capture import AtenPipelineGraph, same_graph
@@ -728,9 +729,25 @@ class PipelineParallel:
     def full_state_dict(self, rank0_only: bool = True) -> dict[str, torch.Tensor]:
         """Every stage's parameters and buffers under the model's names, on rank 0 (or on
         every rank with rank0_only=False)."""
-        from .checkpoint import full_state_dict
+        mine = {n: t.detach().clone() for n, t, _ in self._stored_tensors()}
+        parts: list[Any] = [None] * self.world
+        dist.all_gather_object(parts, mine, group=self.group)
+        out: dict[str, torch.Tensor] = {}
+        for part in parts:
+            out.update(part)
+        return {} if rank0_only and dist.get_rank() != 0 else out
 
-        return full_state_dict(self, rank0_only)
+    # What a checkpoint stores (checkpoint_layout.model_tensors and its twins read it).
+
+    def _stored_tensors(self) -> Iterator[tuple[str, torch.Tensor, Layout]]:
+        named = list(self.named_parameters()) + [
+            (n.removeprefix("m."), b) for n, b in self.module.named_buffers()
+        ]
+        for n, t in named:
+            yield n, t, Layout(tuple(t.shape))
+
+    def _state_aliases(self) -> dict[str, list[str]]:
+        return {n: [n] for n, _, _ in self._stored_tensors()}
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clips every stage's gradients by the global norm (each parameter counted once,

@@ -24,6 +24,7 @@ import math
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint import _is_pipeline, _is_sharded, _model_tensors
+from .checkpoint_layout import model_tensors, state_aliases
 
 log = logging.getLogger("torch_plugin.pretrained")
 
@@ -69,21 +70,6 @@ def _weight_map(path: Path) -> dict[str, Path]:
     return out
 
 
-def _aliases(model: Any) -> dict[str, list[str]]:
-    """Each stored tensor's name -> every state_dict key naming it (tied weights share one)."""
-    if _is_sharded(model):
-        out: dict[str, list[str]] = defaultdict(list)
-        for key, name in model.state_keys:
-            out[name].append(key)
-        return out
-    if _is_pipeline(model):
-        return {n: [n] for n, _, _ in _model_tensors(model)}
-    by_id: dict[int, list[str]] = defaultdict(list)
-    for k, t in model.state_dict(keep_vars=True).items():
-        by_id[id(t)].append(k)
-    return {keys[0]: keys for keys in by_id.values()}  # _model_tensors names the first key
-
-
 def stored_names(model: nn.Module, path: str | os.PathLike) -> frozenset[str]:
     """The model's parameter and buffer names (as named_parameters / named_buffers give them)
     whose tensor the checkpoint at `path` holds under any of its state_dict keys."""
@@ -106,11 +92,11 @@ def load_pretrained(model: Any, path: str | os.PathLike, strict: bool = True) ->
     t0 = time.perf_counter()
     path = Path(path)
     where = _weight_map(path)
-    aliases = _aliases(model)
+    aliases = state_aliases(model)
     by_file: dict[Path, list[tuple[str, str, torch.Tensor, Any]]] = defaultdict(list)
     missing: list[str] = []
     used: set[str] = set()
-    for name, local, layout in _model_tensors(model):
+    for name, local, layout in model_tensors(model):
         key = next((k for k in aliases.get(name, [name]) if k in where), None)
         if key is None:
             missing.append(name)
@@ -171,18 +157,28 @@ def save_pretrained(
     under the first key. Every rank must call it; rank 0 writes. Returns the files written."""
     from safetensors.torch import save_file
 
-    from .spmd_ops import _parse, _whole
-
     path = Path(path)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    aliases = _aliases(model)
-    tensors = list(_model_tensors(model))
-    # Shard boundaries from the whole tensors' sizes, known before anything is gathered (file
-    # names carry the shard count).
+    aliases = state_aliases(model)
+    # (name, whole shape, element size) per stored tensor, known before anything is gathered
+    # (shard boundaries and file names come from the sizes), and the whole tensors in order: a
+    # model that streams them (a ShardedModule, one collective each), one that gathers them at
+    # once to rank 0 (a pipeline: every stage's), or a plain module's own.
+    wholes: Iterator[torch.Tensor | None]
+    if hasattr(model, "_whole_tensors"):
+        stored = [(n, tuple(lay.shape), t.element_size()) for n, t, lay in model_tensors(model)]
+        wholes = model._whole_tensors()
+    elif not isinstance(model, nn.Module):
+        full = model.full_state_dict(rank0_only=True)
+        stored = [(n, tuple(t.shape), t.element_size()) for n, t in full.items()]
+        wholes = iter(full.values())
+    else:
+        stored = [(n, tuple(lay.shape), t.element_size()) for n, t, lay in model_tensors(model)]
+        wholes = (t.detach() for _, t, _ in model_tensors(model))
     shard_of: list[int] = []
     size = 0
-    for _, local, layout in tensors:
-        nbytes = math.prod(layout.shape) * local.element_size()
+    for _, shape, element_size in stored:
+        nbytes = math.prod(shape) * element_size
         if shard_of and size + nbytes > max_shard_size:
             size = 0
             shard_of.append(shard_of[-1] + 1)
@@ -191,31 +187,18 @@ def save_pretrained(
         size += nbytes
     n = shard_of[-1] + 1 if shard_of else 1
     names = [SINGLE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    pipeline_parts: dict[str, torch.Tensor] = {}
-    if _is_pipeline(model):
-        from .checkpoint import full_state_dict
-
-        pipeline_parts = full_state_dict(model, rank0_only=True)
     if rank == 0:
         path.mkdir(parents=True, exist_ok=True)
     shard: dict[str, torch.Tensor] = {}
     weight_map: dict[str, str] = {}
     total = 0
-    for k, (name, local, layout) in enumerate(tensors):
-        if _is_pipeline(model):
-            whole = pipeline_parts.get(name)
-        else:
-            kind, dim, sections = _parse(layout.spec)
-            whole = local.detach()
-            if _is_sharded(model) and kind == "S" and model.world > 1:
-                blocks = model.comm.all_gather(whole.contiguous(), "export")
-                whole = _whole(list(blocks.unbind(0)), dim, sections)
+    for k, ((name, _, _), whole) in enumerate(zip(stored, wholes, strict=False)):
         if rank != 0 or whole is None:
             continue
         key = aliases.get(name, [name])[0]
         shard[key] = whole.contiguous().clone()
         total += whole.numel() * whole.element_size()
-        if k + 1 == len(tensors) or shard_of[k + 1] != shard_of[k]:
+        if k + 1 == len(stored) or shard_of[k + 1] != shard_of[k]:
             fname = names[shard_of[k]]
             save_file(shard, str(path / fname), metadata={"format": "pt"})
             weight_map.update((key, fname) for key in shard)

@@ -38,6 +38,7 @@ from .capture import (
     model_label_counter,
     takes_loss_kwargs,
 )
+from .checkpoint_layout import Layout
 from .collectives import Collectives
 from .mesh import DeviceMesh
 from .sharded_optim import ShardedOptimizer, _Zero2Shard
@@ -56,6 +57,7 @@ from .spmd_ops import (
     _block,
     _parse,
     _register_group,
+    _whole,
     global_dropout_masks,
     grad_sync,
     replicated_output,
@@ -558,9 +560,71 @@ class ShardedModule(nn.Module):
         """The unwrapped model's state_dict (its own keys, whole tensors), gathered tensor by
         tensor; on rank 0 only unless rank0_only=False. model.load_state_dict(...) and HF
         save_pretrained take it."""
-        from .checkpoint import full_state_dict
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        names = [name for name, _, _ in self._stored_tensors()]
+        whole = {n: t.clone() for n, t in zip(names, self._whole_tensors(), strict=True)}
+        out = {key: whole[name] for key, name in self.state_keys}
+        return {} if rank0_only and rank != 0 else out
 
-        return full_state_dict(self, rank0_only)
+    # What a checkpoint stores (checkpoint_layout.model_tensors and its twins read it).
+
+    def _stored_tensors(self) -> Iterator[tuple[str, torch.Tensor, Layout]]:
+        specs = dict(
+            zip(
+                self.param_names + self.buffer_names,
+                self.param_specs + self.buffer_specs,
+                strict=True,
+            )
+        )
+        local = dict(zip(self.param_names, self.local_params, strict=True))
+        local.update(
+            (n, owner._buffers[attr])
+            for n, (owner, attr) in zip(self.buffer_names, self._buffer_slots, strict=True)
+        )
+        seen = set()
+        for _, name in self.state_keys:
+            if name not in seen:
+                seen.add(name)
+                shape = self.global_shapes[name]
+                yield name, local[name], Layout(shape, specs[name], self.world, self.rank)
+
+    def _parameter_layouts(
+        self, known: dict[int, tuple[str, Layout]]
+    ) -> dict[int, tuple[str, Layout]]:
+        """Layouts of what an optimizer may hold besides the stored tensors (`known`, by id):
+        blocks not stored under their own name (frozen tied aliases) and ZeRO-2 flat shards."""
+        out: dict[int, tuple[str, Layout]] = {}
+        if not all(id(p) in known for p in self.local_params):
+            out.update(
+                (id(p), (n, Layout(self.global_shapes[n], s, self.world, self.rank)))
+                for n, p, s in self.named_local_parameters()
+            )
+        merged = {**known, **out}
+        for name, z in self._zero2.items():
+            block = merged[id(z.param)][1]
+            lo = z.shard.data_ptr() - z.param.data_ptr()
+            lo //= z.param.element_size()
+            flat = Layout(
+                block.shape, block.spec, block.world, block.rank, (lo, lo + z.shard.numel())
+            )
+            out[id(z.shard)] = (name, flat)
+        return out
+
+    def _state_aliases(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for key, name in self.state_keys:
+            out.setdefault(name, []).append(key)
+        return out
+
+    def _whole_tensors(self) -> Iterator[torch.Tensor]:
+        """Each stored tensor whole, gathered one at a time (every rank gets it)."""
+        for _, t, lay in self._stored_tensors():
+            kind, dim, sections = _parse(lay.spec)
+            t = t.detach()
+            if kind == "S" and self.world > 1:
+                blocks = self.comm.all_gather(t.contiguous(), "export")
+                t = _whole(list(blocks.unbind(0)), dim, sections)
+            yield t
 
     def _autocast_state(self) -> Any:
         dev = self._autocast_device

@@ -26,10 +26,10 @@ from ..distributed.mesh import DeviceMesh
 from ..distributed.pipeline import PipelineParallel, plan_pipeline
 from ..distributed.sharding import ShardedModule
 from .data_parallel import DataParallelSchedule
+from .errors import ScheduleError
 from .schedule import (
     DecomposedLinear,
     Schedule,
-    ScheduleError,
     ScheduleGroup,
     Step,
     Subgraph,

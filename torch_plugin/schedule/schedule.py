@@ -37,16 +37,13 @@ from ..distributed.hf_helix import is_conv1d as _is_conv1d
 from ..distributed.mesh import DeviceMesh
 from ..distributed.spmd_ops import _block
 from . import comm as tp
+from .errors import ScheduleError
 
 log = logging.getLogger("torch_plugin.schedule")
 
 SYNC_MODES = {"fwd_pre", "fwd_post", "bwd_post"}
 _MODE_ALIASES = {"forward": "fwd_post", "backward": "bwd_post"}
 COMPILERS = ("eager", "inductor", "aot_eager", "placement")
-
-
-class ScheduleError(ValueError):
-    """A primitive used where its rules do not hold; the message says what to do instead."""
 
 
 @dataclasses.dataclass(frozen=True)

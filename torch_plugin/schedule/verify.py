@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .schedule import _State
 
 from ..distributed.spmd_ops import _block
-from .schedule import ScheduleError
+from .errors import ScheduleError
 
 
 def _covers(paths: list[str], path: str) -> bool:
