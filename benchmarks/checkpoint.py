@@ -118,8 +118,8 @@ def _pipeline_out_shape() -> tuple[int, ...]:
 
 def _local_state_bytes(model: Any, opt: Any) -> int:
     """Bytes of this rank's parameters, buffers and optimizer state."""
-    from torch_plugin.distributed.checkpoint import _optimizers
-    from torch_plugin.distributed.checkpoint_layout import model_tensors
+    from torch_plugin.checkpoint.dcp import _optimizers
+    from torch_plugin.checkpoint.layout import model_tensors
 
     total = sum(t.numel() * t.element_size() for _, t, _ in model_tensors(model))
     for _, states_of in _optimizers(opt):
@@ -150,7 +150,7 @@ def phase(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
         done = step + 1
         if done in cfg.get("save_at", ()):
             if cfg.get("kill_in_save") == done and rank == world - 1:
-                from torch_plugin.distributed import checkpoint
+                from torch_plugin.checkpoint import dcp as checkpoint
 
                 def die(*_: Any) -> None:  # after DCP wrote this rank's data, before the manifest
                     os.kill(os.getpid(), signal.SIGKILL)

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 
 import torch_plugin
 from torch_plugin import _C, PlanError
-from torch_plugin.distributed.sharding import capture_graph
 from torch_plugin.models import gpt
+from torch_plugin.sharding.module import capture_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH, WORLD, BUDGET = 8, 8, 80e9

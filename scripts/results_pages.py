@@ -145,10 +145,15 @@ def render(name: str, data: Any, depth: int = 1) -> str:
 DEFAULT_CODE = ["torch_plugin", "csrc", "kernels"]
 CODE = {
     "gpu_kernels": ["kernels/cuda"],
-    "gpu_generate": ["kernels/cuda", "torch_plugin/distributed/hf_cache_parallel.py"],
+    "gpu_generate": ["kernels/cuda", "torch_plugin/cache_parallel/hf.py"],
     "fused_attention": ["kernels/cpu"],
-    "pretrained_load": ["torch_plugin/distributed"],
-    "user_programs": ["torch_plugin/distributed", "csrc/passes/sharding_ilp.cc"],
+    "pretrained_load": ["torch_plugin/checkpoint", "torch_plugin/sharding"],
+    "user_programs": [
+        "torch_plugin/runtime",
+        "torch_plugin/sharding",
+        "torch_plugin/pipeline",
+        "csrc/passes/sharding_ilp.cc",
+    ],
 }
 
 

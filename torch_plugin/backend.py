@@ -93,7 +93,7 @@ def _cache_parallel_options(
     """Plans cache parallelism once per graph; the first plan fixes the manager's scheme.
     auto (the default backend with a mesh): None where the graph has no decode attention,
     which is then placed like any other graph."""
-    from .distributed.kv_cache import pass_options
+    from .runtime.kv_cache import pass_options
 
     plan = pm.plan_cache_parallel(graph, pass_options(manager))
     if auto and not plan.sites:
@@ -140,7 +140,7 @@ _COMPILE_MANAGERS: dict[int, tuple[Any, Any]] = {}
 
 
 def _manager_for_compile(options: Any, opts: Options) -> Any:
-    from .distributed.kv_cache import KVCacheManager, group_of
+    from .runtime.kv_cache import KVCacheManager, group_of
 
     if opts.cache_parallel is not None:
         return opts.cache_parallel

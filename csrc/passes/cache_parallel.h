@@ -10,7 +10,7 @@
 //
 // with M absent or the offset-causal mask where(tril(ones(s, en), st), 0, -inf). Each match
 // becomes one `torch_plugin::cp_attention` node that appends k_new/v_new to the rank-local
-// cache shard (torch_plugin/distributed/kv_cache.py), computes split-KV attention over it and
+// cache shard (torch_plugin/runtime/kv_cache.py), computes split-KV attention over it and
 // merges the partials of all ranks; the cache write, the copy_ back and the mask die. A
 // candidate that deviates anywhere (other readers of the cache, another mask, dropout, a cache
 // layout other than [batch, heads, seq, head_dim]) is left alone with a note saying why.

@@ -51,7 +51,7 @@ std::pair<std::string, double> Reshard(const ShardSpec& from, const ShardSpec& t
   const double launch = d.kernel_overhead;
   if (from.kind == Kind::kShard && to.kind == Kind::kReplicate)
     return {"all_gather", launch + cost::AllGatherTime(d, bytes, world)};
-  // Priced as the runtime (torch_plugin/distributed/sharding.py, _reshard_local) runs it: a
+  // Priced as the runtime (torch_plugin/sharding/module.py, _reshard_local) runs it: a
   // split moved to another dim is one all-to-all; to other sections of the same dim, the whole
   // is gathered and sliced; a partial sum becomes a block by reduce-scatter where the library
   // has one, else by all-reduce.

@@ -884,7 +884,7 @@ def schedule_gpt2_matches(rank: int, world: int, port: int, out_dir: str) -> Non
     outputs, gradients and next loss equal single-process training; one all-reduce per
     attention and per MLP in forward; each rank holds 1/world of the sharded parameters."""
     import torch_plugin
-    from torch_plugin.distributed.spmd_ops import _block
+    from torch_plugin.runtime.spmd_ops import _block
 
     _init(rank, world, port)
     try:

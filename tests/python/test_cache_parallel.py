@@ -18,8 +18,8 @@ import torch
 import torch_plugin
 from torch_plugin import _C
 from torch_plugin.distributed import KVCacheManager
-from torch_plugin.distributed.kv_cache import CacheCapacityError
 from torch_plugin.models.llama import build_llama
+from torch_plugin.runtime.kv_cache import CacheCapacityError
 
 
 @pytest.mark.parametrize(
@@ -325,8 +325,8 @@ def test_hf_cache_layers_hold_their_blocks_and_drop_what_leaves_the_window() -> 
     """One rank's layer of a 3-rank split, block 4: positions [0, 40) are written as a prompt
     of 10 and 30 single tokens; a full layer holds exactly its blocks, a window-6 layer only
     its positions the next query still sees."""
-    from torch_plugin.distributed.hf_cache_parallel import _layer_class
-    from torch_plugin.distributed.kv_cache import BlockPlacement
+    from torch_plugin.cache_parallel.hf import _layer_class
+    from torch_plugin.runtime.kv_cache import BlockPlacement
 
     layer_cls = _layer_class()
     placement = BlockPlacement(3, 1, 4)
@@ -353,8 +353,8 @@ def test_hf_cache_takes_either_form_of_layer_kwargs(monkeypatch, per_layer: bool
     all: a Mistral-style config with a window gets sliding layers of that window either way."""
     import transformers.cache_utils as cu
 
-    from torch_plugin.distributed import hf_cache_parallel
-    from torch_plugin.distributed.kv_cache import BlockPlacement
+    from torch_plugin.cache_parallel import hf as hf_cache_parallel
+    from torch_plugin.runtime.kv_cache import BlockPlacement
 
     def layer_types_and_kwargs(config):  # type: ignore[no-untyped-def]
         types = ["sliding_attention", "full_attention", "sliding_attention"]
@@ -376,9 +376,9 @@ def transformers_config_with_layers(n: int):  # type: ignore[no-untyped-def]
 def test_helix_refuses_what_it_cannot_split() -> None:
     """Helix splits Llama-style layers: MoE experts are refused, as are heads or MLP widths
     that do not divide over the ranks, naming what to change; nothing is replaced then."""
-    from torch_plugin.distributed.collectives import Collectives
-    from torch_plugin.distributed.hf_helix import shard_helix
+    from torch_plugin.cache_parallel.helix import shard_helix
     from torch_plugin.models import hf_suite
+    from torch_plugin.runtime.collectives import Collectives
 
     mixtral, _ = hf_suite.build("mixtral")
     with pytest.raises(NotImplementedError, match="MoE experts are not split.*without helix"):

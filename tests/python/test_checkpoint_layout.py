@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from torch_plugin.distributed.checkpoint_layout import Chunks, Layout, flat_boxes
-from torch_plugin.distributed.spmd_ops import _block
+from torch_plugin.checkpoint.layout import Chunks, Layout, flat_boxes
+from torch_plugin.runtime.spmd_ops import _block
 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4), (4, 1, 6)])

@@ -122,8 +122,8 @@ def test_aten_pipeline_graph_recomputes_what_does_not_depend_on_the_batch() -> N
     (each stage recomputes them); the hidden states depend on the batch. OPT's graph at one
     sample differs from its graph at four (a reshape is a view there), which the runtime
     must know to leave that micro-batch size out."""
-    from torch_plugin.distributed import pipeline_capture
-    from torch_plugin.distributed.capture import as_call
+    from torch_plugin.pipeline import capture as pipeline_capture
+    from torch_plugin.runtime.capture import as_call
 
     model, inputs = hf_suite.build("llama", batch=4, layers=2)
     g = pipeline_capture.capture(model, as_call(inputs), 4)
@@ -159,7 +159,7 @@ def test_uncapturable_forward_is_named_with_what_to_do() -> None:
                 return self.fc(x)
             return x
 
-    from torch_plugin.distributed.sharding import capture_graph
+    from torch_plugin.sharding.module import capture_graph
 
     with pytest.raises(RuntimeError, match="forward of Branchy could not be captured"):
         capture_graph(Branchy(), {"x": torch.randn(2, 4)})
@@ -168,7 +168,7 @@ def test_uncapturable_forward_is_named_with_what_to_do() -> None:
 def test_keyword_capture_sees_every_tensor_argument() -> None:
     """A dict of example inputs is the keyword call: the graph takes its tensors (labels
     included) and the loss is computed inside."""
-    from torch_plugin.distributed.sharding import capture_graph
+    from torch_plugin.sharding.module import capture_graph
 
     model, inputs = hf_suite.build("llama")
     graph = capture_graph(model, inputs)
@@ -181,7 +181,7 @@ def test_keyword_capture_sees_every_tensor_argument() -> None:
 def test_a_dp_axis_is_refused_where_batch_norm_couples_the_samples() -> None:
     """ResNet in training on a (dp, tp) mesh would normalise each replica by its slice's
     statistics (other numbers than one process): refused, naming the module."""
-    from torch_plugin.distributed.sharding_capture import _refuse_batch_statistics
+    from torch_plugin.sharding.capture import _refuse_batch_statistics
 
     model, _ = hf_suite.build("resnet")
     with pytest.raises(NotImplementedError, match=r"module 'resnet\.embedder.*BatchNorm2d"):
@@ -198,8 +198,8 @@ def test_a_dp_axis_is_refused_where_samples_are_combined(name: str, coupled: boo
     samples stay apart (Llama, T5) pass the check."""
     import torch.utils._pytree as pytree
 
-    from torch_plugin.distributed.capture import as_call
-    from torch_plugin.distributed.sharding_capture import _capture, _refuse_batch_coupling
+    from torch_plugin.runtime.capture import as_call
+    from torch_plugin.sharding.capture import _capture, _refuse_batch_coupling
 
     model, inputs = hf_suite.build(name)
     full = as_call(inputs)

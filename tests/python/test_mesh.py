@@ -111,7 +111,7 @@ def test_cache_parallel_takes_our_mesh_or_one_of_its_axes(tmp_path: Path) -> Non
     import torch.distributed as dist
 
     import torch_plugin
-    from torch_plugin.distributed.kv_cache import group_of
+    from torch_plugin.runtime.kv_cache import group_of
 
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

@@ -175,8 +175,8 @@ def reshard_cases(rank: int, world: int, _port: int) -> dict[str, dict[str, obje
     difference from the block of the target spec, and which collectives ran."""
     import torch.distributed as dist
 
-    from torch_plugin.distributed import spmd_ops as sharding
-    from torch_plugin.distributed.collectives import Collectives
+    from torch_plugin.runtime import spmd_ops as sharding
+    from torch_plugin.runtime.collectives import Collectives
 
     comm = Collectives(dist.group.WORLD, world, rank, "test")
     calls: list[str] = []
@@ -287,7 +287,7 @@ def test_replica_dropout_masks_are_rows_of_one_process_mask(k: int) -> None:
     """dp replicas of an uneven batch (3 rows: 2 + 1) each draw their rows of the mask one
     process draws over the whole batch, also where dim 0 is k rows per sample (a flattened
     [batch * seq, hidden] view, as OPT's MLP drops out)."""
-    from torch_plugin.distributed.spmd_ops import replica_bernoulli_
+    from torch_plugin.runtime.spmd_ops import replica_bernoulli_
 
     torch.manual_seed(3)
     expect = torch.empty(3 * k, 4).bernoulli_(0.5)
@@ -303,7 +303,7 @@ def test_replica_dropout_masks_are_rows_of_one_process_mask(k: int) -> None:
 def test_replica_rand_is_rows_of_one_process_draw() -> None:
     """Stochastic depth's per-sample draws (aten.rand, Swin's drop path) in dp replicas of an
     uneven batch equal one process's rows."""
-    from torch_plugin.distributed.spmd_ops import replica_rand
+    from torch_plugin.runtime.spmd_ops import replica_rand
 
     torch.manual_seed(5)
     expect = torch.rand(3, 1, 1)

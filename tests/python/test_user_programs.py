@@ -103,7 +103,7 @@ def test_a_meta_capture_keeps_which_parameters_need_gradients() -> None:
     import torch
     import torch.nn.functional as F
 
-    from torch_plugin.distributed.capture import trace_call
+    from torch_plugin.runtime.capture import trace_call
 
     class BiasedAttention(torch.nn.Module):
         def __init__(self) -> None:
@@ -126,7 +126,7 @@ def test_a_checkpoint_of_another_model_is_named(tmp_path) -> None:
     import torch
 
     import torch_plugin
-    from torch_plugin.distributed.pretrained import PretrainedError
+    from torch_plugin.checkpoint.pretrained import PretrainedError
 
     user_programs.default_config_model("llama").save_pretrained(tmp_path / "llama")
     small = torch.nn.Linear(4, 4)

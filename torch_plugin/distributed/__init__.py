@@ -1,21 +1,27 @@
 """Distributed runtimes: automatic sharding, graph pipeline parallelism, cache parallelism."""
 
-from .api import parallelize
-from .cache_parallel import CacheParallel, cache_parallel
-from .checkpoint import (
+from ..cache_parallel.module import CacheParallel, cache_parallel
+from ..checkpoint.dcp import (
     CheckpointError,
     SaveHandle,
     complete_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from .grad_scaler import ShardedGradScaler
-from .graph import TracedModel, cost_records, trace_module_level
-from .kv_cache import CacheCapacityError, KVCacheManager
-from .mesh import DeviceMesh
-from .pipeline import PipelineParallel, PipelinePlan, plan_pipeline
-from .pretrained import PretrainedError, load_pretrained, save_pretrained
-from .sharding import ShardedModule, ShardedOptimizer, ShardingPlan, ShardOptions, shard_model
+from ..checkpoint.pretrained import PretrainedError, load_pretrained, save_pretrained
+from ..pipeline.parallel import PipelineParallel, PipelinePlan, plan_pipeline
+from ..runtime.graph import TracedModel, cost_records, trace_module_level
+from ..runtime.kv_cache import CacheCapacityError, KVCacheManager
+from ..runtime.mesh import DeviceMesh
+from ..sharding.grad_scaler import ShardedGradScaler
+from ..sharding.module import (
+    ShardedModule,
+    ShardedOptimizer,
+    ShardingPlan,
+    ShardOptions,
+    shard_model,
+)
+from .api import parallelize
 
 __all__ = [
     "CacheCapacityError",

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from .mesh import DeviceMesh
-from .pipeline import PipelineParallel
-from .sharding import ShardedModule, shard_model
+from ..pipeline.parallel import PipelineParallel
+from ..runtime.mesh import DeviceMesh
+from ..sharding.module import ShardedModule, shard_model
 
 
 def _model_loss(output: Any, _target: Any) -> torch.Tensor:

@@ -22,17 +22,14 @@ import torch.fx as fx
 from .. import _C, fx_bridge
 from .backends import Backend, get_backends
 from .cache import Entry, ProfileCache, device_key, machine_key
-from .materialize import (  # noqa: F401 - re-exported: placement.planner is their old home
+from .materialize import (
     _frozen_for,
-    _GroupCall,
     _LazyCompiled,
-    _region,
-    build_subgraph,
     compile_region,
     frozen_inputs,
     materialize,
 )
-from .measure import (  # noqa: F401 - re-exported
+from .measure import (
     _CacheFlush,
     _check_outputs,
     _measure,
@@ -44,7 +41,6 @@ from .measure import (  # noqa: F401 - re-exported
     footprint_bytes,
     last_level_cache_bytes,
     synthesize_inputs,
-    time_call,
     time_end_to_end,
 )
 from .options import PlacementOptions  # noqa: F401 - re-exported

@@ -19,22 +19,15 @@ from typing import Any
 
 import torch.nn as nn
 
-from ..distributed.agreement import check_same
-from ..distributed.collectives import Collectives
-from ..distributed.graph import cost_records
-from ..distributed.mesh import DeviceMesh
-from ..distributed.pipeline import PipelineParallel, plan_pipeline
-from ..distributed.sharding import ShardedModule
+from ..pipeline.parallel import PipelineParallel, plan_pipeline
+from ..runtime.agreement import check_same
+from ..runtime.collectives import Collectives
+from ..runtime.graph import cost_records
+from ..runtime.mesh import DeviceMesh
+from ..sharding.module import ShardedModule
 from .data_parallel import DataParallelSchedule
 from .errors import ScheduleError
-from .schedule import (
-    DecomposedLinear,
-    Schedule,
-    ScheduleGroup,
-    Step,
-    Subgraph,
-    create_schedule,
-)
+from .schedule import DecomposedLinear, Schedule, ScheduleGroup, Step, Subgraph, create_schedule
 from .tune import Space, TuneResult, tune
 
 

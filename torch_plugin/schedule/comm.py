@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..distributed.collectives import Collectives
+from ..runtime.collectives import Collectives
 
 
 class AllReduceForward(torch.autograd.Function):

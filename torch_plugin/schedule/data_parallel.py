@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.func import functional_call
 
-from ..distributed.collectives import Collectives
-from ..distributed.spmd_ops import _register_group, grad_sync
+from ..runtime.collectives import Collectives
+from ..runtime.spmd_ops import _register_group, grad_sync
 
 
 class _GatherBatch(torch.autograd.Function):

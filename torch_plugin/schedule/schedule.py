@@ -32,10 +32,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from ..distributed.collectives import Collectives
-from ..distributed.hf_helix import is_conv1d as _is_conv1d
-from ..distributed.mesh import DeviceMesh
-from ..distributed.spmd_ops import _block
+from ..cache_parallel.helix import is_conv1d as _is_conv1d
+from ..runtime.collectives import Collectives
+from ..runtime.mesh import DeviceMesh
+from ..runtime.spmd_ops import _block
 from . import comm as tp
 from .errors import ScheduleError
 

@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 if TYPE_CHECKING:
     from .schedule import _State
 
-from ..distributed.spmd_ops import _block
+from ..runtime.spmd_ops import _block
 from .errors import ScheduleError
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from .. import _C
-from .kv_cache import KVCacheManager, group_of, manager_for
+from ..runtime.kv_cache import KVCacheManager, group_of, manager_for
 
 
 @torch.library.custom_op("torch_plugin::cp_attention", mutates_args=())
@@ -175,7 +175,7 @@ def cache_parallel(model: nn.Module | Any = None, mesh: Any = None, **kw: Any) -
     HFCacheParallel whose `generate()` splits the KV cache; `@cache_parallel(mesh, ...)` on an
     nn.Module class wraps every instance it builds."""
     if isinstance(model, nn.Module):
-        from .hf_cache_parallel import HFCacheParallel, is_hf_decoder
+        from .hf import HFCacheParallel, is_hf_decoder
 
         if is_hf_decoder(model):
             extra = set(kw) - {"block_size", "num_splits", "helix"}

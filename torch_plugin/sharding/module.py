@@ -30,28 +30,18 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from .. import _C, fx_bridge
-from .agreement import check_same, digest, planning_only
-from .capture import (
+from ..checkpoint.layout import Layout
+from ..runtime.agreement import check_same, digest, planning_only
+from ..runtime.capture import (
     as_call,
     check_batch_agrees,
     describe,
     model_label_counter,
     takes_loss_kwargs,
 )
-from .checkpoint_layout import Layout
-from .collectives import Collectives
-from .mesh import DeviceMesh
-from .sharded_optim import ShardedOptimizer, _Zero2Shard
-from .sharding_capture import (
-    _capture,
-    _init_blocks_like_constructor,
-    _meta_copy,
-    _refuse_batch_coupling,
-    _refuse_batch_statistics,
-    capture_graph,
-)
-from .sharding_report import ShardingPlan
-from .spmd_ops import (
+from ..runtime.collectives import Collectives
+from ..runtime.mesh import DeviceMesh
+from ..runtime.spmd_ops import (
     _TARGETS,
     _BatchLoss,
     _block,
@@ -64,6 +54,16 @@ from .spmd_ops import (
     reshard,
     uneven_batch_gather,
 )
+from .capture import (
+    _capture,
+    _init_blocks_like_constructor,
+    _meta_copy,
+    _refuse_batch_coupling,
+    _refuse_batch_statistics,
+    capture_graph,
+)
+from .optim import ShardedOptimizer, _Zero2Shard
+from .report import ShardingPlan
 
 __all__ = [
     "ShardedModule",
@@ -367,7 +367,7 @@ class ShardedModule(nn.Module):
                 )
             skip = frozenset()
             if opts.pretrained is not None:
-                from .pretrained import stored_names
+                from ..checkpoint.pretrained import stored_names
 
                 skip = stored_names(model, opts.pretrained)
             blocks = dict(
@@ -442,7 +442,7 @@ class ShardedModule(nn.Module):
         self.mesh_search: list[dict[str, Any]] = []  # shard_model(mesh_shape="auto") fills it
         self.pretrained_report: dict[str, Any] | None = None
         if opts.pretrained is not None:
-            from .pretrained import load_pretrained
+            from ..checkpoint.pretrained import load_pretrained
 
             self.pretrained_report = load_pretrained(self, opts.pretrained)
         log.info(

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
-from .spmd_ops import _parse
+from ..runtime.spmd_ops import _parse
 
 
 def rank_range(size: int, world: int, rank: int) -> tuple[int, int]:

@@ -28,14 +28,14 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from .. import _C
-from . import pipeline_capture
-from .agreement import check_same
-from .capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
-from .checkpoint_layout import Layout
-from .collectives import hold_groups
-from .graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
-from .pipeline_capture import AtenPipelineGraph, same_graph
-from .pipeline_draws import DRAWS, StepDraws, replace_draws
+from ..checkpoint.layout import Layout
+from ..runtime.agreement import check_same
+from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
+from ..runtime.collectives import hold_groups
+from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
+from . import capture as pipeline_capture
+from .capture import AtenPipelineGraph, same_graph
+from .draws import DRAWS, StepDraws, replace_draws
 
 log = logging.getLogger("torch_plugin.pipeline")
 
@@ -214,7 +214,7 @@ class PipelineParallel:
 
     Models that torch.fx traces symbolically, called positionally, are split at module level
     (a stage owns the user's sub-modules, `placement` can place its compute); others, keyword
-    calls and HF models, at ATen level (pipeline_capture.py). `scope_depth` groups nodes into
+    calls and HF models, at ATen level (pipeline/capture.py). `scope_depth` groups nodes into
     blocks by the first components of their module path (3: "branches.0.1" or
     "model.layers.0") so that no stage boundary cuts inside a layer. `placement`
     (PlacementOptions or their dict) runs the placement pass on a module-level stage's compute,
@@ -265,7 +265,7 @@ class PipelineParallel:
         self._calls: dict[Any, Any] = {}
         # A stage's capture at a step's new shapes (ATen-level pipelines), by what it ran.
         self.capture_times_s: dict[str, float] = {}
-        # One process's random draws, replayed each step (pipeline_draws.py).
+        # One process's random draws, replayed each step (pipeline/draws.py).
         self._draws = StepDraws()
         traced = None
         if capture != "aten" and not isinstance(example_inputs, dict):
@@ -974,7 +974,7 @@ class PipelineParallel:
     @property
     def replayed_draws(self) -> int:
         """How many random draws (dropout masks, per-sample draws) each step replays as one
-        process draws them (ATen-level pipelines; see pipeline_draws.py)."""
+        process draws them (ATen-level pipelines; see pipeline/draws.py)."""
         if not hasattr(self, "_n_draws"):
             self._n_draws = (
                 0 if self.aten is None else sum(n.target in DRAWS for n in self.gm.graph.nodes)
@@ -987,7 +987,7 @@ class PipelineParallel:
 
     def _replay_draws(self) -> None:
         """One process's draws for this step, kept where this rank's stage reads them (see
-        pipeline_draws.py)."""
+        pipeline/draws.py)."""
         if self._sig == self._sig0:
             graph, n = self.gm.graph, self.batch
         else:

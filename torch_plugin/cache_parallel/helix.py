@@ -29,8 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .collectives import Collectives
-from .spmd_ops import _block
+from ..runtime.collectives import Collectives
+from ..runtime.spmd_ops import _block
 
 
 def _weights(proj: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from .. import _C, fx_bridge
-from .capture import as_call, trace_call
+from ..runtime.capture import as_call, trace_call
 
 log = logging.getLogger("torch_plugin.sharding")
 

@@ -11,10 +11,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .collectives import Collectives
+from ..runtime.collectives import Collectives
 
 if TYPE_CHECKING:
-    from .sharding import ShardedModule
+    from .module import ShardedModule
 
 
 class _Zero2Shard:

@@ -35,9 +35,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..ops import decode_partials
-from .collectives import Collectives
-from .hf_helix import merge_head_group, shard_helix
-from .kv_cache import BlockPlacement
+from ..runtime.collectives import Collectives
+from ..runtime.kv_cache import BlockPlacement
+from .helix import merge_head_group, shard_helix
 
 log = logging.getLogger("torch_plugin.cache_parallel")
 _NAMES = itertools.count()
@@ -260,7 +260,7 @@ class HFCacheParallel(nn.Module):
         from transformers import AttentionInterface
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-        from .kv_cache import group_of
+        from ..runtime.kv_cache import group_of
 
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -297,7 +297,7 @@ class HFCacheParallel(nn.Module):
         # A model that calls SDPA itself (not through the registry) decodes with its "sdpa"
         # path, whose SDPA calls over the split cache are intercepted.
         self.intercept = _calls_sdpa_itself(model)
-        # Helix (hf_helix.py): output projection and MLP tensor-parallel over the same ranks, one
+        # Helix (cache_parallel/helix.py): output projection and MLP tensor-parallel over the same ranks, one
         # all-to-all of the attention partials by head group in place of the all-gather.
         self.helix: dict[str, int] | None = None
         if helix:

@@ -26,7 +26,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from .capture import TracedCall, trace_call
+from ..runtime.capture import TracedCall, trace_call
 
 
 class _Root(nn.Module):

@@ -34,7 +34,7 @@ from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
-from .checkpoint_layout import Chunks, Layout, model_tensors
+from .layout import Chunks, Layout, model_tensors
 
 log = logging.getLogger("torch_plugin.checkpoint")
 
@@ -313,7 +313,7 @@ def save_checkpoint(
         # A group of its own: the writer thread's collectives must not interleave with the
         # training step's on the model's groups. Held by a Collectives, so it is released
         # before the interpreter shuts down (see collectives.hold_groups).
-        from .collectives import Collectives
+        from ..runtime.collectives import Collectives
 
         ranks = None if group is None else dist.get_process_group_ranks(group)
         pg = dist.new_group(ranks=ranks, backend="gloo") if dist.is_initialized() else None

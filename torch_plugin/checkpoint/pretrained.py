@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint_layout import model_tensors, state_aliases
+from .layout import model_tensors, state_aliases
 
 log = logging.getLogger("torch_plugin.pretrained")
 
