@@ -55,7 +55,11 @@ def provenance() -> dict[str, Any]:
         "commit": os.environ.get("TP_COMMIT") or _git("rev-parse", "--short", "HEAD") or None,
         "dirty": os.environ.get("TP_DIRTY") == "1"
         if "TP_COMMIT" in os.environ
-        else bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # Results files do not count: a run that merges into its own JSON (the HF suite writes
+        # after every cell) would otherwise call its own code changed.
+        else bool(
+            _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+        ),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine,
     }
