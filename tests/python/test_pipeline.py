@@ -123,3 +123,43 @@ def test_faulty_rank_fails_the_job_fast(scenario: str, tmp_path: Path) -> None:
                 or "timed out" in r["message"].lower()
                 or ("connection" in r["message"].lower())
             ), r["message"]
+
+
+def test_replayed_draws_know_which_run_along_the_batch() -> None:
+    """A dropout over a parameter whose rows are a multiple of the micro-batch (8 positions,
+    micro-batches of 2) is not a batch draw: the replay draws it whole, once per step, as one
+    process does; a dropout over activations takes each micro-batch's rows of a whole-batch
+    mask, and the model's draws at another length are checked against the plan."""
+    import torch.nn.functional as F
+
+    from torch_plugin.pipeline import capture as pipeline_capture
+    from torch_plugin.pipeline.draws import DrawPlan, StepDraws, draws_of
+
+    class PositionDropout(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = torch.nn.Parameter(torch.randn(8, 16))
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            pos = F.dropout(self.pos, 0.1, training=True)[: x.shape[1]]
+            return F.dropout(self.lin(x + pos), 0.1, training=True).sum()
+
+    model = PositionDropout()
+    call = ((), {"x": torch.randn(4, 8, 16)})
+    whole = pipeline_capture.capture(model, call, 4)
+    half = pipeline_capture.capture(model, call, 4, 2)
+    free = frozenset(n.name for n in whole.free)
+    plan = DrawPlan.of(whole.gm.graph, 4, half.gm.graph, 2, free)
+    assert plan.batch_major == (False, True)
+    draws = StepDraws()
+    names = [d.name for d in draws_of(half.gm.graph)]
+    draws.replay(plan, half.gm.graph, 2, 3, set(names), torch.device("cpu"))
+    assert [tuple(draws.kept[n][0].shape) for n in names] == [(8, 16), (3, 8, 16)]
+    draws.rows = (2, 3)
+    assert draws.take(names[0]).shape == (8, 16) and draws.take(names[1]).shape == (1, 8, 16)
+    # Another length: the same draws; a graph with another count is named.
+    longer = pipeline_capture.capture(model, ((), {"x": torch.randn(4, 6, 16)}), 4, 2)
+    plan.check(longer.gm.graph, 2, "at 6 positions")
+    with pytest.raises(RuntimeError, match="draws 2 random tensors at 6 positions but 3"):
+        DrawPlan((False, True, True), ((0, 1),) * 3).check(longer.gm.graph, 2, "at 6 positions")

@@ -16,6 +16,7 @@ stage's: on CPU the generator has no skip-ahead to price them more cheaply.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -44,6 +45,75 @@ _RANDOM = (
 )
 
 
+def draws_of(graph: fx.Graph) -> list[fx.Node]:
+    """The replayed draws of a graph, in its order."""
+    return [n for n in graph.nodes if n.op == "call_function" and n.target in DRAWS]
+
+
+def _shape(node: fx.Node) -> torch.Tensor:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise RuntimeError(f"torch_plugin pipeline: random draw {node.name!r} has no traced shape")
+    return val
+
+
+@dataclasses.dataclass(frozen=True)
+class DrawPlan:
+    """Per draw of the model, in graph order: whether its dim 0 runs along the batch (read off
+    the example's graph at two sizes: dim 0 scales with the samples) and the memory order of
+    its dims (bernoulli_ fills in memory order). The same on every rank."""
+
+    batch_major: tuple[bool, ...]
+    orders: tuple[tuple[int, ...], ...]
+
+    @staticmethod
+    def of(
+        whole: fx.Graph, batch: int, other: fx.Graph | None, n: int, free: frozenset[str]
+    ) -> DrawPlan:
+        nodes = draws_of(whole)
+        at_b = [_shape(d) for d in nodes]
+        major: list[bool] = []
+        if other is not None:
+            at_n = [_shape(d) for d in draws_of(other)]
+            if len(at_n) != len(at_b):
+                raise RuntimeError(
+                    f"torch_plugin pipeline: the model draws {len(at_b)} random tensors at "
+                    f"{batch} samples but {len(at_n)} at {n}; its dropout cannot be replayed as "
+                    "one process draws it"
+                )
+            for a, o in zip(at_b, at_n, strict=True):
+                rows_b = int(a.shape[0]) if a.dim() else 0
+                rows_n = int(o.shape[0]) if o.dim() else 0
+                major.append(
+                    rows_b != rows_n
+                    and rows_b % batch == 0
+                    and rows_n % n == 0
+                    and rows_b // batch == rows_n // n
+                )
+        else:  # one sample, no other size: a draw over what depends on the batch runs along it
+            major = [a.dim() > 0 and d.name not in free for d, a in zip(nodes, at_b, strict=True)]
+        orders = tuple(tuple(sorted(range(a.dim()), key=lambda d, a=a: -a.stride(d))) for a in at_b)
+        return DrawPlan(tuple(major), orders)
+
+    def check(self, graph: fx.Graph, n: int, where: str) -> None:
+        """Raises where `graph` (the model at n samples of a step's shapes) has other draws
+        than the plan, or a batch-major draw whose rows do not divide by n."""
+        found = draws_of(graph)
+        if len(found) != len(self.batch_major):
+            raise RuntimeError(
+                f"torch_plugin pipeline: the model draws {len(found)} random tensors {where} "
+                f"but {len(self.batch_major)} at the example's shapes; its dropout cannot be "
+                "replayed as one process draws it"
+            )
+        for node, major in zip(found, self.batch_major, strict=True):
+            val = _shape(node)
+            if major and (val.dim() == 0 or val.shape[0] % n):
+                raise RuntimeError(
+                    f"torch_plugin pipeline: random draw {node.name!r} has {list(val.shape)} "
+                    f"{where}, not rows of {n} samples"
+                )
+
+
 class StepDraws:
     """This step's kept draws, by node name (with the rows each sample has, 0 for a draw that
     does not run along the batch), and the rows of the micro-batch a stage is running."""
@@ -53,21 +123,21 @@ class StepDraws:
         self.rows = (0, 0)
 
     def replay(
-        self, graph: fx.Graph, n: int, total: int, wanted: set[str], device: torch.device
+        self,
+        plan: DrawPlan,
+        graph: fx.Graph,
+        n: int,
+        total: int,
+        wanted: set[str],
+        device: torch.device,
     ) -> None:
-        """Draws every replayed node of `graph` (the whole model traced at n samples) over
-        `total` samples, in graph order; keeps those named in `wanted`."""
+        """Draws every replayed node of `graph` (the whole model traced at n samples, checked
+        against `plan`) over `total` samples, in graph order; keeps those named in `wanted`."""
         self.kept = {}
-        for node in graph.nodes:
-            if node.op != "call_function" or node.target not in DRAWS:
-                continue
-            val = node.meta.get("val")
-            if not isinstance(val, torch.Tensor):
-                raise RuntimeError(
-                    f"torch_plugin pipeline: random draw {node.name!r} has no traced shape"
-                )
+        for node, major, order in zip(draws_of(graph), plan.batch_major, plan.orders, strict=True):
+            val = _shape(node)
             shape = list(val.shape)
-            k = shape[0] // n if shape and n > 0 and shape[0] % n == 0 else 0
+            k = shape[0] // n if major else 0
             if k:
                 shape[0] = total * k
             if node.target is _ATEN.rand.default:
@@ -75,8 +145,6 @@ class StepDraws:
                 whole = torch.rand(shape, device=device, **kw)
             else:
                 p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
-                # The traced tensor's memory order: bernoulli_ fills in memory order.
-                order = sorted(range(len(shape)), key=lambda d: -val.stride(d)) if shape else []
                 whole = torch.empty_permuted(shape, order, dtype=val.dtype, device=device)
                 whole.bernoulli_(p)
             if node.name in wanted:

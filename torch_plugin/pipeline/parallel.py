@@ -35,7 +35,7 @@ from ..runtime.collectives import hold_groups
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
-from .draws import DRAWS, StepDraws, replace_draws
+from .draws import DRAWS, DrawPlan, StepDraws, replace_draws
 
 log = logging.getLogger("torch_plugin.pipeline")
 
@@ -311,6 +311,8 @@ class PipelineParallel:
         self._step_rows = self.batch  # this step's samples (a last batch may have fewer)
         self._prepared = {(self._sig0, self.batch)}
         self._build(traced)
+        if self._replays:  # which draws run along the batch, before any step (see draws.py)
+            self._plan_of_draws()
         # Backend placement of this stage's compute between the calls that must stay eager.
         self.placed_segments: list[Any] = []
         if placement is not None and self.my_stage >= 0:
@@ -926,6 +928,7 @@ class PipelineParallel:
                     self._backward(s, lo, hi, *saved.pop(j), sends)
             for work in sends:
                 work.wait()
+            self._draws.kept = {}  # this step's masks, held until its last backward
             mine = dict(self.named_parameters())
             for g, names in self.grad_groups:
                 for name in names:
@@ -957,6 +960,11 @@ class PipelineParallel:
                     # No micro-batch for this replica in a short batch; it still replays the
                     # step's draws, at these shapes.
                     self._trace(self._step_rows, self._sig)
+                if self._replays:
+                    graph, n = self._draw_graph()
+                    self._plan_of_draws().check(
+                        graph, n, f"at {n} samples of per-sample shapes {_shapes(self._sig)}"
+                    )
             except Exception as e:  # told to the others first, raised below
                 error = e
         failed = torch.tensor([0 if error is None else self.rank + 1], device=self._device)
@@ -985,20 +993,34 @@ class PipelineParallel:
     def _replays(self) -> bool:
         return self.replayed_draws > 0
 
+    def _plan_of_draws(self) -> DrawPlan:
+        """Which draws run along the batch, from the example's graph and the model's graph at
+        half its samples (every rank reads the same two)."""
+        if getattr(self, "_draw_plan", None) is None:
+            assert self.aten is not None
+            half = self.batch // 2
+            other = self._trace(half).gm.graph if half else None
+            free = frozenset(node.name for node in self.aten.free)
+            self._draw_plan = DrawPlan.of(self.gm.graph, self.batch, other, half, free)
+        return self._draw_plan
+
+    def _draw_graph(self) -> tuple[fx.Graph, int]:
+        """The whole model's graph at this step's shapes, and its samples."""
+        if self._sig == self._sig0:
+            return self.gm.graph, self.batch
+        key = self._step_trace()
+        return self._traces[key].gm.graph, key[1]
+
     def _replay_draws(self) -> None:
         """One process's draws for this step, kept where this rank's stage reads them (see
         pipeline/draws.py)."""
-        if self._sig == self._sig0:
-            graph, n = self.gm.graph, self.batch
-        else:
-            key = self._step_trace()
-            graph, n = self._traces[key].gm.graph, key[1]
+        graph, n = self._draw_graph()
         wanted = (
             {node.name for node in self.members[self.my_stage] if node.target in DRAWS}
             if self.my_stage >= 0
             else set()
         )
-        self._draws.replay(graph, n, self._step_rows, wanted, self._device)
+        self._draws.replay(self._plan_of_draws(), graph, n, self._step_rows, wanted, self._device)
 
     def _forward(self, s, j, lo, hi, local, target, sends):  # type: ignore[no-untyped-def]
         # The stage's module first: at a new length it is traced now, and the receive buffers
