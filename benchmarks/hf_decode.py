@@ -90,7 +90,7 @@ def dynamic_cache(model: torch.nn.Module, ctx: int, heads: slice | None = None) 
 
 def split_cache(cp: object, ctx: int, steps: int) -> object:
     """A torch_plugin split cache holding this rank's blocks of the common content."""
-    from torch_plugin.cache_parallel.hf import make_cache
+    from torch_plugin.cache_parallelism.hf import make_cache
 
     cache = make_cache(cp.config, cp.placement, ctx + steps + 2)
     for i, layer in enumerate(cache.layers):

@@ -145,7 +145,7 @@ def render(name: str, data: Any, depth: int = 1) -> str:
 DEFAULT_CODE = ["torch_plugin", "csrc", "kernels"]
 CODE = {
     "gpu_kernels": ["kernels/cuda"],
-    "gpu_generate": ["kernels/cuda", "torch_plugin/cache_parallel/hf.py"],
+    "gpu_generate": ["kernels/cuda", "torch_plugin/cache_parallelism/hf.py"],
     "fused_attention": ["kernels/cpu"],
     "pretrained_load": ["torch_plugin/checkpoint", "torch_plugin/sharding"],
     "user_programs": [

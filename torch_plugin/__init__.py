@@ -19,7 +19,6 @@ check_torch()
 from . import _C, distributed, models, ops, placement, schedule  # noqa: F401  (ops registers fake kernels, autograd)
 from ._C import GraphError, PassError, PlanError
 from .backend import register, torch_plugin_backend
-from .cache_parallel import module as cache_parallel
 from .distributed import (
     CacheParallel,
     CheckpointError,
@@ -30,6 +29,7 @@ from .distributed import (
     ShardedGradScaler,
     ShardedModule,
     ShardedOptimizer,
+    cache_parallel,
     load_checkpoint,
     load_pretrained,
     parallelize,

@@ -24,7 +24,7 @@ LAYERS = [
     ["placement"],
     ["pipeline"],  # a module-level stage may place its compute
     ["backend", "options"],  # the compile path
-    ["cache_parallel"],
+    ["cache_parallelism"],
     ["schedule"],
     ["distributed"],
 ]
@@ -147,3 +147,23 @@ def test_packages_depend_downward_only() -> None:
 @pytest.mark.parametrize("mod", sorted(m for m in _modules() if m != "torch_plugin"))
 def test_every_module_imports(mod: str) -> None:
     importlib.import_module(mod)
+
+
+def test_no_package_shadows_a_public_name() -> None:
+    """Importing a subpackage binds its name on the parent: a package named like a public
+    function (torch_plugin.cache_parallel) would replace it once anything imports the package."""
+    import types
+
+    import torch_plugin
+
+    for mod in _modules():
+        importlib.import_module(mod)
+    exported_packages = {"distributed", "models", "placement"}
+    shadowed = [
+        name
+        for name in torch_plugin.__all__
+        if isinstance(getattr(torch_plugin, name), types.ModuleType)
+        and name not in exported_packages
+    ]
+    assert shadowed == []
+    assert callable(torch_plugin.cache_parallel)

@@ -1,6 +1,6 @@
 """Distributed runtimes: automatic sharding, graph pipeline parallelism, cache parallelism."""
 
-from ..cache_parallel.module import CacheParallel, cache_parallel
+from ..cache_parallelism.module import CacheParallel, cache_parallel
 from ..checkpoint.dcp import (
     CheckpointError,
     SaveHandle,

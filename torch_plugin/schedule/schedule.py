@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from ..cache_parallel.helix import is_conv1d as _is_conv1d
+from ..cache_parallelism.helix import is_conv1d as _is_conv1d
 from ..runtime.collectives import Collectives
 from ..runtime.mesh import DeviceMesh
 from ..runtime.spmd_ops import _block

@@ -297,7 +297,7 @@ class HFCacheParallel(nn.Module):
         # A model that calls SDPA itself (not through the registry) decodes with its "sdpa"
         # path, whose SDPA calls over the split cache are intercepted.
         self.intercept = _calls_sdpa_itself(model)
-        # Helix (cache_parallel/helix.py): output projection and MLP tensor-parallel over the
+        # Helix (cache_parallelism/helix.py): output projection and MLP tensor-parallel over the
         # same ranks, one all-to-all of the attention partials by head group in place of the
         # all-gather.
         self.helix: dict[str, int] | None = None
