@@ -134,7 +134,7 @@ def _cache_parallel_options(
     return pass_options(manager)
 
 
-# Managers of models compiled with options={"passes": ["cache_parallelism"], ...}, one per options
+# Managers of models compiled with options={"passes": ["cache_parallel"], ...}, one per options
 # object (kept alive here so its id stays unique), so recompiles of a model share its caches.
 _COMPILE_MANAGERS: dict[int, tuple[Any, Any]] = {}
 
@@ -311,7 +311,7 @@ def rewrite_aten_graph(
             else:
                 rewrite.cache_parallel = planned
                 if opts.auto:
-                    cpp_passes = ["cache_parallelism"]
+                    cpp_passes = ["cache_parallel"]
         new_graph, report = pm.run(graph, cpp_passes, rewrite)
         t2 = time.perf_counter()
         _dump(opts, f"{tag}.after", str(new_graph))

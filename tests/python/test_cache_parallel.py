@@ -112,7 +112,7 @@ def test_pass_plan_on_llama_graph() -> None:
     assert plan.scheme == "gather_partials"  # no batch split without the wrapper
     assert "site " in repr(plan) and plan.to_dict()["sites"][0]["kv_heads"] == 2
     options = _C.RewriteOptions(cache_parallel=_C.CacheParallelOptions(world=2))
-    new, report = pm.run(g, ["cache_parallelism"], options)
+    new, report = pm.run(g, ["cache_parallel"], options)
     assert report.passes[0].changed and "rewrote 2 attention node(s)" in report.passes[0].notes[0]
     ops = [n[1] for n in new.records()[1]]
     assert ops.count("torch_plugin::cp_attention.default") == 2
@@ -121,7 +121,7 @@ def test_pass_plan_on_llama_graph() -> None:
 
 def test_pass_needs_world_and_says_how() -> None:
     with pytest.raises(torch_plugin.PassError, match=r"cache_parallel\(model, mesh\)"):
-        _C.PassManager().run(_llama_graph(), ["cache_parallelism"])
+        _C.PassManager().run(_llama_graph(), ["cache_parallel"])
     with pytest.raises(torch_plugin.PassError, match="valid: auto, gather_partials, gather_qkv"):
         _C.PassManager().plan_cache_parallel(
             _llama_graph(), _C.CacheParallelOptions(world=2, scheme="ring")
@@ -141,7 +141,7 @@ def test_compile_path_single_process_equals_eager(
     model = build_llama(small=True, gqa=gqa).eval()
     ref = copy.deepcopy(model)
     compiled = torch.compile(
-        model, backend="torch_plugin", options={"passes": ["cache_parallelism"]}, dynamic=True
+        model, backend="torch_plugin", options={"passes": ["cache_parallel"]}, dynamic=True
     )
     tokens = torch.randint(0, 1000, (2, 5))
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="torch_plugin"):
@@ -161,7 +161,7 @@ def test_nothing_to_split_is_loud_and_names_each_attention_node(
     model = build_llama(small=True).eval()
     tokens = torch.randint(0, 1000, (2, 5))
     compiled = torch.compile(
-        copy.deepcopy(model), backend="torch_plugin", options={"passes": ["cache_parallelism"]}
+        copy.deepcopy(model), backend="torch_plugin", options={"passes": ["cache_parallel"]}
     )
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="torch_plugin"):
         torch.testing.assert_close(compiled(tokens), model(tokens), rtol=1e-5, atol=1e-5)
@@ -180,7 +180,7 @@ def test_nothing_to_split_is_loud_and_names_each_attention_node(
     strict = torch.compile(
         copy.deepcopy(model),
         backend="torch_plugin",
-        options={"passes": ["cache_parallelism"], "on_error": "raise"},
+        options={"passes": ["cache_parallel"], "on_error": "raise"},
     )
     with torch.no_grad(), pytest.raises(Exception, match="nothing to split in this"):
         strict(tokens)

@@ -10,7 +10,7 @@ rest of the model data parallel over the batch and gathers the outputs back.
 Two ways in:
   cp_model = torch_plugin.cache_parallel(model, mesh)  # or @torch_plugin.cache_parallel(mesh)
   torch.compile(model, backend="torch_plugin",
-                options={"passes": ["cache_parallelism"], "mesh": mesh})  # rest replicated
+                options={"passes": ["cache_parallel"], "mesh": mesh})  # rest replicated
 """
 
 from __future__ import annotations
