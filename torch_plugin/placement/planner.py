@@ -22,14 +22,17 @@ import torch.fx as fx
 from .. import _C, fx_bridge
 from .backends import Backend, get_backends
 from .cache import Entry, ProfileCache, device_key, machine_key
-from .materialize import (
+from .materialize import (  # noqa: F401 - re-exported: placement.planner is their old home
     _frozen_for,
+    _GroupCall,
     _LazyCompiled,
+    _region,
+    build_subgraph,
     compile_region,
     frozen_inputs,
     materialize,
 )
-from .measure import (
+from .measure import (  # noqa: F401 - re-exported
     _CacheFlush,
     _check_outputs,
     _measure,
@@ -41,6 +44,7 @@ from .measure import (
     footprint_bytes,
     last_level_cache_bytes,
     synthesize_inputs,
+    time_call,
     time_end_to_end,
 )
 from .options import PlacementOptions  # noqa: F401 - re-exported
