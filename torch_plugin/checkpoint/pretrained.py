@@ -165,16 +165,15 @@ def save_pretrained(
     # model that streams them (a ShardedModule, one collective each), one that gathers them at
     # once to rank 0 (a pipeline: every stage's), or a plain module's own.
     wholes: Iterator[torch.Tensor | None]
-    if hasattr(model, "_whole_tensors"):
-        stored = [(n, tuple(lay.shape), t.element_size()) for n, t, lay in model_tensors(model)]
-        wholes = model._whole_tensors()
-    elif not isinstance(model, nn.Module):
+    streams = hasattr(model, "_whole_tensors")
+    if not streams and not isinstance(model, nn.Module):
         full = model.full_state_dict(rank0_only=True)
         stored = [(n, tuple(t.shape), t.element_size()) for n, t in full.items()]
         wholes = iter(full.values())
     else:
-        stored = [(n, tuple(lay.shape), t.element_size()) for n, t, lay in model_tensors(model)]
-        wholes = (t.detach() for _, t, _ in model_tensors(model))
+        tensors = list(model_tensors(model))
+        stored = [(n, tuple(lay.shape), t.element_size()) for n, t, lay in tensors]
+        wholes = model._whole_tensors() if streams else (t.detach() for _, t, _ in tensors)
     shard_of: list[int] = []
     size = 0
     for _, shape, element_size in stored:

@@ -128,7 +128,7 @@ class StepDraws:
         graph: fx.Graph,
         n: int,
         total: int,
-        wanted: set[str],
+        wanted: frozenset[str],
         device: torch.device,
     ) -> None:
         """Draws every replayed node of `graph` (the whole model traced at n samples, checked

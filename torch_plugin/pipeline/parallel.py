@@ -35,7 +35,7 @@ from ..runtime.collectives import hold_groups
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
-from .draws import DRAWS, DrawPlan, StepDraws, replace_draws
+from .draws import DRAWS, DrawPlan, StepDraws, draws_of, replace_draws
 
 log = logging.getLogger("torch_plugin.pipeline")
 
@@ -311,8 +311,13 @@ class PipelineParallel:
         self._step_rows = self.batch  # this step's samples (a last batch may have fewer)
         self._prepared = {(self._sig0, self.batch)}
         self._build(traced)
-        if self._replays:  # which draws run along the batch, before any step (see draws.py)
-            self._plan_of_draws()
+        # Which draws run along the batch and which this rank's stage reads, before any step.
+        self._draw_plan = self._plan_draws() if self.replayed_draws else None
+        self._my_draws = (
+            frozenset(node.name for node in self.members[self.my_stage] if node.target in DRAWS)
+            if self._draw_plan is not None and self.my_stage >= 0
+            else frozenset()
+        )
         # Backend placement of this stage's compute between the calls that must stay eager.
         self.placed_segments: list[Any] = []
         if placement is not None and self.my_stage >= 0:
@@ -909,7 +914,7 @@ class PipelineParallel:
             (x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu")
         )
         self._prepare()
-        if self._replays:
+        if self._draw_plan is not None:
             self._replay_draws()
         sends: list[Any] = []
         loss_total = torch.zeros((), device=self._device)
@@ -956,13 +961,13 @@ class PipelineParallel:
                     lo, hi = self._range(self.my_stage, j, self.my_replica)
                     if not backward and hi > lo:
                         self._stage_module(hi - lo)
-                if self._replays and not any(k[0] == self._sig for k in self._traces):
-                    # No micro-batch for this replica in a short batch; it still replays the
-                    # step's draws, at these shapes.
-                    self._trace(self._step_rows, self._sig)
-                if self._replays:
+                if self._draw_plan is not None:
+                    if not any(k[0] == self._sig for k in self._traces):
+                        # No micro-batch for this replica in a short batch; it still replays
+                        # the step's draws, at these shapes.
+                        self._trace(self._step_rows, self._sig)
                     graph, n = self._draw_graph()
-                    self._plan_of_draws().check(
+                    self._draw_plan.check(
                         graph, n, f"at {n} samples of per-sample shapes {_shapes(self._sig)}"
                     )
             except Exception as e:  # told to the others first, raised below
@@ -983,26 +988,16 @@ class PipelineParallel:
     def replayed_draws(self) -> int:
         """How many random draws (dropout masks, per-sample draws) each step replays as one
         process draws them (ATen-level pipelines; see pipeline/draws.py)."""
-        if not hasattr(self, "_n_draws"):
-            self._n_draws = (
-                0 if self.aten is None else sum(n.target in DRAWS for n in self.gm.graph.nodes)
-            )
-        return self._n_draws
+        return 0 if self.aten is None else len(draws_of(self.gm.graph))
 
-    @property
-    def _replays(self) -> bool:
-        return self.replayed_draws > 0
-
-    def _plan_of_draws(self) -> DrawPlan:
+    def _plan_draws(self) -> DrawPlan:
         """Which draws run along the batch, from the example's graph and the model's graph at
         half its samples (every rank reads the same two)."""
-        if getattr(self, "_draw_plan", None) is None:
-            assert self.aten is not None
-            half = self.batch // 2
-            other = self._trace(half).gm.graph if half else None
-            free = frozenset(node.name for node in self.aten.free)
-            self._draw_plan = DrawPlan.of(self.gm.graph, self.batch, other, half, free)
-        return self._draw_plan
+        assert self.aten is not None
+        half = self.batch // 2
+        other = self._trace(half).gm.graph if half else None
+        free = frozenset(node.name for node in self.aten.free)
+        return DrawPlan.of(self.gm.graph, self.batch, other, half, free)
 
     def _draw_graph(self) -> tuple[fx.Graph, int]:
         """The whole model's graph at this step's shapes, and its samples."""
@@ -1014,13 +1009,9 @@ class PipelineParallel:
     def _replay_draws(self) -> None:
         """One process's draws for this step, kept where this rank's stage reads them (see
         pipeline/draws.py)."""
+        assert self._draw_plan is not None
         graph, n = self._draw_graph()
-        wanted = (
-            {node.name for node in self.members[self.my_stage] if node.target in DRAWS}
-            if self.my_stage >= 0
-            else set()
-        )
-        self._draws.replay(self._plan_of_draws(), graph, n, self._step_rows, wanted, self._device)
+        self._draws.replay(self._draw_plan, graph, n, self._step_rows, self._my_draws, self._device)
 
     def _forward(self, s, j, lo, hi, local, target, sends):  # type: ignore[no-untyped-def]
         # The stage's module first: at a new length it is traced now, and the receive buffers
