@@ -114,55 +114,91 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
-def bias_gelu_case(
-    dtype: torch.dtype, r: int, c: int, bw: float, inductor: bool = True
-) -> dict[str, Any]:
+def with_bias_gelu(kernel: str, fn: Callable[[], Any]) -> Any:
+    """Runs fn under one bias + GeLU kernel: flat (the default: 16-byte vectors over the tensor
+    as one flat array, grid-stride) or column (a thread owns a column vector and walks rows)."""
+    if kernel == "column":
+        os.environ["TP_BIAS_GELU"] = "column"
+    try:
+        return fn()
+    finally:
+        os.environ.pop("TP_BIAS_GELU", None)
+
+
+def bias_gelu_case(dtype: torch.dtype, r: int, c: int, bw: float) -> list[dict[str, Any]]:
+    """One shape: each of our kernels against float64 and against Inductor's fused kernel of
+    the same graph (compiled once for the shape)."""
     x = torch.randn(r, c, device=DEV, dtype=dtype)
     b = torch.randn(c, device=DEV, dtype=dtype)
     g = torch.randn(r, c, device=DEV, dtype=dtype)
     ref = F.gelu(x.double() + b.double())
-    ours = torch.ops.torch_plugin.bias_gelu(x, b, "none")
     xd = (x.double() + b.double()).requires_grad_(True)
     F.gelu(xd).backward(g.double())
-    ours_b = torch.ops.torch_plugin.bias_gelu_backward(g, x, b, "none")
-    compiled = torch.compile(lambda x, b: F.gelu(x + b)) if inductor else lambda x, b: x
-    compiled(x, b)
-    compiled_bwd = (
-        torch.compile(lambda g, x, b: torch.ops.aten.gelu_backward(g, x + b))
-        if inductor
-        else lambda g, x, b: x
+    # Each shape and dtype its own compile: a reset, so Dynamo's recompile limit (8 per code
+    # object) never turns a later case into eager, and dynamic=False, so that a second shape
+    # does not make it a dynamic-shape kernel.
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, b: F.gelu(x + b), dynamic=False)
+    compiled_bwd = torch.compile(
+        lambda g, x, b: torch.ops.aten.gelu_backward(g, x + b), dynamic=False
     )
+    compiled(x, b)
     compiled_bwd(g, x, b)
     nbytes = 2 * x.numel() * x.element_size()  # read x, write out
-    t_ours = cuda_ms(lambda: torch.ops.torch_plugin.bias_gelu(x, b, "none"))
-    t_bwd = cuda_ms(lambda: torch.ops.torch_plugin.bias_gelu_backward(g, x, b, "none"))
-    return {
-        "kernel": "bias_gelu",
-        "dtype": str(dtype).split(".")[1],
-        "shape": [r, c],
-        "rel_err_fwd": rel_err(ours, ref),
-        "rel_err_bwd": rel_err(ours_b, xd.grad),
-        "ours_ms": t_ours,
-        "eager_ms": cuda_ms(lambda: F.gelu(x + b)),
-        "inductor_ms": cuda_ms(lambda: compiled(x, b)),
-        "bwd_ms": t_bwd,
-        "inductor_bwd_ms": cuda_ms(lambda: compiled_bwd(g, x, b)),
-        "bytes": nbytes,
-        "fraction_of_copy_bw": nbytes / (t_ours * 1e-3) / bw,
-        # backward reads grad and x, writes grad_in: 1.5x the forward's bytes
-        "bwd_fraction_of_copy_bw": 1.5 * nbytes / (t_bwd * 1e-3) / bw,
-    }
+    t_ind = cuda_ms(lambda: compiled(x, b))
+    t_ind_bwd = cuda_ms(lambda: compiled_bwd(g, x, b))
+    t_eager = cuda_ms(lambda: F.gelu(x + b))
+    rows = []
+    for kernel in ("flat", "column"):
+
+        def fwd(kernel: str = kernel) -> torch.Tensor:
+            return with_bias_gelu(kernel, lambda: torch.ops.torch_plugin.bias_gelu(x, b, "none"))
+
+        def bwd(kernel: str = kernel) -> torch.Tensor:
+            return with_bias_gelu(
+                kernel, lambda: torch.ops.torch_plugin.bias_gelu_backward(g, x, b, "none")
+            )
+
+        ours = poisoned(fwd, x.numel())
+        ours_b = poisoned(bwd, x.numel())
+        t_ours = cuda_ms(fwd)
+        t_bwd = cuda_ms(bwd)
+        rows.append(
+            {
+                "kernel": "bias_gelu",
+                "variant": kernel,
+                "dtype": str(dtype).split(".")[1],
+                "shape": [r, c],
+                "rel_err_fwd": rel_err(ours, ref),
+                "rel_err_bwd": rel_err(ours_b, xd.grad),
+                "ours_ms": t_ours,
+                "eager_ms": t_eager,
+                "inductor_ms": t_ind,
+                "vs_inductor": t_ind / t_ours,
+                "bwd_ms": t_bwd,
+                "inductor_bwd_ms": t_ind_bwd,
+                "bwd_vs_inductor": t_ind_bwd / t_bwd,
+                "bytes": nbytes,
+                "fraction_of_copy_bw": nbytes / (t_ours * 1e-3) / bw,
+                "inductor_fraction_of_copy_bw": nbytes / (t_ind * 1e-3) / bw,
+                # backward reads grad and x, writes grad_in: 1.5x the forward's bytes
+                "bwd_fraction_of_copy_bw": 1.5 * nbytes / (t_bwd * 1e-3) / bw,
+            }
+        )
+    return rows
 
 
 def bias_gelu_rows(bw: float, quick: bool) -> list[dict[str, Any]]:
+    """Large shapes (the copy-bandwidth regime), a transformer FFN's (BERT-base / GPT-2 at
+    8 x 128 tokens: 1024 x 3072) and rows that are not a whole number of vectors (257 x 1001)."""
     rows = []
     shapes = [(8192, 8192)] if quick else [(8192, 8192), (16384, 16384)]
+    shapes += [(1024, 3072), (257, 1001)]
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for r, c in shapes:
-            rows.append(bias_gelu_case(dtype, r // SCALE, c, bw))
-            torch.cuda.empty_cache()
-        # Rows not a whole number of vectors: the scalar kernel (checked, not compared).
-        rows.append(bias_gelu_case(dtype, 257, 1001, bw, inductor=False))
+            rows += bias_gelu_case(dtype, max(1, r // SCALE), c, bw)
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
     return rows
 
 
@@ -183,7 +219,18 @@ def decode_reference(q, k, v, lengths, starts=None, softcap=0.0) -> torch.Tensor
     return torch.einsum("bhs,bhsd->bhd", scores.softmax(-1), vv)
 
 
-VARIANTS: tuple[str, ...] = ("tensor_core", "tensor_core_l2_256B", "grouped", "warp_per_head")
+VARIANTS: tuple[str, ...] = (
+    "tensor_core",
+    "tensor_core_tma",
+    "tensor_core_memset",
+    "tensor_core_l2_256B",
+    "grouped",
+    "warp_per_head",
+)
+TENSOR_CORE = ("tensor_core", "tensor_core_tma", "tensor_core_memset", "tensor_core_l2_256B")
+# Timed: the default, its TMA copies, and the per-call memset of the merge counters it replaced.
+TIMED = ("tensor_core", "tensor_core_tma", "tensor_core_memset")
+SWEPT = ("tensor_core", "tensor_core_tma")
 
 _PROBE = """
 import torch, torch_plugin
@@ -199,16 +246,19 @@ print("probe ok")
 """
 
 
-def probe_tensor_core() -> str | None:
-    """Runs the tensor-core kernel on a few shapes in a child process: a fault there must not
-    take the other variants' figures with it. Returns the failure (with compute-sanitizer's
-    first findings), or None."""
+def probe_tensor_core(copy: str = "cp_async") -> str | None:
+    """Runs the tensor-core kernel (with the given TP_DECODE_COPY) on a few shapes in a child
+    process: a fault or a hang there must not take the other variants' figures with it.
+    Returns the failure (with compute-sanitizer's first findings), or None."""
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=180, env=env
-    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TP_DECODE_COPY": copy}
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return f"{copy}: the probe did not finish in 60 s (a hang)"
     if run.returncode == 0:
         return None
     failure = run.stderr[-1500:]
@@ -228,17 +278,23 @@ def probe_tensor_core() -> str | None:
 
 def with_variant(variant: str, fn: Callable[[], Any]) -> Any:
     """Runs fn under one CUDA decode kernel: tensor_core is the default (decode_attention with
-    the merge fused); tensor_core_l2_256B the same with the L2::256B prefetch hint on its
-    copies; grouped and warp_per_head the older split kernels plus the merge."""
+    the merge fused); tensor_core_tma the same with TMA tensor-map copies; tensor_core_memset
+    with a fresh merge-counter buffer zeroed by a memset on every call (what the kernel did
+    before); tensor_core_l2_256B with the L2::256B prefetch hint on its copies; grouped and
+    warp_per_head the older split kernels plus the merge."""
     if variant == "tensor_core_l2_256B":
         os.environ["TP_DECODE_COPY"] = "l2_256"
+    elif variant == "tensor_core_tma":
+        os.environ["TP_DECODE_COPY"] = "tma"
+    elif variant == "tensor_core_memset":
+        os.environ["TP_DECODE_MEMSET"] = "1"
     elif variant != "tensor_core":
         os.environ["TP_SPLIT_KV_CUDA"] = variant
     try:
         return fn()
     finally:
-        os.environ.pop("TP_SPLIT_KV_CUDA", None)
-        os.environ.pop("TP_DECODE_COPY", None)
+        for name in ("TP_SPLIT_KV_CUDA", "TP_DECODE_COPY", "TP_DECODE_MEMSET"):
+            os.environ.pop(name, None)
 
 
 def poisoned(fn: Callable[[], torch.Tensor], numel: int) -> torch.Tensor:
@@ -283,8 +339,13 @@ def split_kv_case(
     starts = (torch.rand(B, device=DEV, generator=gen) * lengths).long()
     want_sc = decode_reference(q, k, v, lengths, starts, softcap=5.0)
     want_sc[lengths == 0] = 0.0
+    # The cache past each length is NaN (never written, as in a static cache from torch.empty):
+    # a kernel that lets it into the sums returns NaN.
+    past = torch.arange(S, device=DEV)[None, :] >= lengths[:, None]
+    k[past[:, None, :, None].expand_as(k)] = float("nan")
+    v[past[:, None, :, None].expand_as(v)] = float("nan")
     rows = []
-    variants = [v for v in VARIANTS if dtype != torch.float32 or not v.startswith("tensor_core")]
+    variants = [v for v in VARIANTS if dtype != torch.float32 or v not in TENSOR_CORE]
     for variant in variants:
         for splits in (1, 0, 7):
             err = variant_error(
@@ -358,8 +419,8 @@ def split_kv_timing_case(B: int, S: int, read_bw: float) -> list[dict[str, Any]]
         lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True), iters=30
     )
     rows = []
-    for variant in [name for name in VARIANTS if name != "warp_per_head"]:
-        sweep = (0, 8, 16, 32, 64) if variant == "tensor_core" else (0,)
+    for variant in [name for name in VARIANTS if name in TIMED]:
+        sweep = (0, 8, 16, 32, 64) if variant in SWEPT else (0,)
         timed = {
             s_: with_variant(
                 variant, lambda s=s_: cuda_ms(lambda: decode(q, k, v, lengths, s), iters=30)
@@ -415,11 +476,7 @@ def save_png(data: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 3.8))
     labels = sorted({(r["batch"], r["context"]) for r in rows})
     xs = range(len(labels))
-    shown = [
-        v
-        for v in ("tensor_core", "tensor_core_l2_256B", "grouped")
-        if v in {r["variant"] for r in rows}
-    ]
+    shown = [v for v in TIMED if v in {r["variant"] for r in rows}]
     for i, variant in enumerate(shown):
         vals = [
             next(
@@ -474,12 +531,19 @@ def main() -> None:
         "timing": "median of CUDA-event times around each call (device time: a GPU spin "
         "covers the host enqueue), L2 flushed before each",
     }
-    global VARIANTS
+    global VARIANTS, TIMED
     failure = probe_tensor_core() if DEV == "cuda" else None
     data["tensor_core_probe"] = failure or "ok"
     if failure:
         print(f"tensor-core decode kernel FAILED its probe; timing the others only:\n{failure}")
-        VARIANTS = VARIANTS[2:]
+        VARIANTS = tuple(v for v in VARIANTS if v not in TENSOR_CORE)
+        TIMED = ()
+    tma_failure = probe_tensor_core("tma") if DEV == "cuda" and not failure else None
+    data["tma_probe"] = tma_failure or "ok"
+    if tma_failure:
+        print(f"TMA decode kernel FAILED its probe; left out:\n{tma_failure}")
+        VARIANTS = tuple(v for v in VARIANTS if v != "tensor_core_tma")
+        TIMED = tuple(v for v in TIMED if v != "tensor_core_tma")
     data["split_kv_correctness"] = split_kv_correctness()
     tol = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
     bad = [
@@ -513,16 +577,17 @@ def main() -> None:
         )
     data["bias_gelu"] = bias_gelu_rows(bw, args.quick)
     print(
-        f"{'dtype':>9} {'shape':>13} {'err fwd':>8} {'err bwd':>8} {'ours ms':>8} "
-        f"{'eager':>7} {'Inductor':>8} {'vs Ind':>6} {'of copy':>7} {'bwd ms':>7} {'of copy':>7}"
+        f"{'dtype':>9} {'shape':>13} {'kernel':>6} {'err fwd':>8} {'err bwd':>8} {'ours ms':>8} "
+        f"{'eager':>7} {'Inductor':>8} {'vs Ind':>6} {'of copy':>7} {'bwd ms':>7} {'of copy':>7} "
+        f"{'bwd vs Ind':>10}"
     )
     for r in data["bias_gelu"]:
         print(
-            f"{r['dtype']:>9} {str(tuple(r['shape'])):>13} {r['rel_err_fwd']:>8.1e} "
-            f"{r['rel_err_bwd']:>8.1e} {r['ours_ms']:>8.3f} {r['eager_ms']:>7.3f} "
-            f"{r['inductor_ms']:>8.3f} {r['inductor_ms'] / r['ours_ms']:>6.2f} "
-            f"{r['fraction_of_copy_bw']:>7.2f} {r['bwd_ms']:>7.3f} "
-            f"{r['bwd_fraction_of_copy_bw']:>7.2f} (Inductor bwd {r['inductor_bwd_ms']:.3f})"
+            f"{r['dtype']:>9} {str(tuple(r['shape'])):>13} {r['variant']:>6} "
+            f"{r['rel_err_fwd']:>8.1e} {r['rel_err_bwd']:>8.1e} {r['ours_ms']:>8.4f} "
+            f"{r['eager_ms']:>7.4f} {r['inductor_ms']:>8.4f} {r['vs_inductor']:>6.2f} "
+            f"{r['fraction_of_copy_bw']:>7.2f} {r['bwd_ms']:>7.4f} "
+            f"{r['bwd_fraction_of_copy_bw']:>7.2f} {r['bwd_vs_inductor']:>10.2f}"
         )
     (out / "gpu_kernels.json").write_text(json.dumps(data, indent=1))
     save_png(data, out / "gpu_kernels.png")

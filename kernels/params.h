@@ -64,7 +64,9 @@ struct MergePartialsParams {
 // out [B, Hq, D] in q's dtype, lse [B, Hq] float32 (natural log; -inf where nothing was
 // attended). With splits > 1 the partials go to part_out [B, Hq, splits, D] and part_lse
 // [B, Hq, splits] (float32), and the last block of each (sequence, KV head, head chunk) to
-// finish merges them; `counters` holds one int32 per such unit (the launcher zeroes them).
+// finish merges them; `counters` holds one int32 per such unit: zero on entry (the launcher
+// zeroes them unless counters_zeroed says they already are), and the merging block leaves them
+// zero again, so a caller that keeps one buffer per stream needs no memset launch per call.
 struct DecodeParams {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -80,7 +82,10 @@ struct DecodeParams {
   float scale = 1.0f;
   float softcap = 0.0f;
   ScalarKind kind = ScalarKind::kBFloat16;
-  int32_t copy = 0;  // 0: 16-byte cp.async; 1: the same with the L2::256B prefetch hint
+  // 0: 16-byte cp.async; 1: the same with the L2::256B prefetch hint; 2: TMA tensor-map boxes
+  // (sm_90; DecodeAttentionSupported says whether it can run).
+  int32_t copy = 0;
+  bool counters_zeroed = false;
 };
 
 }  // namespace tp::kernels

@@ -1,14 +1,17 @@
 // Fused bias + GeLU forward and backward on CUDA. Sees only params.h (no torch).
-// float/half/bf16 rows whose length is a multiple of one 16-byte vector take the vector kernels:
-// each thread moves 16 bytes per access with kUnroll accesses in flight and keeps its column's
-// bias in registers (issue 40: the scalar kernel reached 0.2-0.45 of the copy bandwidth). Other shapes and float64 take one
-// thread per element. Both compute in float (double for float64), matching the CPU twin in
+// float/half/bf16 tensors take the flat vector kernels: each thread moves 16 bytes per access
+// with kUnroll accesses in flight, over the tensor as one flat array, any row length (issue 40:
+// the scalar kernel reached 0.2-0.45 of the copy bandwidth). The column-vector kernels (a
+// thread owns a column, bias in registers) are kept for comparison (TP_BIAS_GELU=column).
+// float64 and unaligned tensors take one thread per element. Both compute in float (double for float64), matching the CPU twin in
 // kernels/cpu/bias_gelu.cc.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
+#include <string_view>
 #include <type_traits>
 
 #include "../gelu_math.h"
@@ -165,6 +168,142 @@ __global__ void __launch_bounds__(256) BiasGeluBackwardVecKernel(
   }
 }
 
+// The N bias values of flat vector i: one aligned vector where rows are whole vectors
+// (kBiasVec; cols counted in vectors), else N scalars from column (i * N) % cols on, wrapping at
+// the row's end (cols counted in elements). Read through the read-only cache: the bias is tiny
+// and every block reads it.
+template <class T, class I, bool kBiasVec>
+__device__ __forceinline__ void LoadBias(const T* __restrict__ bias, I i, I cols,
+                                         float (&bf)[Vec<T>::N]) {
+  constexpr int N = Vec<T>::N;
+  if constexpr (kBiasVec) {
+    const float4 raw = __ldg(reinterpret_cast<const float4*>(bias) + i % cols);
+    const Vec<T> b = *reinterpret_cast<const Vec<T>*>(&raw);
+#pragma unroll
+    for (int e = 0; e < N; ++e) bf[e] = ToF(b.v[e]);
+  } else {
+    I c = (i * N) % cols;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      bf[e] = ToF(__ldg(bias + c));
+      c = c + 1 == cols ? 0 : c + 1;
+    }
+  }
+}
+
+constexpr int kFlatThreads = 256;
+constexpr int kFlatPerBlock = kFlatThreads * kUnroll;  // vectors per block and grid step
+
+// Flat and grid-stride, any row length (issue 40: the column kernels above left a partial last
+// wave of blocks, and rows that are not whole vectors fell to one thread per element). Thread t
+// moves vectors base + u * 256 (u < kUnroll, all loads in flight first), so a warp's accesses are
+// 512 contiguous bytes and a block's 16 KB; the n % N elements past the last whole vector are
+// block 0's. I: 32-bit indices where they fit (their modulo is several times cheaper).
+template <class T, class I, bool kBiasVec>
+__global__ void __launch_bounds__(kFlatThreads)
+    BiasGeluFlatKernel(const Vec<T>* __restrict__ x, const T* __restrict__ bias,
+                       Vec<T>* __restrict__ out, I nvec, I cols, I tail, GeluApprox approx) {
+  constexpr int N = Vec<T>::N;
+  const I step = static_cast<I>(gridDim.x) * kFlatPerBlock;
+  for (I base = static_cast<I>(blockIdx.x) * kFlatPerBlock + threadIdx.x; base < nvec;
+       base += step) {
+    Vec<T> xs[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const I i = base + u * kFlatThreads;
+      if (i < nvec)  // read once: stream past L1
+        *reinterpret_cast<float4*>(&xs[u]) = __ldcs(reinterpret_cast<const float4*>(x + i));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const I i = base + u * kFlatThreads;
+      if (i >= nvec) continue;
+      float bf[N];
+      LoadBias<T, I, kBiasVec>(bias, i, cols, bf);
+      Vec<T> y;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float v = ToF(xs[u].v[e]) + bf[e];
+        y.v[e] = Store<T>(approx == GeluApprox::kNone ? GeluExact(v) : GeluTanh(v));
+      }
+      out[i] = y;
+    }
+  }
+  if (blockIdx.x == 0 && static_cast<I>(threadIdx.x) < tail) {  // (kBiasVec: tail is 0)
+    const I e = nvec * N + threadIdx.x;
+    const float v = Load(reinterpret_cast<const T*>(x), e) + Load(bias, e % cols);
+    reinterpret_cast<T*>(out)[e] =
+        Store<T>(approx == GeluApprox::kNone ? GeluExact(v) : GeluTanh(v));
+  }
+}
+
+template <class T, class I, bool kBiasVec>
+__global__ void __launch_bounds__(kFlatThreads)
+    BiasGeluBackwardFlatKernel(const Vec<T>* __restrict__ grad, const Vec<T>* __restrict__ x,
+                               const T* __restrict__ bias, Vec<T>* __restrict__ grad_in, I nvec,
+                               I cols, I tail, GeluApprox approx) {
+  constexpr int N = Vec<T>::N;
+  const I step = static_cast<I>(gridDim.x) * kFlatPerBlock;
+  for (I base = static_cast<I>(blockIdx.x) * kFlatPerBlock + threadIdx.x; base < nvec;
+       base += step) {
+    Vec<T> gs[kUnroll], xs[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const I i = base + u * kFlatThreads;
+      if (i < nvec) {
+        *reinterpret_cast<float4*>(&gs[u]) = __ldcs(reinterpret_cast<const float4*>(grad + i));
+        *reinterpret_cast<float4*>(&xs[u]) = __ldcs(reinterpret_cast<const float4*>(x + i));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const I i = base + u * kFlatThreads;
+      if (i >= nvec) continue;
+      float bf[N];
+      LoadBias<T, I, kBiasVec>(bias, i, cols, bf);
+      Vec<T> y;
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float v = ToF(xs[u].v[e]) + bf[e];
+        const float d = approx == GeluApprox::kNone ? GeluExactGrad(v) : GeluTanhGrad(v);
+        y.v[e] = Store<T>(ToF(gs[u].v[e]) * d);
+      }
+      grad_in[i] = y;
+    }
+  }
+  if (blockIdx.x == 0 && static_cast<I>(threadIdx.x) < tail) {
+    const I e = nvec * N + threadIdx.x;
+    const float v = Load(reinterpret_cast<const T*>(x), e) + Load(bias, e % cols);
+    const float d = approx == GeluApprox::kNone ? GeluExactGrad(v) : GeluTanhGrad(v);
+    reinterpret_cast<T*>(grad_in)[e] = Store<T>(Load(reinterpret_cast<const T*>(grad), e) * d);
+  }
+}
+
+// Launches a flat kernel: fn(T{}, I{}, bias_vec, nvec, cols, tail, blocks) with I the index type.
+template <class T, class Fn>
+void LaunchFlat(int64_t n, int64_t cols, bool bias_aligned, Fn&& fn) {
+  constexpr int N = Vec<T>::N;
+  const int64_t nvec = n / N;
+  const bool bias_vec = cols % N == 0 && bias_aligned;
+  const int64_t blocks64 = (nvec + kFlatPerBlock - 1) / kFlatPerBlock;
+  const unsigned blocks = static_cast<unsigned>(blocks64 < (1 << 20) ? (blocks64 > 0 ? blocks64 : 1)
+                                                                     : (1 << 20));
+  const int64_t c = bias_vec ? cols / N : cols;
+  if (n < (int64_t{1} << 31)) {
+    fn(uint32_t{}, bias_vec, static_cast<uint32_t>(nvec), static_cast<uint32_t>(c),
+       static_cast<uint32_t>(n - nvec * N), blocks);
+  } else {
+    fn(int64_t{}, bias_vec, nvec, c, n - nvec * N, blocks);
+  }
+}
+
+// TP_BIAS_GELU=column: the column-vector kernels where they apply (benchmarks compare them with
+// the flat ones, the default).
+bool ColumnKernelsFromEnv() {
+  const char* v = std::getenv("TP_BIAS_GELU");
+  return v != nullptr && std::string_view(v) == "column";
+}
+
 // Launch shape of the vector kernels over rows x cols column vectors: blockDim.x covers up to
 // 256 vectors of a row (whole warps), blockDim.y the rest of 256 threads; each thread walks
 // 16 rows (more where the grid's y limit requires).
@@ -197,6 +336,12 @@ bool Vectorizable(ScalarKind kind, int64_t cols, std::initializer_list<const voi
   return true;
 }
 
+bool Aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
 dim3 GridFor(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return dim3(static_cast<unsigned>(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8));
@@ -221,6 +366,22 @@ constexpr int kThreads = 256;
 cudaError_t LaunchBiasGelu(const BiasGeluParams& p, cudaStream_t stream) {
   const int64_t n = p.rows * p.cols;
   if (n == 0) return cudaSuccess;
+  if (p.kind != ScalarKind::kFloat64 && Aligned16({p.x, p.out}) && !ColumnKernelsFromEnv()) {
+    return DispatchKind(p.kind, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, double>) {
+        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), [&](auto itag, bool bias_vec, auto nvec,
+                                                          auto cols, auto tail, unsigned blocks) {
+          using I = decltype(itag);
+          const auto kernel = bias_vec ? BiasGeluFlatKernel<T, I, true>
+                                       : BiasGeluFlatKernel<T, I, false>;
+          kernel<<<blocks, kFlatThreads, 0, stream>>>(
+              static_cast<const Vec<T>*>(p.x), static_cast<const T*>(p.bias),
+              static_cast<Vec<T>*>(p.out), nvec, cols, tail, p.approx);
+        });
+      }
+    });
+  }
   if (Vectorizable(p.kind, p.cols, {p.x, p.bias, p.out})) {
     return DispatchKind(p.kind, [&](auto tag) {
       using T = decltype(tag);
@@ -243,6 +404,24 @@ cudaError_t LaunchBiasGelu(const BiasGeluParams& p, cudaStream_t stream) {
 cudaError_t LaunchBiasGeluBackward(const BiasGeluBackwardParams& p, cudaStream_t stream) {
   const int64_t n = p.rows * p.cols;
   if (n == 0) return cudaSuccess;
+  if (p.kind != ScalarKind::kFloat64 && Aligned16({p.grad, p.x, p.grad_in}) &&
+      !ColumnKernelsFromEnv()) {
+    return DispatchKind(p.kind, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, double>) {
+        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), [&](auto itag, bool bias_vec, auto nvec,
+                                                          auto cols, auto tail, unsigned blocks) {
+          using I = decltype(itag);
+          const auto kernel = bias_vec ? BiasGeluBackwardFlatKernel<T, I, true>
+                                       : BiasGeluBackwardFlatKernel<T, I, false>;
+          kernel<<<blocks, kFlatThreads, 0, stream>>>(
+              static_cast<const Vec<T>*>(p.grad), static_cast<const Vec<T>*>(p.x),
+              static_cast<const T*>(p.bias), static_cast<Vec<T>*>(p.grad_in), nvec, cols, tail,
+              p.approx);
+        });
+      }
+    });
+  }
   if (Vectorizable(p.kind, p.cols, {p.grad, p.x, p.bias, p.grad_in})) {
     return DispatchKind(p.kind, [&](auto tag) {
       using T = decltype(tag);

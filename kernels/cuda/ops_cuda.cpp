@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../checks.h"
@@ -27,6 +30,32 @@ SplitKvVariant VariantFromEnv() {
   TORCH_CHECK(std::string_view(v) == "grouped",
               "TP_SPLIT_KV_CUDA must be auto, warp_per_head or grouped, got '", v, "'");
   return SplitKvVariant::kGrouped;
+}
+
+// decode_attention's merge counters: one zeroed int32 buffer per (device, stream), which the
+// kernel's merging blocks leave zeroed. A fresh buffer per call needed a memset, a second
+// launch on every decoded token. Kept for the process (never freed: the CUDA context may be
+// gone at static destruction); grown when a shape needs more units.
+int32_t* ZeroedCounters(const at::Tensor& like, int64_t units) {
+  static std::mutex mu;
+  static auto* buffers = new std::map<std::pair<int, int64_t>, at::Tensor>();
+  const auto stream = c10::cuda::getCurrentCUDAStream(like.get_device());
+  std::lock_guard<std::mutex> lock(mu);
+  at::Tensor& buf = (*buffers)[{like.get_device(), stream.id()}];
+  if (!buf.defined() || buf.numel() < units)
+    buf = at::zeros({std::max<int64_t>(units, 1024)}, like.options().dtype(at::kInt));
+  return buf.mutable_data_ptr<int32_t>();
+}
+
+// TP_DECODE_COPY=cp_async|l2_256|tma picks decode_attention's copies (benchmarks compare them);
+// unset: cp.async.
+int32_t DecodeCopyFromEnv() {
+  const char* v = std::getenv("TP_DECODE_COPY");
+  if (v == nullptr || std::string_view(v) == "cp_async") return 0;
+  if (std::string_view(v) == "l2_256") return 1;
+  TORCH_CHECK(std::string_view(v) == "tma",
+              "TP_DECODE_COPY must be cp_async, l2_256 or tma, got '", v, "'");
+  return 2;
 }
 
 at::Tensor BiasGeluCuda(const at::Tensor& x_in, const at::Tensor& bias_in,
@@ -207,12 +236,11 @@ std::tuple<at::Tensor, at::Tensor> DecodeAttentionCuda(const at::Tensor& q_in,
   p.scale = static_cast<float>(scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(2))));
   p.softcap = static_cast<float>(softcap);
   p.kind = KindOf(q);
-  // TP_DECODE_COPY=l2_256: copies with the L2::256B prefetch hint (benchmarks compare them).
-  const char* copy = std::getenv("TP_DECODE_COPY");
-  p.copy = copy != nullptr && std::string_view(copy) == "l2_256" ? 1 : 0;
+  p.copy = DecodeCopyFromEnv();
   const char* env = std::getenv("TP_SPLIT_KV_CUDA");
   const bool older = env != nullptr && (std::string_view(env) == "warp_per_head" ||
                                         std::string_view(env) == "grouped");
+  if (p.copy == 2 && !DecodeAttentionSupported(p)) p.copy = 0;  // TMA: sm_90 only
   if (!older && DecodeAttentionSupported(p)) {
     p.splits = num_splits > 0 ? std::min<int64_t>(num_splits, 256) : DecodeAttentionSplits(p);
     at::Tensor out = at::empty_like(q);
@@ -221,10 +249,17 @@ std::tuple<at::Tensor, at::Tensor> DecodeAttentionCuda(const at::Tensor& q_in,
     if (p.splits > 1) {
       part_out = at::empty({q.size(0), q.size(1), p.splits, q.size(2)}, lse.options());
       part_lse = at::empty({q.size(0), q.size(1), p.splits}, lse.options());
-      counters = at::empty({DecodeAttentionUnits(p)}, q.options().dtype(at::kInt));
       p.part_out = part_out.mutable_data_ptr<float>();
       p.part_lse = part_lse.mutable_data_ptr<float>();
-      p.counters = counters.mutable_data_ptr<int32_t>();
+      // TP_DECODE_MEMSET=1: a fresh buffer zeroed by a memset per call (benchmarks compare).
+      const char* memset = std::getenv("TP_DECODE_MEMSET");
+      if (memset != nullptr && std::string_view(memset) == "1") {
+        counters = at::empty({DecodeAttentionUnits(p)}, q.options().dtype(at::kInt));
+        p.counters = counters.mutable_data_ptr<int32_t>();
+      } else {
+        p.counters = ZeroedCounters(q, DecodeAttentionUnits(p));
+        p.counters_zeroed = true;
+      }
     }
     p.out = out.mutable_data_ptr();
     p.lse = lse.mutable_data_ptr<float>();

@@ -15,8 +15,12 @@ if [ "${SKIP_BUILD:-0}" != 1 ] && ! TP_CUDA=1 MAX_JOBS=16 timeout "${BUILD_S:-24
   grep -E "error|Error" "$OUT/build.log" | head -30; tail -15 "$OUT/build.log"; exit 1
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
+# Which copy instructions the decode kernels hold (UTMALDG: TMA; LDGSTS: cp.async).
+cuobjdump --dump-sass torch_plugin/_C*.so 2>/dev/null | grep -oE "UTMALDG|LDGSTS|SYNCS\.[A-Z.]+" \
+  | sort | uniq -c | tr '\n' ' '; echo
 [ "${SKIP_KERNELS:-0}" = 1 ] || timeout "${KERNELS_S:-150}" python3 benchmarks/gpu_kernels.py \
   --out "$OUT" 2>&1 | tee "$OUT/kernels.log"
+[ "${SKIP_CHECKS:-0}" = 1 ] && { echo "total: $(( $(date +%s) - t0 )) s"; exit 0; }
 # Each check alone: a crash in one leaves the others their say.
 for check in ${CHECKS:-placement placement_refine placement_bert default_compile parallelize_nccl generate_nccl}; do
   PYTHONFAULTHANDLER=1 timeout "${CHECK_S:-90}" python3 -m torch.distributed.run \
