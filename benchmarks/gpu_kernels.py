@@ -221,16 +221,21 @@ def decode_reference(q, k, v, lengths, starts=None, softcap=0.0) -> torch.Tensor
 
 VARIANTS: tuple[str, ...] = (
     "tensor_core",
-    "tensor_core_tma",
+    "tensor_core_cp_async",
     "tensor_core_memset",
     "tensor_core_l2_256B",
     "grouped",
     "warp_per_head",
 )
-TENSOR_CORE = ("tensor_core", "tensor_core_tma", "tensor_core_memset", "tensor_core_l2_256B")
-# Timed: the default, its TMA copies, and the per-call memset of the merge counters it replaced.
-TIMED = ("tensor_core", "tensor_core_tma", "tensor_core_memset")
-SWEPT = ("tensor_core", "tensor_core_tma")
+TENSOR_CORE = (
+    "tensor_core",
+    "tensor_core_cp_async",
+    "tensor_core_memset",
+    "tensor_core_l2_256B",
+)
+# Timed: the default (TMA copies on sm_90) and the same kernel with 16-byte cp.async copies.
+TIMED = ("tensor_core", "tensor_core_cp_async")
+SWEPT = ("tensor_core",)
 
 _PROBE = """
 import torch, torch_plugin
@@ -246,13 +251,15 @@ print("probe ok")
 """
 
 
-def probe_tensor_core(copy: str = "cp_async") -> str | None:
+def probe_tensor_core(copy: str | None = None) -> str | None:
     """Runs the tensor-core kernel (with the given TP_DECODE_COPY) on a few shapes in a child
     process: a fault or a hang there must not take the other variants' figures with it.
     Returns the failure (with compute-sanitizer's first findings), or None."""
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TP_DECODE_COPY": copy}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if copy is not None:
+        env["TP_DECODE_COPY"] = copy
     try:
         run = subprocess.run(
             [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60, env=env
@@ -278,14 +285,14 @@ def probe_tensor_core(copy: str = "cp_async") -> str | None:
 
 def with_variant(variant: str, fn: Callable[[], Any]) -> Any:
     """Runs fn under one CUDA decode kernel: tensor_core is the default (decode_attention with
-    the merge fused); tensor_core_tma the same with TMA tensor-map copies; tensor_core_memset
-    with a fresh merge-counter buffer zeroed by a memset on every call (what the kernel did
-    before); tensor_core_l2_256B with the L2::256B prefetch hint on its copies; grouped and
-    warp_per_head the older split kernels plus the merge."""
+    the merge fused, TMA tensor-map copies on sm_90); tensor_core_cp_async the same with 16-byte
+    cp.async copies; tensor_core_memset with a fresh merge-counter buffer zeroed by a memset on
+    every call (what the kernel did before); tensor_core_l2_256B with cp.async and the L2::256B
+    prefetch hint; grouped and warp_per_head the older split kernels plus the merge."""
     if variant == "tensor_core_l2_256B":
         os.environ["TP_DECODE_COPY"] = "l2_256"
-    elif variant == "tensor_core_tma":
-        os.environ["TP_DECODE_COPY"] = "tma"
+    elif variant == "tensor_core_cp_async":
+        os.environ["TP_DECODE_COPY"] = "cp_async"
     elif variant == "tensor_core_memset":
         os.environ["TP_DECODE_MEMSET"] = "1"
     elif variant != "tensor_core":
@@ -538,12 +545,12 @@ def main() -> None:
         print(f"tensor-core decode kernel FAILED its probe; timing the others only:\n{failure}")
         VARIANTS = tuple(v for v in VARIANTS if v not in TENSOR_CORE)
         TIMED = ()
-    tma_failure = probe_tensor_core("tma") if DEV == "cuda" and not failure else None
-    data["tma_probe"] = tma_failure or "ok"
-    if tma_failure:
-        print(f"TMA decode kernel FAILED its probe; left out:\n{tma_failure}")
-        VARIANTS = tuple(v for v in VARIANTS if v != "tensor_core_tma")
-        TIMED = tuple(v for v in TIMED if v != "tensor_core_tma")
+    cp_failure = probe_tensor_core("cp_async") if DEV == "cuda" and not failure else None
+    data["cp_async_probe"] = cp_failure or "ok"
+    if cp_failure:
+        print(f"cp.async decode kernel FAILED its probe; left out:\n{cp_failure}")
+        VARIANTS = tuple(v for v in VARIANTS if v != "tensor_core_cp_async")
+        TIMED = tuple(v for v in TIMED if v != "tensor_core_cp_async")
     data["split_kv_correctness"] = split_kv_correctness()
     tol = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
     bad = [

@@ -83,7 +83,7 @@ struct DecodeParams {
   float softcap = 0.0f;
   ScalarKind kind = ScalarKind::kBFloat16;
   // 0: 16-byte cp.async; 1: the same with the L2::256B prefetch hint; 2: TMA tensor-map boxes
-  // (sm_90; DecodeAttentionSupported says whether it can run).
+  // (sm_90; DecodeAttentionSupported says whether it can run; the op's default there).
   int32_t copy = 0;
   bool counters_zeroed = false;
 };

@@ -192,30 +192,30 @@ __device__ __forceinline__ void LoadBias(const T* __restrict__ bias, I i, I cols
 }
 
 constexpr int kFlatThreads = 256;
-constexpr int kFlatPerBlock = kFlatThreads * kUnroll;  // vectors per block and grid step
 
 // Flat and grid-stride, any row length (issue 40: the column kernels above left a partial last
 // wave of blocks, and rows that are not whole vectors fell to one thread per element). Thread t
-// moves vectors base + u * 256 (u < kUnroll, all loads in flight first), so a warp's accesses are
-// 512 contiguous bytes and a block's 16 KB; the n % N elements past the last whole vector are
-// block 0's. I: 32-bit indices where they fit (their modulo is several times cheaper).
-template <class T, class I, bool kBiasVec>
+// moves vectors base + u * 256 (u < U, all loads in flight first), so a warp's accesses are 512
+// contiguous bytes and a block's U * 4 KB; the n % N elements past the last whole vector are
+// block 0's. I: 32-bit indices where they fit (their modulo is several times cheaper). U: 4
+// for large tensors, 1 for small ones, which would otherwise get too few blocks to fill the GPU.
+template <class T, class I, bool kBiasVec, int U>
 __global__ void __launch_bounds__(kFlatThreads)
     BiasGeluFlatKernel(const Vec<T>* __restrict__ x, const T* __restrict__ bias,
                        Vec<T>* __restrict__ out, I nvec, I cols, I tail, GeluApprox approx) {
   constexpr int N = Vec<T>::N;
-  const I step = static_cast<I>(gridDim.x) * kFlatPerBlock;
-  for (I base = static_cast<I>(blockIdx.x) * kFlatPerBlock + threadIdx.x; base < nvec;
+  const I step = static_cast<I>(gridDim.x) * (kFlatThreads * U);
+  for (I base = static_cast<I>(blockIdx.x) * (kFlatThreads * U) + threadIdx.x; base < nvec;
        base += step) {
-    Vec<T> xs[kUnroll];
+    Vec<T> xs[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const I i = base + u * kFlatThreads;
       if (i < nvec)  // read once: stream past L1
         *reinterpret_cast<float4*>(&xs[u]) = __ldcs(reinterpret_cast<const float4*>(x + i));
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const I i = base + u * kFlatThreads;
       if (i >= nvec) continue;
       float bf[N];
@@ -237,18 +237,18 @@ __global__ void __launch_bounds__(kFlatThreads)
   }
 }
 
-template <class T, class I, bool kBiasVec>
+template <class T, class I, bool kBiasVec, int U>
 __global__ void __launch_bounds__(kFlatThreads)
     BiasGeluBackwardFlatKernel(const Vec<T>* __restrict__ grad, const Vec<T>* __restrict__ x,
                                const T* __restrict__ bias, Vec<T>* __restrict__ grad_in, I nvec,
                                I cols, I tail, GeluApprox approx) {
   constexpr int N = Vec<T>::N;
-  const I step = static_cast<I>(gridDim.x) * kFlatPerBlock;
-  for (I base = static_cast<I>(blockIdx.x) * kFlatPerBlock + threadIdx.x; base < nvec;
+  const I step = static_cast<I>(gridDim.x) * (kFlatThreads * U);
+  for (I base = static_cast<I>(blockIdx.x) * (kFlatThreads * U) + threadIdx.x; base < nvec;
        base += step) {
-    Vec<T> gs[kUnroll], xs[kUnroll];
+    Vec<T> gs[U], xs[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const I i = base + u * kFlatThreads;
       if (i < nvec) {
         *reinterpret_cast<float4*>(&gs[u]) = __ldcs(reinterpret_cast<const float4*>(grad + i));
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kFlatThreads)
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const I i = base + u * kFlatThreads;
       if (i >= nvec) continue;
       float bf[N];
@@ -279,23 +279,44 @@ __global__ void __launch_bounds__(kFlatThreads)
   }
 }
 
-// Launches a flat kernel: fn(T{}, I{}, bias_vec, nvec, cols, tail, blocks) with I the index type.
+// Launches a flat kernel: fn(T{}, I{}, unroll, bias_vec, nvec, cols, tail, blocks), with I the
+// index type and unroll 4 where that still gives 16 blocks per SM, else 1.
 template <class T, class Fn>
 void LaunchFlat(int64_t n, int64_t cols, bool bias_aligned, Fn&& fn) {
   constexpr int N = Vec<T>::N;
   const int64_t nvec = n / N;
   const bool bias_vec = cols % N == 0 && bias_aligned;
-  const int64_t blocks64 = (nvec + kFlatPerBlock - 1) / kFlatPerBlock;
+  int device = 0, sms = 132;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int unroll = nvec >= int64_t{16} * sms * kFlatThreads * 4 ? 4 : 1;
+  const int64_t per_block = int64_t{kFlatThreads} * unroll;
+  const int64_t blocks64 = (nvec + per_block - 1) / per_block;
   const unsigned blocks = static_cast<unsigned>(blocks64 < (1 << 20) ? (blocks64 > 0 ? blocks64 : 1)
                                                                      : (1 << 20));
   const int64_t c = bias_vec ? cols / N : cols;
   if (n < (int64_t{1} << 31)) {
-    fn(uint32_t{}, bias_vec, static_cast<uint32_t>(nvec), static_cast<uint32_t>(c),
+    fn(uint32_t{}, unroll, bias_vec, static_cast<uint32_t>(nvec), static_cast<uint32_t>(c),
        static_cast<uint32_t>(n - nvec * N), blocks);
   } else {
-    fn(int64_t{}, bias_vec, nvec, c, n - nvec * N, blocks);
+    fn(int64_t{}, unroll, bias_vec, nvec, c, n - nvec * N, blocks);
   }
 }
+
+// The flat kernel for (bias_vec, unroll).
+template <template <class, class, bool, int> class K, class T, class I>
+auto PickFlat(bool bias_vec, int unroll) {
+  if (unroll == 4) return bias_vec ? K<T, I, true, 4>::fn : K<T, I, false, 4>::fn;
+  return bias_vec ? K<T, I, true, 1>::fn : K<T, I, false, 1>::fn;
+}
+template <class T, class I, bool B, int U>
+struct FwdFlat {
+  static constexpr auto fn = BiasGeluFlatKernel<T, I, B, U>;
+};
+template <class T, class I, bool B, int U>
+struct BwdFlat {
+  static constexpr auto fn = BiasGeluBackwardFlatKernel<T, I, B, U>;
+};
 
 // TP_BIAS_GELU=column: the column-vector kernels where they apply (benchmarks compare them with
 // the flat ones, the default).
@@ -370,11 +391,11 @@ cudaError_t LaunchBiasGelu(const BiasGeluParams& p, cudaStream_t stream) {
     return DispatchKind(p.kind, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
-        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), [&](auto itag, bool bias_vec, auto nvec,
-                                                          auto cols, auto tail, unsigned blocks) {
+        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), [&](auto itag, int unroll, bool bias_vec,
+                                                          auto nvec, auto cols, auto tail,
+                                                          unsigned blocks) {
           using I = decltype(itag);
-          const auto kernel = bias_vec ? BiasGeluFlatKernel<T, I, true>
-                                       : BiasGeluFlatKernel<T, I, false>;
+          const auto kernel = PickFlat<FwdFlat, T, I>(bias_vec, unroll);
           kernel<<<blocks, kFlatThreads, 0, stream>>>(
               static_cast<const Vec<T>*>(p.x), static_cast<const T*>(p.bias),
               static_cast<Vec<T>*>(p.out), nvec, cols, tail, p.approx);
@@ -409,11 +430,11 @@ cudaError_t LaunchBiasGeluBackward(const BiasGeluBackwardParams& p, cudaStream_t
     return DispatchKind(p.kind, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
-        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), [&](auto itag, bool bias_vec, auto nvec,
-                                                          auto cols, auto tail, unsigned blocks) {
+        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), [&](auto itag, int unroll, bool bias_vec,
+                                                          auto nvec, auto cols, auto tail,
+                                                          unsigned blocks) {
           using I = decltype(itag);
-          const auto kernel = bias_vec ? BiasGeluBackwardFlatKernel<T, I, true>
-                                       : BiasGeluBackwardFlatKernel<T, I, false>;
+          const auto kernel = PickFlat<BwdFlat, T, I>(bias_vec, unroll);
           kernel<<<blocks, kFlatThreads, 0, stream>>>(
               static_cast<const Vec<T>*>(p.grad), static_cast<const Vec<T>*>(p.x),
               static_cast<const T*>(p.bias), static_cast<Vec<T>*>(p.grad_in), nvec, cols, tail,

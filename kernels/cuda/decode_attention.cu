@@ -16,7 +16,9 @@
 // (TMA, sm_90): one thread issues 64-key x 64-dim boxes of a 3-D tensor map ([B*Hkv, S, D])
 // into 128-byte-swizzled shared memory, completing on an mbarrier per stage. Why TMA was tried
 // (issue 40): on an H100 the cp.async kernel reached 84.5% of DRAM throughput with a 35% L2 hit
-// rate and the L2 at 86% of its throughput, while cuDNN's decode (1% hits) reached 91.5%.
+// rate and the L2 at 86% of its throughput, while cuDNN's decode (1% hits) reached 91.5%. With
+// TMA the same kernel reached 0.95-0.98 of the read bandwidth at 32K and more (cp.async:
+// 0.89-0.90), 1.00x SDPA at 4 x 32K and 8 x 32K; it is the default on sm_90.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -697,7 +699,12 @@ int64_t DecodeAttentionSplits(const DecodeParams& p) {
   const int64_t units = DecodeAttentionUnits(p);
   // One wave: a split count whose blocks all fit at once (a second, partial wave of blocks
   // cost up to 19% on an H100 at 4 x 32K, benchmarks/results/gpu_kernels.json).
-  const int64_t fill = static_cast<int64_t>(sms) * resident / units;
+  int64_t fill = static_cast<int64_t>(sms) * resident / units;
+  // Few units (long single sequences): one block per SM when that still gives 8 splits or more.
+  // On an H100 (TMA copies) 1 x 32K and 1 x 128K ran 5% and 3% faster at 16 splits than at the
+  // 33 of two resident blocks per SM (fewer partials to merge, one block already saturates the
+  // copies); rows with fewer splits per unit ran best at the two-block fill.
+  if (static_cast<int64_t>(sms) / units >= 8) fill = static_cast<int64_t>(sms) / units;
   // At least two tiles per split, so that a split's pipeline runs at all.
   const int64_t most = (p.seq + 2 * kTile - 1) / (2 * kTile);
   int64_t splits = fill < most ? fill : most;
