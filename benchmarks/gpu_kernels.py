@@ -114,11 +114,15 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
+BIAS_GELU_KERNELS = ("flat", "column", "flat:4:plain", "flat:2:cs", "flat:2:plain", "flat:1:plain")
+
+
 def with_bias_gelu(kernel: str, fn: Callable[[], Any]) -> Any:
     """Runs fn under one bias + GeLU kernel: flat (the default: 16-byte vectors over the tensor
-    as one flat array, grid-stride) or column (a thread owns a column vector and walks rows)."""
-    if kernel == "column":
-        os.environ["TP_BIAS_GELU"] = "column"
+    as one flat array, grid-stride, unroll by size, streaming loads), flat:U:plain|cs (unroll U,
+    plain or streaming loads) or column (a thread owns a column vector and walks rows)."""
+    if kernel != "flat":
+        os.environ["TP_BIAS_GELU"] = kernel
     try:
         return fn()
     finally:
@@ -149,7 +153,7 @@ def bias_gelu_case(dtype: torch.dtype, r: int, c: int, bw: float) -> list[dict[s
     t_ind_bwd = cuda_ms(lambda: compiled_bwd(g, x, b))
     t_eager = cuda_ms(lambda: F.gelu(x + b))
     rows = []
-    for kernel in ("flat", "column"):
+    for kernel in BIAS_GELU_KERNELS:
 
         def fwd(kernel: str = kernel) -> torch.Tensor:
             return with_bias_gelu(kernel, lambda: torch.ops.torch_plugin.bias_gelu(x, b, "none"))
@@ -584,13 +588,13 @@ def main() -> None:
         )
     data["bias_gelu"] = bias_gelu_rows(bw, args.quick)
     print(
-        f"{'dtype':>9} {'shape':>13} {'kernel':>6} {'err fwd':>8} {'err bwd':>8} {'ours ms':>8} "
+        f"{'dtype':>9} {'shape':>13} {'kernel':>12} {'err fwd':>8} {'err bwd':>8} {'ours ms':>8} "
         f"{'eager':>7} {'Inductor':>8} {'vs Ind':>6} {'of copy':>7} {'bwd ms':>7} {'of copy':>7} "
         f"{'bwd vs Ind':>10}"
     )
     for r in data["bias_gelu"]:
         print(
-            f"{r['dtype']:>9} {str(tuple(r['shape'])):>13} {r['variant']:>6} "
+            f"{r['dtype']:>9} {str(tuple(r['shape'])):>13} {r['variant']:>12} "
             f"{r['rel_err_fwd']:>8.1e} {r['rel_err_bwd']:>8.1e} {r['ours_ms']:>8.4f} "
             f"{r['eager_ms']:>7.4f} {r['inductor_ms']:>8.4f} {r['vs_inductor']:>6.2f} "
             f"{r['fraction_of_copy_bw']:>7.2f} {r['bwd_ms']:>7.4f} "

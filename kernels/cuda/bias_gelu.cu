@@ -199,7 +199,14 @@ constexpr int kFlatThreads = 256;
 // contiguous bytes and a block's U * 4 KB; the n % N elements past the last whole vector are
 // block 0's. I: 32-bit indices where they fit (their modulo is several times cheaper). U: 4
 // for large tensors, 1 for small ones, which would otherwise get too few blocks to fill the GPU.
-template <class T, class I, bool kBiasVec, int U>
+// kStream: x (and grad) loaded with the evict-first streaming hint (ld.global.cs), else plain.
+template <class T>
+__device__ __forceinline__ float4 LoadVec(const Vec<T>* p, bool stream) {
+  return stream ? __ldcs(reinterpret_cast<const float4*>(p))
+                : *reinterpret_cast<const float4*>(p);
+}
+
+template <class T, class I, bool kBiasVec, int U, bool kStream>
 __global__ void __launch_bounds__(kFlatThreads)
     BiasGeluFlatKernel(const Vec<T>* __restrict__ x, const T* __restrict__ bias,
                        Vec<T>* __restrict__ out, I nvec, I cols, I tail, GeluApprox approx) {
@@ -212,7 +219,7 @@ __global__ void __launch_bounds__(kFlatThreads)
     for (int u = 0; u < U; ++u) {
       const I i = base + u * kFlatThreads;
       if (i < nvec)  // read once: stream past L1
-        *reinterpret_cast<float4*>(&xs[u]) = __ldcs(reinterpret_cast<const float4*>(x + i));
+        *reinterpret_cast<float4*>(&xs[u]) = LoadVec(x + i, kStream);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -237,7 +244,7 @@ __global__ void __launch_bounds__(kFlatThreads)
   }
 }
 
-template <class T, class I, bool kBiasVec, int U>
+template <class T, class I, bool kBiasVec, int U, bool kStream>
 __global__ void __launch_bounds__(kFlatThreads)
     BiasGeluBackwardFlatKernel(const Vec<T>* __restrict__ grad, const Vec<T>* __restrict__ x,
                                const T* __restrict__ bias, Vec<T>* __restrict__ grad_in, I nvec,
@@ -251,8 +258,8 @@ __global__ void __launch_bounds__(kFlatThreads)
     for (int u = 0; u < U; ++u) {
       const I i = base + u * kFlatThreads;
       if (i < nvec) {
-        *reinterpret_cast<float4*>(&gs[u]) = __ldcs(reinterpret_cast<const float4*>(grad + i));
-        *reinterpret_cast<float4*>(&xs[u]) = __ldcs(reinterpret_cast<const float4*>(x + i));
+        *reinterpret_cast<float4*>(&gs[u]) = LoadVec(grad + i, kStream);
+        *reinterpret_cast<float4*>(&xs[u]) = LoadVec(x + i, kStream);
       }
     }
 #pragma unroll
@@ -279,17 +286,40 @@ __global__ void __launch_bounds__(kFlatThreads)
   }
 }
 
+// TP_BIAS_GELU=column: the column-vector kernels where they apply; flat:U:plain|cs forces the
+// flat kernels' unroll (1, 2, 4) and load hint (benchmarks compare them with the default: flat,
+// unroll chosen by size, streaming loads).
+struct FlatChoice {
+  bool column = false;
+  int unroll = 0;  // 0: by size
+  bool stream = true;
+};
+FlatChoice FlatChoiceFromEnv() {
+  FlatChoice c;
+  const char* v = std::getenv("TP_BIAS_GELU");
+  if (v == nullptr) return c;
+  const std::string_view s(v);
+  if (s == "column") {
+    c.column = true;
+  } else if (s.size() >= 7 && s.substr(0, 5) == "flat:") {
+    c.unroll = s[5] == '1' ? 1 : (s[5] == '2' ? 2 : 4);
+    c.stream = s.substr(7) != "plain";
+  }
+  return c;
+}
+
 // Launches a flat kernel: fn(T{}, I{}, unroll, bias_vec, nvec, cols, tail, blocks), with I the
 // index type and unroll 4 where that still gives 16 blocks per SM, else 1.
 template <class T, class Fn>
-void LaunchFlat(int64_t n, int64_t cols, bool bias_aligned, Fn&& fn) {
+void LaunchFlat(int64_t n, int64_t cols, bool bias_aligned, int forced_unroll, Fn&& fn) {
   constexpr int N = Vec<T>::N;
   const int64_t nvec = n / N;
   const bool bias_vec = cols % N == 0 && bias_aligned;
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const int unroll = nvec >= int64_t{16} * sms * kFlatThreads * 4 ? 4 : 1;
+  int unroll = nvec >= int64_t{16} * sms * kFlatThreads * 4 ? 4 : 1;
+  if (forced_unroll > 0) unroll = forced_unroll;
   const int64_t per_block = int64_t{kFlatThreads} * unroll;
   const int64_t blocks64 = (nvec + per_block - 1) / per_block;
   const unsigned blocks = static_cast<unsigned>(blocks64 < (1 << 20) ? (blocks64 > 0 ? blocks64 : 1)
@@ -303,27 +333,30 @@ void LaunchFlat(int64_t n, int64_t cols, bool bias_aligned, Fn&& fn) {
   }
 }
 
-// The flat kernel for (bias_vec, unroll).
-template <template <class, class, bool, int> class K, class T, class I>
-auto PickFlat(bool bias_vec, int unroll) {
-  if (unroll == 4) return bias_vec ? K<T, I, true, 4>::fn : K<T, I, false, 4>::fn;
-  return bias_vec ? K<T, I, true, 1>::fn : K<T, I, false, 1>::fn;
+// The flat kernel for (bias_vec, unroll, stream). The forced variants exist for 32-bit indices
+// only (what benchmarks measure); 64-bit indices take the defaults.
+template <template <class, class, bool, int, bool> class K, class T, class I>
+auto PickFlat(bool bias_vec, int unroll, bool stream) {
+  if constexpr (std::is_same_v<I, uint32_t>) {
+    if (!stream) {
+      if (unroll == 4) return bias_vec ? K<T, I, true, 4, false>::fn : K<T, I, false, 4, false>::fn;
+      if (unroll == 2) return bias_vec ? K<T, I, true, 2, false>::fn : K<T, I, false, 2, false>::fn;
+      return bias_vec ? K<T, I, true, 1, false>::fn : K<T, I, false, 1, false>::fn;
+    }
+    if (unroll == 2) return bias_vec ? K<T, I, true, 2, true>::fn : K<T, I, false, 2, true>::fn;
+  }
+  if (unroll == 1) return bias_vec ? K<T, I, true, 1, true>::fn : K<T, I, false, 1, true>::fn;
+  return bias_vec ? K<T, I, true, 4, true>::fn : K<T, I, false, 4, true>::fn;
 }
-template <class T, class I, bool B, int U>
+template <class T, class I, bool B, int U, bool S>
 struct FwdFlat {
-  static constexpr auto fn = BiasGeluFlatKernel<T, I, B, U>;
+  static constexpr auto fn = BiasGeluFlatKernel<T, I, B, U, S>;
 };
-template <class T, class I, bool B, int U>
+template <class T, class I, bool B, int U, bool S>
 struct BwdFlat {
-  static constexpr auto fn = BiasGeluBackwardFlatKernel<T, I, B, U>;
+  static constexpr auto fn = BiasGeluBackwardFlatKernel<T, I, B, U, S>;
 };
 
-// TP_BIAS_GELU=column: the column-vector kernels where they apply (benchmarks compare them with
-// the flat ones, the default).
-bool ColumnKernelsFromEnv() {
-  const char* v = std::getenv("TP_BIAS_GELU");
-  return v != nullptr && std::string_view(v) == "column";
-}
 
 // Launch shape of the vector kernels over rows x cols column vectors: blockDim.x covers up to
 // 256 vectors of a row (whole warps), blockDim.y the rest of 256 threads; each thread walks
@@ -387,19 +420,20 @@ constexpr int kThreads = 256;
 cudaError_t LaunchBiasGelu(const BiasGeluParams& p, cudaStream_t stream) {
   const int64_t n = p.rows * p.cols;
   if (n == 0) return cudaSuccess;
-  if (p.kind != ScalarKind::kFloat64 && Aligned16({p.x, p.out}) && !ColumnKernelsFromEnv()) {
+  const FlatChoice choice = FlatChoiceFromEnv();
+  if (p.kind != ScalarKind::kFloat64 && Aligned16({p.x, p.out}) && !choice.column) {
     return DispatchKind(p.kind, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
-        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), [&](auto itag, int unroll, bool bias_vec,
-                                                          auto nvec, auto cols, auto tail,
-                                                          unsigned blocks) {
+        const auto launch = [&](auto itag, int unroll, bool bias_vec, auto nvec, auto cols,
+                                auto tail, unsigned blocks) {
           using I = decltype(itag);
-          const auto kernel = PickFlat<FwdFlat, T, I>(bias_vec, unroll);
+          const auto kernel = PickFlat<FwdFlat, T, I>(bias_vec, unroll, choice.stream);
           kernel<<<blocks, kFlatThreads, 0, stream>>>(
               static_cast<const Vec<T>*>(p.x), static_cast<const T*>(p.bias),
               static_cast<Vec<T>*>(p.out), nvec, cols, tail, p.approx);
-        });
+        };
+        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), choice.unroll, launch);
       }
     });
   }
@@ -425,21 +459,21 @@ cudaError_t LaunchBiasGelu(const BiasGeluParams& p, cudaStream_t stream) {
 cudaError_t LaunchBiasGeluBackward(const BiasGeluBackwardParams& p, cudaStream_t stream) {
   const int64_t n = p.rows * p.cols;
   if (n == 0) return cudaSuccess;
-  if (p.kind != ScalarKind::kFloat64 && Aligned16({p.grad, p.x, p.grad_in}) &&
-      !ColumnKernelsFromEnv()) {
+  const FlatChoice choice = FlatChoiceFromEnv();
+  if (p.kind != ScalarKind::kFloat64 && Aligned16({p.grad, p.x, p.grad_in}) && !choice.column) {
     return DispatchKind(p.kind, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, double>) {
-        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), [&](auto itag, int unroll, bool bias_vec,
-                                                          auto nvec, auto cols, auto tail,
-                                                          unsigned blocks) {
+        const auto launch = [&](auto itag, int unroll, bool bias_vec, auto nvec, auto cols,
+                                auto tail, unsigned blocks) {
           using I = decltype(itag);
-          const auto kernel = PickFlat<BwdFlat, T, I>(bias_vec, unroll);
+          const auto kernel = PickFlat<BwdFlat, T, I>(bias_vec, unroll, choice.stream);
           kernel<<<blocks, kFlatThreads, 0, stream>>>(
               static_cast<const Vec<T>*>(p.grad), static_cast<const Vec<T>*>(p.x),
               static_cast<const T*>(p.bias), static_cast<Vec<T>*>(p.grad_in), nvec, cols, tail,
               p.approx);
-        });
+        };
+        LaunchFlat<T>(n, p.cols, Aligned16({p.bias}), choice.unroll, launch);
       }
     });
   }
