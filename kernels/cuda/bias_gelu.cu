@@ -1,10 +1,10 @@
 // Fused bias + GeLU forward and backward on CUDA. Sees only params.h (no torch).
 // float/half/bf16 tensors take the flat vector kernels: each thread moves 16 bytes per access
-// with kUnroll accesses in flight, over the tensor as one flat array, any row length (issue 40:
+// with 1-2 accesses in flight, over the tensor as one flat array, any row length (issue 40:
 // the scalar kernel reached 0.2-0.45 of the copy bandwidth). The column-vector kernels (a
 // thread owns a column, bias in registers) are kept for comparison (TP_BIAS_GELU=column).
-// float64 and unaligned tensors take one thread per element. Both compute in float (double for float64), matching the CPU twin in
-// kernels/cpu/bias_gelu.cc.
+// float64 and unaligned tensors take one thread per element. All compute in float (double for
+// float64), matching the CPU twin in kernels/cpu/bias_gelu.cc.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -197,9 +197,10 @@ constexpr int kFlatThreads = 256;
 // wave of blocks, and rows that are not whole vectors fell to one thread per element). Thread t
 // moves vectors base + u * 256 (u < U, all loads in flight first), so a warp's accesses are 512
 // contiguous bytes and a block's U * 4 KB; the n % N elements past the last whole vector are
-// block 0's. I: 32-bit indices where they fit (their modulo is several times cheaper). U: 4
+// block 0's. I: 32-bit indices where they fit (their modulo is several times cheaper). U: 2
 // for large tensors, 1 for small ones, which would otherwise get too few blocks to fill the GPU.
-// kStream: x (and grad) loaded with the evict-first streaming hint (ld.global.cs), else plain.
+// kStream: x (and grad) loaded with the evict-first streaming hint (ld.global.cs), else plain
+// (the default: 1-4% faster on an H100).
 template <class T>
 __device__ __forceinline__ float4 LoadVec(const Vec<T>* p, bool stream) {
   return stream ? __ldcs(reinterpret_cast<const float4*>(p))
@@ -288,11 +289,14 @@ __global__ void __launch_bounds__(kFlatThreads)
 
 // TP_BIAS_GELU=column: the column-vector kernels where they apply; flat:U:plain|cs forces the
 // flat kernels' unroll (1, 2, 4) and load hint (benchmarks compare them with the default: flat,
-// unroll chosen by size, streaming loads).
+// unroll chosen by size, plain loads). On an H100 (benchmarks/results/gpu_kernels.json, 58d8312)
+// plain loads beat the evict-first hint by 1-4% on large tensors, unroll 2 was the best
+// compromise there across dtypes (fp32 1.00x Inductor, bf16 1.06x, fp16 1.10x), and unroll 1
+// on tensors under ~35 MB.
 struct FlatChoice {
   bool column = false;
   int unroll = 0;  // 0: by size
-  bool stream = true;
+  bool stream = false;
 };
 FlatChoice FlatChoiceFromEnv() {
   FlatChoice c;
@@ -303,13 +307,13 @@ FlatChoice FlatChoiceFromEnv() {
     c.column = true;
   } else if (s.size() >= 7 && s.substr(0, 5) == "flat:") {
     c.unroll = s[5] == '1' ? 1 : (s[5] == '2' ? 2 : 4);
-    c.stream = s.substr(7) != "plain";
+    c.stream = s.substr(7) == "cs";
   }
   return c;
 }
 
 // Launches a flat kernel: fn(T{}, I{}, unroll, bias_vec, nvec, cols, tail, blocks), with I the
-// index type and unroll 4 where that still gives 16 blocks per SM, else 1.
+// index type and unroll 2 where unroll 4 would still give 16 blocks per SM, else 1.
 template <class T, class Fn>
 void LaunchFlat(int64_t n, int64_t cols, bool bias_aligned, int forced_unroll, Fn&& fn) {
   constexpr int N = Vec<T>::N;
@@ -318,7 +322,7 @@ void LaunchFlat(int64_t n, int64_t cols, bool bias_aligned, int forced_unroll, F
   int device = 0, sms = 132;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  int unroll = nvec >= int64_t{16} * sms * kFlatThreads * 4 ? 4 : 1;
+  int unroll = nvec >= int64_t{16} * sms * kFlatThreads * 4 ? 2 : 1;
   if (forced_unroll > 0) unroll = forced_unroll;
   const int64_t per_block = int64_t{kFlatThreads} * unroll;
   const int64_t blocks64 = (nvec + per_block - 1) / per_block;
@@ -333,20 +337,21 @@ void LaunchFlat(int64_t n, int64_t cols, bool bias_aligned, int forced_unroll, F
   }
 }
 
-// The flat kernel for (bias_vec, unroll, stream). The forced variants exist for 32-bit indices
-// only (what benchmarks measure); 64-bit indices take the defaults.
+// The flat kernel for (bias_vec, unroll, stream). The forced variants (unroll 4, streaming
+// loads) exist for 32-bit indices only, what benchmarks measure; 64-bit indices take the
+// defaults (unroll 1 or 2, plain loads).
 template <template <class, class, bool, int, bool> class K, class T, class I>
 auto PickFlat(bool bias_vec, int unroll, bool stream) {
   if constexpr (std::is_same_v<I, uint32_t>) {
-    if (!stream) {
-      if (unroll == 4) return bias_vec ? K<T, I, true, 4, false>::fn : K<T, I, false, 4, false>::fn;
-      if (unroll == 2) return bias_vec ? K<T, I, true, 2, false>::fn : K<T, I, false, 2, false>::fn;
-      return bias_vec ? K<T, I, true, 1, false>::fn : K<T, I, false, 1, false>::fn;
+    if (stream) {
+      if (unroll == 4) return bias_vec ? K<T, I, true, 4, true>::fn : K<T, I, false, 4, true>::fn;
+      if (unroll == 2) return bias_vec ? K<T, I, true, 2, true>::fn : K<T, I, false, 2, true>::fn;
+      return bias_vec ? K<T, I, true, 1, true>::fn : K<T, I, false, 1, true>::fn;
     }
-    if (unroll == 2) return bias_vec ? K<T, I, true, 2, true>::fn : K<T, I, false, 2, true>::fn;
+    if (unroll == 4) return bias_vec ? K<T, I, true, 4, false>::fn : K<T, I, false, 4, false>::fn;
   }
-  if (unroll == 1) return bias_vec ? K<T, I, true, 1, true>::fn : K<T, I, false, 1, true>::fn;
-  return bias_vec ? K<T, I, true, 4, true>::fn : K<T, I, false, 4, true>::fn;
+  if (unroll == 1) return bias_vec ? K<T, I, true, 1, false>::fn : K<T, I, false, 1, false>::fn;
+  return bias_vec ? K<T, I, true, 2, false>::fn : K<T, I, false, 2, false>::fn;
 }
 template <class T, class I, bool B, int U, bool S>
 struct FwdFlat {
