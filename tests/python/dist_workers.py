@@ -1256,6 +1256,52 @@ def sharding_dropout_matches(rank: int, world: int, port: int, out_dir: str) -> 
         _finish()
 
 
+class ParameterDropout(torch.nn.Module):
+    """Dropout on a weight of 8 rows (not along the batch: one mask for every sample) and on the
+    activations (along it). With a batch of 4 on 2 dp replicas a replica has 2 rows, which 8
+    divides: a rule guessing from divisibility took the weight's mask for 4 rows per sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = F.dropout(self.w, 0.5, training=self.training)
+        return F.dropout(x @ w, 0.3, training=self.training).pow(2).mean()
+
+
+def dp_parameter_dropout_matches(rank: int, world: int, port: int) -> dict[str, float]:
+    """A (2, 1) mesh, a model with dropout on a weight and on activations, ranks seeded alike:
+    the loss and gradient of the dp replicas equal one process's with the same seed."""
+    import torch_plugin
+
+    _init(rank, world, port)
+    try:
+        torch.manual_seed(0)
+        model = ParameterDropout().train()
+        reference = copy.deepcopy(model)
+        x = torch.randn(4, 8)
+        mesh = torch_plugin.DeviceMesh((2, 1), ("dp", "tp"), timeout_s=TIMEOUT_S)
+        sharded = torch_plugin.parallelize(model, mesh, (x,))
+        torch.manual_seed(7)
+        loss = sharded(x)
+        loss.backward()
+        after = float(torch.rand(()))  # the generator advanced as one process's does
+        torch.manual_seed(7)
+        expect = reference(x)
+        expect.backward()
+        expect_after = float(torch.rand(()))
+        grad = next(p.grad for _, p, _ in sharded.named_local_parameters())
+        return {
+            "loss_diff": abs(float(loss) - float(expect)),
+            "grad_diff": float((grad - reference.w.grad).abs().max()),
+            "rng_diff": abs(after - expect_after),
+            "loss": float(expect),
+        }
+    finally:
+        _finish()
+
+
 def dp_batch_refusal(rank: int, world: int, port: int) -> tuple[str, str]:
     """parallelize on a (2, 2) mesh with an example batch of 3, then (with a batch of 2) a call
     of 1 row: the error each rank raises for each."""

@@ -300,6 +300,66 @@ def test_replica_dropout_masks_are_rows_of_one_process_mask(k: int) -> None:
     assert torch.equal(torch.cat(parts), expect)
 
 
+def test_a_replica_draws_a_mask_that_does_not_run_along_the_batch_as_one_process() -> None:
+    """A dropout mask of 8 rows that does not run along the batch (a weight's), in a replica of
+    2 rows: drawn as is, the same mask as one process's, not rows of a 4-rows-per-sample one
+    (which divisibility alone would have guessed)."""
+    from torch_plugin.runtime.spmd_ops import replica_bernoulli_
+
+    torch.manual_seed(4)
+    expect = torch.empty(8, 4).bernoulli_(0.5)
+    after = torch.rand(())
+    for offset in (0, 2):
+        torch.manual_seed(4)
+        got = replica_bernoulli_(
+            torch.empty(8, 4), 0.5, total=4, offset=offset, batch=2, along=False
+        )
+        assert torch.equal(got, expect)
+        assert torch.equal(torch.rand(()), after)
+    torch.manual_seed(4)
+    guessed = replica_bernoulli_(torch.empty(8, 4), 0.5, total=4, offset=2, batch=2)
+    assert not torch.equal(guessed, expect)  # what the divisibility guess drew
+
+
+def test_replica_masks_keep_one_process_memory_order() -> None:
+    """bernoulli_ fills in memory order: a mask over a transposed layout ([rows, 4] with rows
+    innermost in memory) is one process's rows only if the whole-batch tensor is laid out so."""
+    from torch_plugin.runtime.spmd_ops import replica_bernoulli_
+
+    torch.manual_seed(6)
+    expect = torch.empty(4, 6).t().bernoulli_(0.5)  # [6, 4], dim 0 innermost
+    parts = []
+    for offset, rows in ((0, 4), (4, 2)):
+        torch.manual_seed(6)
+        t = torch.empty(4, rows).t()
+        parts.append(replica_bernoulli_(t, 0.5, total=6, offset=offset, batch=rows, along=True))
+    assert torch.equal(torch.cat(parts), expect)
+
+
+def test_draws_along_the_batch_are_read_off_two_traces() -> None:
+    """The model traced at the whole batch and at a replica's slice: the weight's dropout keeps
+    its 8 rows, the activations' follows the batch."""
+    from dist_workers import ParameterDropout
+
+    from torch_plugin.runtime.capture import trace_call
+    from torch_plugin.runtime.spmd_ops import draws_along_batch
+
+    model = ParameterDropout().train()
+    whole = trace_call(model, ((torch.randn(4, 8),), {}))
+    local = trace_call(model, ((torch.randn(2, 8),), {}))
+    assert draws_along_batch(whole.gm, local.gm) == [False, True]
+
+
+def test_dp_replicas_draw_a_weight_dropout_as_one_process(gloo) -> None:
+    """On a (2, 1) mesh, dropout on a weight (8 rows, not along the batch of 2 per replica) and
+    on activations: loss, gradient and the generator afterwards equal one process's."""
+    for r in dist_workers.pooled(gloo(2), dist_workers.dp_parameter_dropout_matches):
+        assert r["loss"] > 0
+        assert r["loss_diff"] < 1e-4 * r["loss"], r
+        assert r["grad_diff"] < 1e-4, r
+        assert r["rng_diff"] == 0.0, r
+
+
 def test_replica_rand_is_rows_of_one_process_draw() -> None:
     """Stochastic depth's per-sample draws (aten.rand, Swin's drop path) in dp replicas of an
     uneven batch equal one process's rows."""

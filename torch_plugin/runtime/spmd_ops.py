@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,8 @@ import torch.nn.functional as F
 
 from .. import _C
 from .collectives import Collectives
+
+log = logging.getLogger("torch_plugin")
 
 # Process groups by handle: the graph's reshard nodes carry an int, not a Python object.
 _GROUPS: dict[int, Collectives] = {}
@@ -243,6 +246,26 @@ _TARGETS: dict[str, Callable[..., Any]] = {
 }
 
 
+def _runs_along(rows: int, batch: int, along: bool | None) -> bool:
+    """Whether a draw of `rows` rows (dim 0) runs along the replica's batch: as traced (`along`,
+    from the model traced at the whole batch and at the replica's slice), or, where that is
+    unknown, guessed from divisibility (a tensor of, say, 8 rows that does not run along a
+    batch of 2 would be taken for one that does)."""
+    if batch <= 0 or rows % batch:
+        return False
+    return True if along is None else along
+
+
+def _empty_in_order_of(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """An empty tensor of `shape` whose dims lie in memory in t's order: bernoulli_ fills in
+    memory order, so one process's mask over a permuted layout (dropout on a transposed view)
+    is only reproduced by a whole-batch tensor laid out the same way."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    base = torch.empty([shape[d] for d in order], dtype=t.dtype, device=t.device)
+    inverse = [order.index(d) for d in range(t.dim())]
+    return base.permute(inverse)
+
+
 def replica_bernoulli_(
     t: torch.Tensor,
     p: float = 0.5,
@@ -251,17 +274,18 @@ def replica_bernoulli_(
     total: int,
     offset: int,
     batch: int,
+    along: bool | None = None,
 ) -> torch.Tensor:
     """bernoulli_ in a dp replica's program, as one process draws it: a dropout mask over the
     replica's `batch` rows is rows [offset, offset + batch) of the whole batch's mask (`total`
     rows), drawn from the generator state every rank shares (so the generator advances as one
     process's does). A tensor whose dim 0 is k rows per sample (a [batch * seq, ...] view, as
     OPT's and XGLM's MLPs flatten their input) takes rows [offset * k, (offset + batch) * k).
-    A tensor that does not run along the batch is drawn as is."""
-    if t.dim() == 0 or batch <= 0 or t.shape[0] % batch:
+    A tensor that does not run along the batch (`along`, see _runs_along) is drawn as is."""
+    if t.dim() == 0 or not _runs_along(int(t.shape[0]), batch, along):
         return t.bernoulli_(p, generator=generator)
     k = t.shape[0] // batch
-    whole = torch.empty((total * k, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    whole = _empty_in_order_of(t, (total * k, *t.shape[1:]))
     whole.bernoulli_(p, generator=generator)
     with torch.no_grad():
         return t.copy_(whole[offset * k : (offset + batch) * k])
@@ -273,33 +297,80 @@ def replica_rand(
     total: int,
     offset: int,
     batch: int,
+    along: bool | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """rand in a dp replica's program, as one process draws it (stochastic depth's per-sample
     keep draws, Swin's drop path): a tensor of the replica's `batch` rows (k per sample) is its
     rows of the whole batch's draw, as replica_bernoulli_ takes its rows of the mask."""
-    if not size or batch <= 0 or size[0] % batch:
+    if not size or not _runs_along(int(size[0]), batch, along):
         return torch.rand(size, **kwargs)
     k = size[0] // batch
     whole = torch.rand([total * k, *size[1:]], **kwargs)
     return whole[offset * k : (offset + batch) * k].clone()
 
 
-def global_dropout_masks(gm: torch.fx.GraphModule, total: int, offset: int, batch: int) -> int:
+DRAWS = (torch.ops.aten.bernoulli_.float, torch.ops.aten.rand.default)
+
+
+def draws_along_batch(
+    whole: torch.fx.GraphModule, local: torch.fx.GraphModule
+) -> list[bool] | None:
+    """Per draw (dropout mask, per-sample rand) of a model traced at the whole batch and at a
+    dp replica's slice, in graph order: whether its dim 0 changes with the batch. None where the
+    two traces draw differently (another program at another batch)."""
+
+    def rows(gm: torch.fx.GraphModule) -> list[int]:
+        out = []
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target in DRAWS:
+                val = n.meta.get("val")
+                out.append(int(val.shape[0]) if isinstance(val, torch.Tensor) and val.dim() else -1)
+        return out
+
+    a, b = rows(whole), rows(local)
+    if len(a) != len(b):
+        return None
+    return [x != y and x >= 0 for x, y in zip(a, b, strict=True)]
+
+
+def global_dropout_masks(
+    gm: torch.fx.GraphModule,
+    total: int,
+    offset: int,
+    batch: int,
+    along: list[bool] | None = None,
+) -> int:
     """Rewrites a dp replica's program so its dropout masks (bernoulli_ on an empty tensor) and
     per-sample draws (rand: stochastic depth) are its rows [offset, offset + batch) of one
-    process's over `total` rows. Returns how many draws it rewrote; other random ops draw per
-    replica, as before (logged by the caller)."""
+    process's over `total` rows. `along`: per draw in graph order, whether it runs along the
+    batch (draws_along_batch); None, or a list that does not match the program's draws, leaves
+    it to divisibility (see _runs_along). Returns how many draws it rewrote; other random ops
+    draw per replica, as before (logged by the caller)."""
     rewritten = 0
     replica = {
         torch.ops.aten.bernoulli_.float: replica_bernoulli_,
         torch.ops.aten.rand.default: replica_rand,
     }
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in replica:
-            node.target = replica[node.target]
-            node.kwargs = {**node.kwargs, "total": total, "offset": offset, "batch": batch}
-            rewritten += 1
+    draws = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in replica]
+    if along is not None and len(along) != len(draws):
+        log.warning(
+            "torch_plugin sharding: the program draws %d random tensors but the traces %d; "
+            "which run along the batch is guessed from their sizes",
+            len(draws),
+            len(along),
+        )
+        along = None
+    for i, node in enumerate(draws):
+        node.target = replica[node.target]
+        node.kwargs = {
+            **node.kwargs,
+            "total": total,
+            "offset": offset,
+            "batch": batch,
+            "along": None if along is None else along[i],
+        }
+        rewritten += 1
     if rewritten:
         gm.recompile()
     return rewritten

@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 from .. import _C, fx_bridge
 from ..runtime.capture import as_call, trace_call
+from ..runtime.spmd_ops import draws_along_batch
 
 log = logging.getLogger("torch_plugin.sharding")
 
@@ -81,15 +82,17 @@ def _shapes(gm: Any) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _refuse_batch_coupling(model: nn.Module, full_call: Any, local: _Captured) -> None:
+def _refuse_batch_coupling(model: nn.Module, full_call: Any, local: _Captured) -> Any:
     """A dp replica runs the program on its slice of the batch; where the model combines
     samples with each other (CLIP's contrastive logits [batch, batch], a loss over them),
     the slices would compute other numbers than one process (CLIP's loss was 0 on a (2, 2)
     mesh: one sample per replica, nothing to contrast). The forward traced at the whole
     batch against the slice's: a tensor whose size changes outside dim 0 carries the batch
-    in another dimension, and a dp axis is refused, naming the node."""
+    in another dimension, and a dp axis is refused, naming the node. Returns which random
+    draws run along the batch (draws_along_batch), for the replicas' dropout masks."""
     whole = trace_call(model, full_call)
     a, b = _shapes(whole.gm), _shapes(local.gm)
+    along = draws_along_batch(whole.gm, local.gm)
     if len(a) != len(b):  # another program at another batch (data-dependent)
         log.warning(
             "torch_plugin sharding: %s traces to %d nodes at the whole batch and %d at a dp "
@@ -98,7 +101,7 @@ def _refuse_batch_coupling(model: nn.Module, full_call: Any, local: _Captured) -
             len(a),
             len(b),
         )
-        return
+        return along
     for (name, full), (_, part) in zip(a, b, strict=True):
         if len(full) == len(part) and any(x != y for x, y in zip(full[1:], part[1:], strict=True)):
             raise NotImplementedError(
@@ -108,6 +111,7 @@ def _refuse_batch_coupling(model: nn.Module, full_call: Any, local: _Captured) -
                 "contrastive loss), so a dp axis could change the numbers; use a 1-D "
                 "(tensor-parallel) mesh"
             )
+    return along
 
 
 def capture_graph(model: nn.Module, example_inputs: Any) -> _C.Graph:

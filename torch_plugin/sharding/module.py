@@ -277,8 +277,10 @@ class ShardedModule(nn.Module):
         # The plan prices what this backend runs (a reduce-scatter, or an all-reduce without).
         self._options = opts.ilp(self.world, self.dp, training, comm.has_reduce_scatter)
         captured = _capture(model, call)
+        # Per random draw, whether it runs along the batch (None: not traced, guessed).
+        self._draws_along: list[bool] | None = None
         if self.dp > 1 and training and not any(p.is_meta for p in model.parameters()):
-            _refuse_batch_coupling(model, full_call, captured)
+            self._draws_along = _refuse_batch_coupling(model, full_call, captured)
         graph, ctx = captured.graph, captured.ctx
         pnames, bnames = captured.pnames, captured.bnames
         log.info(
@@ -674,7 +676,7 @@ class ShardedModule(nn.Module):
         if self.dp == 1:
             return
         offset, batch = self._dp_rows(total)
-        n = global_dropout_masks(gm, total, offset, batch)
+        n = global_dropout_masks(gm, total, offset, batch, self._draws_along)
         log.info(
             "torch_plugin sharding: %d dropout draw(s) take the replica's rows of the whole "
             "batch's mask",
