@@ -20,6 +20,10 @@ cuobjdump --dump-sass torch_plugin/_C*.so 2>/dev/null | grep -oE "UTMALDG|LDGSTS
   | sort | uniq -c | tr '\n' ' '; echo
 [ "${SKIP_KERNELS:-0}" = 1 ] || timeout "${KERNELS_S:-150}" python3 benchmarks/gpu_kernels.py \
   --out "$OUT" 2>&1 | tee "$OUT/kernels.log"
+# The default compile against Inductor on six HF models at real sizes (issue 40, item 3).
+[ "${DEFAULT_COMPILE:-0}" = 1 ] && timeout "${DEFAULT_COMPILE_S:-330}" python3 \
+  benchmarks/gpu_default_compile.py --out "$OUT" --budget-s "${DC_BUDGET_S:-240}" 2>&1 \
+  | grep -v "^W1" | tee "$OUT/default_compile.log"
 [ "${SKIP_CHECKS:-0}" = 1 ] && { echo "total: $(( $(date +%s) - t0 )) s"; exit 0; }
 # Each check alone: a crash in one leaves the others their say.
 for check in ${CHECKS:-placement placement_refine placement_bert default_compile parallelize_nccl generate_nccl}; do
