@@ -64,6 +64,11 @@ PAGES = {
         "torchrun --nproc-per-node 1 benchmarks/gpu_generate.py",
         "features/cache_parallelism",
     ),
+    "gpu_default_compile": (
+        "Default compile on a GPU",
+        "gpu_default_compile.py",
+        "features/default_compile",
+    ),
 }
 
 
