@@ -1261,24 +1261,29 @@ class ParameterDropout(torch.nn.Module):
     activations (along it). With a batch of 4 on 2 dp replicas a replica has 2 rows, which 8
     divides: a rule guessing from divisibility took the weight's mask for 4 rows per sample."""
 
-    def __init__(self) -> None:
+    def __init__(self, reduce: str = "mean") -> None:
         super().__init__()
         self.w = torch.nn.Parameter(torch.randn(8, 8))
+        self.reduce = reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = F.dropout(self.w, 0.5, training=self.training)
-        return F.dropout(x @ w, 0.3, training=self.training).pow(2).mean()
+        y = F.dropout(x @ w, 0.3, training=self.training).pow(2)
+        return y.sum() if self.reduce == "sum" else y.mean()
 
 
-def dp_parameter_dropout_matches(rank: int, world: int, port: int) -> dict[str, float]:
-    """A (2, 1) mesh, a model with dropout on a weight and on activations, ranks seeded alike:
-    the loss and gradient of the dp replicas equal one process's with the same seed."""
+def dp_parameter_dropout_matches(
+    rank: int, world: int, port: int, reduce: str = "mean"
+) -> dict[str, float]:
+    """A (2, 1) mesh, a model with dropout on a weight and on activations returning a mean or a
+    sum over the batch, ranks seeded alike: the loss and gradient of the dp replicas equal one
+    process's with the same seed."""
     import torch_plugin
 
     _init(rank, world, port)
     try:
         torch.manual_seed(0)
-        model = ParameterDropout().train()
+        model = ParameterDropout(reduce).train()
         reference = copy.deepcopy(model)
         x = torch.randn(4, 8)
         mesh = torch_plugin.DeviceMesh((2, 1), ("dp", "tp"), timeout_s=TIMEOUT_S)

@@ -165,9 +165,10 @@ class _ReplicatedOutput(torch.autograd.Function):
 class _BatchLoss(torch.autograd.Function):
     """A scalar of one dp replica's batch slice (its loss) made the whole batch's:
     sum over replicas of weight * x. The weight is 1 when the model divided by the whole
-    batch's label count (HF's num_items_in_batch), the slice's share of the labels when its
-    loss is a mean over them, 1/dp without labels. Every rank seeds the same gradient and the
-    dp gradient sync sums the replicas, so the backward scales as the forward did."""
+    batch's label count (HF's num_items_in_batch) or returns a sum over the batch, the slice's
+    share of the labels when its loss is a mean over them, its share of the rows otherwise.
+    Every rank seeds the same gradient and the dp gradient sync sums the replicas, so the
+    backward scales as the forward did."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, handle: int, weight: float) -> torch.Tensor:

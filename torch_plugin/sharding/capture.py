@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import itertools
 import logging
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,6 +33,65 @@ class _Captured:
     out_spec: pytree.TreeSpec
     unused_inputs: set[str]  # keyword arguments the graph does not read
     gm: Any = None  # the traced ATen graph (fake tensors in each node's "val")
+
+
+_ATEN = torch.ops.aten
+# Loss ops whose `reduction` argument (2: sum) says how they reduce, and where it sits.
+_REDUCTION_ARG = {
+    _ATEN.nll_loss_forward.default: 3,
+    _ATEN.nll_loss2d_forward.default: 3,
+    _ATEN.mse_loss.default: 2,
+    _ATEN.l1_loss.default: 2,
+    _ATEN.smooth_l1_loss.default: 2,
+    _ATEN.huber_loss.default: 2,
+    _ATEN.binary_cross_entropy.default: 3,
+    _ATEN.binary_cross_entropy_with_logits.default: 4,
+    _ATEN.kl_div.default: 2,
+}
+
+
+def _is_full_sum(node: Any) -> bool:
+    """Whether a traced node is a sum of everything it reduces: aten.sum over all dims, or a
+    loss op with reduction="sum" (through the getitem of a multi-output loss)."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return _is_full_sum(node.args[0])
+    if node.target is _ATEN.sum.default:
+        return True
+    if node.target is _ATEN.sum.dim_IntList:
+        src = node.args[0].meta.get("val") if hasattr(node.args[0], "meta") else None
+        dims = node.args[1] if len(node.args) > 1 else None
+        return isinstance(src, torch.Tensor) and (not dims or len(set(dims)) == src.dim())
+    i = _REDUCTION_ARG.get(node.target)
+    if i is None:
+        return False
+    reduction = node.args[i] if len(node.args) > i else node.kwargs.get("reduction", 1)
+    return reduction == 2
+
+
+def scalar_outputs_are_sums(gm: Any) -> bool:
+    """Whether every floating scalar a traced forward returns is a sum over its batch (dp
+    replicas then add theirs up; a mean is weighed by each replica's share of the rows). A
+    forward that returns a sum and a mean is left to the mean rule, with a warning."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    scalars = [
+        a
+        for a in pytree.tree_leaves(out.args[0])
+        if hasattr(a, "meta")
+        and isinstance(a.meta.get("val"), torch.Tensor)
+        and a.meta["val"].dim() == 0
+        and a.meta["val"].is_floating_point()
+    ]
+    sums = [a for a in scalars if _is_full_sum(a)]
+    if sums and len(sums) < len(scalars):
+        log.warning(
+            "torch_plugin sharding: the model returns sums over the batch (%s) and other "
+            "scalars (%s); dp replicas combine them all as means",
+            ", ".join(a.name for a in sums),
+            ", ".join(a.name for a in scalars if a not in sums),
+        )
+    return bool(scalars) and len(sums) == len(scalars)
 
 
 def _refuse_batch_statistics(model: nn.Module) -> None:

@@ -61,6 +61,7 @@ from .capture import (
     _refuse_batch_coupling,
     _refuse_batch_statistics,
     capture_graph,
+    scalar_outputs_are_sums,
 )
 from .optim import ShardedOptimizer, _Zero2Shard
 from .report import ShardingPlan
@@ -663,11 +664,13 @@ class ShardedModule(nn.Module):
 
     @staticmethod
     def _summed(call: tuple[tuple[Any, ...], dict[str, Any]], captured: Any) -> bool:
-        """Whether the captured loss read the batch's label count (a sum over the batch);
-        otherwise the loss is a mean, and so is the replicas' combination."""
-        return "num_items_in_batch" in call[1] and "num_items_in_batch" not in (
-            captured.unused_inputs
-        )
+        """Whether the replicas' scalar outputs add up to one process's: the captured loss read
+        the batch's label count (HF's num_items_in_batch), or every floating scalar the model
+        returns is a sum over the batch (`x.sum()`, a loss with reduction="sum"). Otherwise a
+        scalar is taken for a mean, and so is the replicas' combination."""
+        if "num_items_in_batch" in call[1] and "num_items_in_batch" not in (captured.unused_inputs):
+            return True
+        return captured.gm is not None and scalar_outputs_are_sums(captured.gm)
 
     def _replica_masks(self, gm: fx.GraphModule, total: int) -> None:
         """dp replicas: each dropout mask becomes the replica's rows of the whole batch's mask
@@ -844,11 +847,10 @@ class ShardedModule(nn.Module):
         outs = graph_module(*params, *buffers, *local)
         # A mean over the batch: each replica's share of the rows (1/dp for an even batch).
         weight = self._dp_rows(rows)[1] / rows
-        if total is not None:
-            if program.summed_loss:
-                weight = 1.0
-            elif int(total) > 0:
-                weight = int(self._count_labels(self._dp_slice(labels))) / int(total)
+        if program.summed_loss:  # a sum over the batch: the replicas' sums add up
+            weight = 1.0
+        elif total is not None and int(total) > 0:
+            weight = int(self._count_labels(self._dp_slice(labels))) / int(total)
         sizes = tuple(self._dp_rows(rows, r)[1] for r in range(self.dp))
         whole = [
             self._gather_batch(o, sizes)
