@@ -386,19 +386,16 @@ VecLaunch VecShape(int64_t rows, int64_t cols) {
 
 // Whether the vector kernels apply: float/half/bf16, rows a whole number of vectors, and
 // every pointer 16-byte aligned.
-bool Vectorizable(ScalarKind kind, int64_t cols, std::initializer_list<const void*> ptrs) {
-  if (kind == ScalarKind::kFloat64) return false;
-  const int64_t n = kind == ScalarKind::kFloat32 ? 4 : 8;
-  if (cols % n != 0) return false;
+bool Aligned16(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
 }
 
-bool Aligned16(std::initializer_list<const void*> ptrs) {
-  for (const void* p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
+bool Vectorizable(ScalarKind kind, int64_t cols, std::initializer_list<const void*> ptrs) {
+  if (kind == ScalarKind::kFloat64) return false;
+  const int64_t n = kind == ScalarKind::kFloat32 ? 4 : 8;
+  return cols % n == 0 && Aligned16(ptrs);
 }
 
 dim3 GridFor(int64_t n, int threads) {

@@ -24,12 +24,13 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from ..runtime.spmd_ops import DRAWS, draws_of
+
 log = logging.getLogger("torch_plugin.pipeline")
 
 _ATEN = torch.ops.aten
-# The draws replayed: dropout masks and per-sample draws. Other random ops draw per micro-batch
-# (logged when a stage has one).
-DRAWS = (_ATEN.bernoulli_.float, _ATEN.rand.default)
+# The draws replayed (DRAWS, runtime/spmd_ops.py): dropout masks and per-sample draws. Other
+# random ops draw per micro-batch (logged when a stage has one).
 _RANDOM = (
     _ATEN.bernoulli.default,
     _ATEN.bernoulli.p,
@@ -43,11 +44,6 @@ _RANDOM = (
     _ATEN.uniform_.default,
     _ATEN.exponential_.default,
 )
-
-
-def draws_of(graph: fx.Graph) -> list[fx.Node]:
-    """The replayed draws of a graph, in its order."""
-    return [n for n in graph.nodes if n.op == "call_function" and n.target in DRAWS]
 
 
 def _shape(node: fx.Node) -> torch.Tensor:

@@ -311,7 +311,14 @@ def replica_rand(
     return whole[offset * k : (offset + batch) * k].clone()
 
 
+# The random draws replayed as one process draws them (dp replicas here, pipelines in
+# pipeline/draws.py): dropout masks and per-sample draws.
 DRAWS = (torch.ops.aten.bernoulli_.float, torch.ops.aten.rand.default)
+
+
+def draws_of(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The draws of a graph (DRAWS), in its order."""
+    return [n for n in graph.nodes if n.op == "call_function" and n.target in DRAWS]
 
 
 def draws_along_batch(
@@ -322,12 +329,8 @@ def draws_along_batch(
     two traces draw differently (another program at another batch)."""
 
     def rows(gm: torch.fx.GraphModule) -> list[int]:
-        out = []
-        for n in gm.graph.nodes:
-            if n.op == "call_function" and n.target in DRAWS:
-                val = n.meta.get("val")
-                out.append(int(val.shape[0]) if isinstance(val, torch.Tensor) and val.dim() else -1)
-        return out
+        vals = [n.meta.get("val") for n in draws_of(gm.graph)]
+        return [int(v.shape[0]) if isinstance(v, torch.Tensor) and v.dim() else -1 for v in vals]
 
     a, b = rows(whole), rows(local)
     if len(a) != len(b):
@@ -353,7 +356,7 @@ def global_dropout_masks(
         torch.ops.aten.bernoulli_.float: replica_bernoulli_,
         torch.ops.aten.rand.default: replica_rand,
     }
-    draws = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in replica]
+    draws = draws_of(gm.graph)
     if along is not None and len(along) != len(draws):
         log.warning(
             "torch_plugin sharding: the program draws %d random tensors but the traces %d; "
