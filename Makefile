@@ -90,7 +90,7 @@ test-wheel:
 
 test-py:
 	@echo "[$$(date +%T)] make test-py"
-	$(PYTHON) -m pytest -q --durations=20 tests/python
+	$(PYTHON) -m pytest -q --durations=40 --junitxml=build/pytest.xml tests/python
 
 # The core must build without LibTorch or Python: only csrc/bindings and kernels/ include them.
 check-core-deps:
