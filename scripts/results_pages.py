@@ -47,6 +47,11 @@ PAGES = {
         "user_programs.py",
         "features/automatic_sharding",
     ),
+    "scale_model": (
+        "Published large-scale training runs against our layout model",
+        "scale_model.py",
+        "features/scale_model",
+    ),
     "graphpipe_search": ("Graph pipelines: search", "graphpipe_search.py", PIPE),
     "graphpipe_throughput": ("Graph pipelines: throughput", "graphpipe_throughput.py", PIPE),
     "cache_parallel": ("Cache parallelism", "cache_parallel.py", "features/cache_parallelism"),
@@ -153,6 +158,12 @@ CODE = {
     "gpu_generate": ["kernels/cuda", "torch_plugin/cache_parallelism/hf.py"],
     "fused_attention": ["kernels/cpu"],
     "pretrained_load": ["torch_plugin/checkpoint", "torch_plugin/sharding"],
+    "scale_model": [
+        "csrc/cost/cluster_profile.cc",
+        "csrc/passes/layout_plan.cc",
+        "csrc/sim/interleaved_pipeline.cc",
+        "torch_plugin/scale",
+    ],
     "user_programs": [
         "torch_plugin/runtime",
         "torch_plugin/sharding",

@@ -1414,6 +1414,530 @@ class TuneResult:
     @trials.setter
     def trials(self, arg0: collections.abc.Sequence[TuneTrial]) -> None:
         ...
+class ClusterProfile:
+    """
+    A training cluster: device peak and efficiencies, memory, the fabric inside a node and the network between nodes (csrc/cost/cluster_profile.h).
+    """
+    calibrated_on: str
+    name: str
+    source: str
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def attention_bwd_efficiency(self) -> float:
+        ...
+    @attention_bwd_efficiency.setter
+    def attention_bwd_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def attention_efficiency(self) -> float:
+        ...
+    @attention_efficiency.setter
+    def attention_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def devices_per_node(self) -> int:
+        ...
+    @devices_per_node.setter
+    def devices_per_node(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def gemm_efficiency(self) -> float:
+        ...
+    @gemm_efficiency.setter
+    def gemm_efficiency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def inter_bandwidth(self) -> float:
+        ...
+    @inter_bandwidth.setter
+    def inter_bandwidth(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def inter_latency(self) -> float:
+        ...
+    @inter_latency.setter
+    def inter_latency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def intra_bandwidth(self) -> float:
+        ...
+    @intra_bandwidth.setter
+    def intra_bandwidth(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def intra_latency(self) -> float:
+        ...
+    @intra_latency.setter
+    def intra_latency(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def mem_bandwidth(self) -> float:
+        ...
+    @mem_bandwidth.setter
+    def mem_bandwidth(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def memory_bytes(self) -> float:
+        ...
+    @memory_bytes.setter
+    def memory_bytes(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def peak_flops(self) -> float:
+        ...
+    @peak_flops.setter
+    def peak_flops(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def sms(self) -> int:
+        ...
+    @sms.setter
+    def sms(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def sustained(self) -> float:
+        """
+        share of the kernel efficiencies a training step sustains (calibrated)
+        """
+    @sustained.setter
+    def sustained(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def usable_memory(self) -> float:
+        ...
+    @usable_memory.setter
+    def usable_memory(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class TransformerSpec:
+    """
+    A decoder-only transformer by its sizes.
+    """
+    name: str
+    tied_embeddings: bool
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def forward_flops(self, seq_len: typing.SupportsInt | typing.SupportsIndex) -> float:
+        """
+        forward FLOPs of one sequence (causal attention)
+        """
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def biases(self) -> bool:
+        """
+        GPT-style biases and LayerNorm
+        """
+    @biases.setter
+    def biases(self, arg0: bool) -> None:
+        ...
+    @property
+    def ffn(self) -> int:
+        ...
+    @ffn.setter
+    def ffn(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def gated_mlp(self) -> bool:
+        """
+        SwiGLU (True) or a two-matrix MLP
+        """
+    @gated_mlp.setter
+    def gated_mlp(self, arg0: bool) -> None:
+        ...
+    @property
+    def head_dim(self) -> int:
+        """
+        0: hidden / heads
+        """
+    @head_dim.setter
+    def head_dim(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def heads(self) -> int:
+        ...
+    @heads.setter
+    def heads(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def hidden(self) -> int:
+        ...
+    @hidden.setter
+    def hidden(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def kv_heads(self) -> int:
+        ...
+    @kv_heads.setter
+    def kv_heads(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def layers(self) -> int:
+        ...
+    @layers.setter
+    def layers(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def params(self) -> float:
+        """
+        parameter count
+        """
+    @property
+    def positions(self) -> int:
+        """
+        learned position embeddings
+        """
+    @positions.setter
+    def positions(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def vocab(self) -> int:
+        ...
+    @vocab.setter
+    def vocab(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class TrainingJob:
+    """
+    Devices, sequence length and global batch (sequences).
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def global_batch(self) -> int:
+        ...
+    @global_batch.setter
+    def global_batch(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def seq_len(self) -> int:
+        ...
+    @seq_len.setter
+    def seq_len(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def world(self) -> int:
+        ...
+    @world.setter
+    def world(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class TrainingLayout:
+    """
+    A 3-D (+ context parallel) training layout.
+    """
+    sequence_parallel: bool
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def chunks(self) -> int:
+        """
+        model chunks per device (interleaved 1F1B > 1)
+        """
+    @chunks.setter
+    def chunks(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def cp(self) -> int:
+        ...
+    @cp.setter
+    def cp(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def dp(self) -> int:
+        ...
+    @dp.setter
+    def dp(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def micro_batch(self) -> int:
+        ...
+    @micro_batch.setter
+    def micro_batch(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def order(self) -> str:
+        """
+        mesh dimensions in rank order, innermost first
+        """
+    @order.setter
+    def order(self, arg0: str) -> None:
+        ...
+    @property
+    def pp(self) -> int:
+        ...
+    @pp.setter
+    def pp(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def recompute(self) -> bool:
+        """
+        full activation recomputation
+        """
+    @recompute.setter
+    def recompute(self, arg0: bool) -> None:
+        ...
+    @property
+    def tp(self) -> int:
+        ...
+    @tp.setter
+    def tp(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def tp_overlap(self) -> bool:
+        """
+        async TP
+        """
+    @tp_overlap.setter
+    def tp_overlap(self, arg0: bool) -> None:
+        ...
+    @property
+    def zero(self) -> int:
+        """
+        0-3; 3 is FSDP
+        """
+    @zero.setter
+    def zero(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class StepEstimate:
+    """
+    The modelled step of one layout.
+    """
+    feasible: bool
+    reason: str
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def activation_bytes(self) -> float:
+        ...
+    @activation_bytes.setter
+    def activation_bytes(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def bubble_fraction(self) -> float:
+        ...
+    @bubble_fraction.setter
+    def bubble_fraction(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def compute_time(self) -> float:
+        ...
+    @compute_time.setter
+    def compute_time(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def cp_comm_time(self) -> float:
+        ...
+    @cp_comm_time.setter
+    def cp_comm_time(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def dp_exposed_time(self) -> float:
+        ...
+    @dp_exposed_time.setter
+    def dp_exposed_time(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def memory_bytes(self) -> float:
+        ...
+    @memory_bytes.setter
+    def memory_bytes(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def mfu(self) -> float:
+        ...
+    @mfu.setter
+    def mfu(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def micro_batches(self) -> int:
+        ...
+    @micro_batches.setter
+    def micro_batches(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def model_flops(self) -> float:
+        ...
+    @model_flops.setter
+    def model_flops(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def optimizer_time(self) -> float:
+        ...
+    @optimizer_time.setter
+    def optimizer_time(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def pipeline_time(self) -> float:
+        ...
+    @pipeline_time.setter
+    def pipeline_time(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def pp_send_time(self) -> float:
+        ...
+    @pp_send_time.setter
+    def pp_send_time(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def state_bytes(self) -> float:
+        ...
+    @state_bytes.setter
+    def state_bytes(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def step_time(self) -> float:
+        ...
+    @step_time.setter
+    def step_time(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def tflops_per_device(self) -> float:
+        ...
+    @tflops_per_device.setter
+    def tflops_per_device(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def tp_comm_time(self) -> float:
+        ...
+    @tp_comm_time.setter
+    def tp_comm_time(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class LayoutSearch:
+    """
+    Candidate values per decision; empty: all that tile.
+    """
+    order: str
+    sequence_parallel: bool
+    tp_overlap: bool
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def chunks(self) -> list[int]:
+        ...
+    @chunks.setter
+    def chunks(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def cp(self) -> list[int]:
+        ...
+    @cp.setter
+    def cp(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def keep(self) -> int:
+        ...
+    @keep.setter
+    def keep(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def micro_batch(self) -> list[int]:
+        ...
+    @micro_batch.setter
+    def micro_batch(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def pp(self) -> list[int]:
+        ...
+    @pp.setter
+    def pp(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def recompute(self) -> list[bool]:
+        ...
+    @recompute.setter
+    def recompute(self, arg0: collections.abc.Sequence[bool]) -> None:
+        ...
+    @property
+    def tp(self) -> list[int]:
+        ...
+    @tp.setter
+    def tp(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def zero(self) -> list[int]:
+        ...
+    @zero.setter
+    def zero(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+class LayoutCandidate:
+    """
+    A layout and its estimate.
+    """
+    estimate: StepEstimate
+    layout: TrainingLayout
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+class LayoutPlan:
+    """
+    The fastest layout that fits, and the runners-up.
+    """
+    estimate: StepEstimate
+    layout: TrainingLayout
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def best(self) -> list[LayoutCandidate]:
+        ...
+    @best.setter
+    def best(self, arg0: collections.abc.Sequence[LayoutCandidate]) -> None:
+        ...
+    @property
+    def evaluated(self) -> int:
+        ...
+    @evaluated.setter
+    def evaluated(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def feasible(self) -> int:
+        ...
+    @feasible.setter
+    def feasible(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
 class RewriteOptions:
     """
     Typed options of the graph rewrites, one field per rewrite.
@@ -1427,8 +1951,18 @@ class RewriteOptions:
         ...
     def to_dict(self) -> dict:
         ...
+def cluster_profile(name: str) -> ClusterProfile:
+    """
+    A preset cluster profile by name (see cluster_profile_names()).
+    """
+def cluster_profile_names() -> list[str]:
+    ...
 def device_profiles() -> dict:
     ...
+def estimate_training_step(spec: TransformerSpec, job: TrainingJob, layout: TrainingLayout, cluster: ClusterProfile) -> StepEstimate:
+    """
+    Models one training step of `layout` (csrc/passes/layout_plan.h).
+    """
 def graph_signature(arg0: Graph) -> str:
     """
     Canonical text of the whole graph (ops, constants, wiring, input types): the key under which placement decisions are cached.
@@ -1444,6 +1978,10 @@ def parse_spec(spec: str) -> tuple[str, int, int]:
 def placement_candidates(graph: Graph, backends: collections.abc.Sequence[str], extra_rules: collections.abc.Mapping[str, collections.abc.Sequence[tuple[str, typing.Any]]] = {}, max_candidates: typing.SupportsInt | typing.SupportsIndex = 200000) -> dict:
     """
     Candidate groups per backend: dicts with id, backend, rule, node names/ids, input and output value names, and the canonical signature.
+    """
+def plan_training_layout(spec: TransformerSpec, job: TrainingJob, cluster: ClusterProfile, search: LayoutSearch) -> LayoutPlan:
+    """
+    The fastest layout that fits in memory, over the search's candidates.
     """
 def registered_passes() -> list[PassInfo]:
     """

@@ -16,7 +16,7 @@ from ._compat import check_torch
 # nothing a user can act on. (Hence the imports below this call: E402.)
 check_torch()
 
-from . import _C, distributed, models, ops, placement, schedule  # noqa: F401  (ops registers fake kernels, autograd)
+from . import _C, distributed, models, ops, placement, scale, schedule  # noqa: F401  (ops registers fake kernels, autograd)
 from ._C import GraphError, PassError, PlanError
 from .backend import register, torch_plugin_backend
 from .distributed import (
@@ -39,6 +39,7 @@ from .distributed import (
 )
 from .options import Options
 from .placement import PlacedModule, place
+from .scale import plan_at_scale
 from .schedule import Schedule, ScheduleError, build, create_schedule
 
 __all__ = [
@@ -70,7 +71,9 @@ __all__ = [
     "place",
     "save_checkpoint",
     "placement",
+    "plan_at_scale",
     "plan_pipeline",
+    "scale",
     "torch_plugin_backend",
 ]
 __version__ = "0.1.0"

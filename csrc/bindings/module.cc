@@ -281,6 +281,7 @@ void BindCacheParallel(py::module_& m, PassManagerClass& pm);  // cache_parallel
 void BindSharding(py::module_& m, PassManagerClass& pm);       // sharding.cc
 void BindPlacement(py::module_& m, PassManagerClass& pm);      // placement.cc
 void BindSchedule(py::module_& m, PassManagerClass& pm);       // schedule.cc
+void BindLayout(py::module_& m);                               // layout.cc
 }  // namespace tp::bindings
 
 PYBIND11_MODULE(_C, m) {
@@ -357,6 +358,7 @@ class PassError(RuntimeError):
   BindSharding(m, pm);
   BindPlacement(m, pm);
   BindSchedule(m, pm);
+  BindLayout(m);
 
   Struct<passes::RewriteOptions>(m, "RewriteOptions",
                                  "Typed options of the graph rewrites, one field per rewrite.")

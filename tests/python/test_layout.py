@@ -21,6 +21,7 @@ LAYERS = [
     ["runtime"],
     ["checkpoint"],
     ["sharding"],
+    ["scale"],  # layouts for clusters we cannot run: the C++ model only
     ["placement"],
     ["pipeline"],  # a module-level stage may place its compute
     ["backend", "options"],  # the compile path
@@ -158,7 +159,7 @@ def test_no_package_shadows_a_public_name() -> None:
 
     for mod in _modules():
         importlib.import_module(mod)
-    exported_packages = {"distributed", "models", "placement"}
+    exported_packages = {"distributed", "models", "placement", "scale"}
     shadowed = [
         name
         for name in torch_plugin.__all__
