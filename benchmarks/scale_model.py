@@ -375,6 +375,10 @@ def run_row(row: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def layout_text(fields: dict[str, Any]) -> str:
+    return repr(torch_plugin._C.TrainingLayout(**fields))[len("TrainingLayout(") : -1]
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -442,7 +446,7 @@ def main() -> None:
             f"modelled {m['step_s']:8.3f} s "
             f"({100 * r['error']:+5.1f}%)  {'' if r['fits_by_model'] else '[over memory] '}"
             f"ours {r['planner']['step_s']:8.3f} s ({r['planner_speedup']:.2f}x) "
-            f"{torch_plugin._C.TrainingLayout(**r['planner_layout'])}",
+            f"{layout_text(r['planner_layout'])}",
             flush=True,
         )
     held_out = [r for r in results if not r["calibration"]]
@@ -474,6 +478,22 @@ def main() -> None:
                 for n in sorted({r["cluster"] for r in results})
             },
             planning_at_scale=scale_run,
+            table=[
+                dict(
+                    id=r["id"],
+                    gpus=r["gpus"],
+                    published_s=r["published_step_s"],
+                    modelled_s=r["modelled"]["step_s"],
+                    error=r["error"],
+                    role="calibration" if r["calibration"] else "held out",
+                    fits=r["fits_by_model"],
+                    published_layout=layout_text(r["published_layout"]),
+                    planner_layout=layout_text(r["planner_layout"]),
+                    planner_s=r["planner"]["step_s"],
+                    planner_speedup=r["planner_speedup"],
+                )
+                for r in results
+            ],
             results=results,
         ),
     )
