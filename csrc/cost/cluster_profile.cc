@@ -23,7 +23,7 @@ const std::vector<ClusterProfile>& Presets() {
     h100.gemm_efficiency = 0.70;
     h100.attention_efficiency = 0.55;
     h100.attention_bwd_efficiency = 0.45;
-    h100.sustained = 0.8405;
+    h100.sustained = 0.7853;
     h100.calibrated_on = "megatron-7.1b (Megatron-LM README, H100 table)";
     h100.sms = 132;
     h100.mem_bandwidth = 3.35e12;
@@ -52,7 +52,7 @@ const std::vector<ClusterProfile>& Presets() {
     gt.peak_flops = 912e12;
     gt.mem_bandwidth = 2.4e12;
     gt.memory_bytes = 96e9;
-    gt.sustained = 0.6179;
+    gt.sustained = 0.6180;
     gt.calibrated_on = "torchtitan-8b-128-fsdp-compile (torchtitan H100 benchmark, Table 3)";
     v.push_back(gt);
 

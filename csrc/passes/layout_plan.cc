@@ -115,7 +115,9 @@ LayerCost CostLayer(const TransformerSpec& m, const TrainingJob& job, const Trai
   // attention, reduce-scatter their gradients after its backward.
   const double kv_bytes = kAct * 2 * b * s * kv / tp;
   lc.cp_comm_fwd = CollectiveTime(c, CollectiveKind::kAllGather, kv_bytes, l.cp, st.cp);
-  lc.cp_comm_bwd = CollectiveTime(c, CollectiveKind::kReduceScatter, kv_bytes, l.cp, st.cp);
+  // The backward gathers K and V again (they are not kept) and reduce-scatters their gradients.
+  lc.cp_comm_bwd =
+      lc.cp_comm_fwd + CollectiveTime(c, CollectiveKind::kReduceScatter, kv_bytes, l.cp, st.cp);
   return lc;
 }
 
@@ -195,6 +197,12 @@ StepEstimate Estimate(const TransformerSpec& m, const TrainingJob& job, const Tr
               " is not the world size " + std::to_string(job.world));
   Require(m.heads % l.tp == 0, "tp " + std::to_string(l.tp) + " does not divide " +
                                    std::to_string(m.heads) + " attention heads");
+  Require(m.kv_heads % l.tp == 0, "tp " + std::to_string(l.tp) + " does not divide " +
+                                      std::to_string(m.kv_heads) +
+                                      " key/value heads (Megatron splits whole query groups)");
+  Require(
+      !l.sequence_parallel || (job.seq_len / l.cp) % l.tp == 0,
+      "sequence parallelism needs each cp rank's tokens to split over tp " + std::to_string(l.tp));
   Require(job.seq_len % (2 * l.cp) == 0 || l.cp == 1,
           "cp " + std::to_string(l.cp) + " needs the sequence length to split in 2 cp chunks");
   Require(job.global_batch % l.dp == 0, "dp " + std::to_string(l.dp) +
@@ -208,6 +216,7 @@ StepEstimate Estimate(const TransformerSpec& m, const TrainingJob& job, const Tr
   const int stages = l.pp * l.chunks;
   Require(stages <= m.layers, "pp x chunks = " + std::to_string(stages) + " exceeds the " +
                                   std::to_string(m.layers) + " layers");
+  Require(l.chunks == 1 || l.pp > 1, "interleaving (chunks > 1) needs a pipeline (pp > 1)");
   Require(l.chunks == 1 || mb % l.pp == 0, "interleaved 1F1B needs the micro-batch count (" +
                                                std::to_string(mb) + ") to be a multiple of pp " +
                                                std::to_string(l.pp));
@@ -237,7 +246,10 @@ StepEstimate Estimate(const TransformerSpec& m, const TrainingJob& job, const Tr
   pipe.devices = l.pp;
   pipe.chunks = l.chunks;
   pipe.micro_batches = mb;
-  pipe.send = cost::SendTime(c, kAct * t * h / norm_share, st.pp);
+  // The slowest hop sets the pace: if any two consecutive stages sit in different nodes, every
+  // send is priced across nodes.
+  const bool crosses = st.pp >= c.devices_per_node || st.pp * l.pp > c.devices_per_node;
+  pipe.send = cost::SendTime(c, kAct * t * h / norm_share, crosses ? c.devices_per_node : st.pp);
   const double layer_fwd = lc.fwd + lc.tp_comm_fwd + lc.cp_comm_fwd;
   const double layer_bwd = lc.bwd + lc.tp_comm_bwd + lc.cp_comm_bwd +
                            (l.recompute ? lc.fwd + lc.tp_comm_fwd + lc.cp_comm_fwd : 0.0);
@@ -267,15 +279,28 @@ StepEstimate Estimate(const TransformerSpec& m, const TrainingJob& job, const Tr
   const double layer_params = m.LayerParams() / tp;
   const double vocab_params = static_cast<double>(m.vocab) * h / tp;
   double worst_state = 0, worst_memory = 0, worst_act = 0, dp_exposed = 0, optimizer = 0;
-  const double shard = static_cast<double>(l.dp);
+  // Ranks of one cp group hold the same weights: gradients are reduced, and ZeRO shards the
+  // state, over dp x cp (Megatron's data_parallel_group_with_cp, torchtitan's dp_shard_cp).
+  const double shard = static_cast<double>(l.dp) * l.cp;
+  auto dp_collective = [&](CollectiveKind kind, double bytes) {
+    // Over cp first on the whole tensor, then over dp on each cp rank's share (an all-reduce:
+    // reduce-scatter and all-gather over cp around an all-reduce over dp).
+    const double inner =
+        kind == CollectiveKind::kAllReduce
+            ? CollectiveTime(c, CollectiveKind::kReduceScatter, bytes, l.cp, st.cp) +
+                  CollectiveTime(c, CollectiveKind::kAllGather, bytes, l.cp, st.cp)
+            : CollectiveTime(c, kind, bytes, l.cp, st.cp);
+    return inner + CollectiveTime(c, kind, bytes / l.cp, l.dp, st.dp);
+  };
   for (int d = 0; d < l.pp; ++d) {
     double params = 0, layers_here = 0;
     std::vector<std::pair<double, double>> grads;  // (ready at, bytes) per chunk
     for (int k = 0; k < l.chunks; ++k) {
       const int s = k * l.pp + d;
       double p = layers[s] * layer_params;
-      if (s == 0 || (s == stages - 1 && !m.tied_embeddings)) p += vocab_params;
-      if (s == stages - 1 && m.tied_embeddings && stages > 1) p += vocab_params;
+      if (s == 0) p += vocab_params;  // the embedding
+      // The output layer: its own weights, or the tied embedding's copy on the last stage.
+      if (s == stages - 1 && (!m.tied_embeddings || stages > 1)) p += vocab_params;
       params += p;
       layers_here += layers[s];
       // Gradients leave in per-layer buckets as the chunk's last backward produces them (the
@@ -315,24 +340,23 @@ StepEstimate Estimate(const TransformerSpec& m, const TrainingJob& job, const Tr
     // micro-batch's forward and backward, prefetched behind compute: only what exceeds the compute
     // is exposed.
     std::sort(grads.begin(), grads.end());
+    const auto reduce = l.zero >= 1 ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
     double net = 0;
-    for (const auto& [ready, p] : grads) {
-      const double bytes = 4 * p;
-      net = std::max(net, ready) + CollectiveTime(c,
-                                                  l.zero >= 1 ? CollectiveKind::kReduceScatter
-                                                              : CollectiveKind::kAllReduce,
-                                                  bytes, l.dp, st.dp);
-    }
+    for (const auto& [ready, p] : grads) net = std::max(net, ready) + dp_collective(reduce, 4 * p);
     double exposed = std::max(0.0, net - sim.time);
-    if (l.zero >= 1 && l.zero <= 2 && l.dp > 1)
-      exposed += CollectiveTime(c, CollectiveKind::kAllGather,
-                                kAct * (layers[d] * layer_params + (d == 0 ? vocab_params : 0.0)),
-                                l.dp, st.dp);
+    // With sharded gradients (ZeRO 2-3) there is no full-size accumulation buffer: every earlier
+    // micro-batch's gradients are reduce-scattered too, behind compute.
+    if (l.zero >= 2 && mb > 1)
+      exposed += std::max(0.0, (mb - 1) * dp_collective(reduce, 4 * params) - sim.busy[d]);
+    // ZeRO 1-2 gather the updated weights behind the next step's forward, bucket by bucket:
+    // the first layer's bucket is exposed.
+    if (l.zero >= 1 && l.zero <= 2 && shard > 1)
+      exposed += dp_collective(CollectiveKind::kAllGather,
+                               kAct * (layer_params + (d == 0 ? vocab_params : 0.0)));
     if (l.zero >= 3) {
       // Weights are dropped after each micro-batch's forward and gathered again for its
       // backward: two gathers per micro-batch, behind that micro-batch's compute.
-      const double gather =
-          2.0 * mb * CollectiveTime(c, CollectiveKind::kAllGather, kAct * params, l.dp, st.dp);
+      const double gather = 2.0 * mb * dp_collective(CollectiveKind::kAllGather, kAct * params);
       exposed += std::max(0.0, gather - sim.busy[d]);
     }
     dp_exposed = std::max(dp_exposed, exposed);
@@ -409,7 +433,8 @@ LayoutPlan PlanTrainingLayout(const TransformerSpec& m, const TrainingJob& job,
         const int64_t inner = static_cast<int64_t>(tp) * cp * pp;
         if (inner > job.world || job.world % inner != 0) continue;
         const int dp = static_cast<int>(job.world / inner);
-        if (job.global_batch % dp != 0 || m.heads % tp != 0) continue;
+        if (job.global_batch % dp != 0 || m.heads % tp != 0 || m.kv_heads % tp != 0) continue;
+        if (search.sequence_parallel && tp > 1 && (job.seq_len / cp) % tp != 0) continue;
         if (cp > 1 && job.seq_len % (2 * cp) != 0) continue;
         for (int v : vs)
           for (int mb : mbs) {

@@ -26,8 +26,10 @@ std::vector<ChunkOp> InterleavedOrder(int p, int v, int m, int d) {
     o.backward = backward;
     return o;
   };
-  const int warmup =
-      v == 1 ? std::min(p - d - 1, m) : std::min((p - d - 1) * 2 + (v - 1) * p, total);
+  // Megatron runs every forward first when m == p with interleaving.
+  const int warmup = v == 1   ? std::min(p - d - 1, m)
+                     : m == p ? total
+                              : std::min((p - d - 1) * 2 + (v - 1) * p, total);
   std::vector<ChunkOp> order;
   order.reserve(2 * total);
   for (int k = 0; k < warmup; ++k) order.push_back(op(k, false));

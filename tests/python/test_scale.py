@@ -58,8 +58,25 @@ def test_a_model_with_parts_the_layout_model_does_not_price_is_refused() -> None
         vocab_size=1000,
     )
     model = _meta(transformers.MixtralForCausalLM, config)
-    with pytest.raises(ValueError, match="prices .* parameters but MixtralForCausalLM has"):
+    with pytest.raises(ValueError, match="'mixtral' model is not one the layout model describes"):
         scale.transformer_spec(model)
+    with pytest.raises(ValueError, match="'mixtral' model is not one"):
+        scale.transformer_spec(config)
+    # A module whose parameters the spec does not reproduce is refused by its count.
+    llama = _meta(
+        transformers.LlamaForCausalLM,
+        transformers.LlamaConfig(
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            vocab_size=1000,
+        ),
+    )
+    llama.model.extra = torch.nn.Linear(256, 4096, device="meta")
+    with pytest.raises(ValueError, match="prices .* parameters but LlamaForCausalLM has"):
+        scale.transformer_spec(llama)
     with pytest.raises(TypeError, match="transformers model or config"):
         scale.transformer_spec(torch.nn.Linear(2, 2))
 

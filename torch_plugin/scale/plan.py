@@ -12,6 +12,9 @@ from .. import _C
 # Relative difference allowed between the spec's parameter count and the model's: a few biases
 # the layout model does not price (Qwen2's on q, k, v), which cost nothing at scale.
 PARAM_TOLERANCE = 5e-3
+# Decoders made of attention (q, k, v, o), a gated MLP (gate, up, down), two norms per layer,
+# an embedding and an output layer: the architecture TransformerSpec prices.
+LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"})
 
 
 def _config_of(model: Any) -> Any:
@@ -40,25 +43,16 @@ def transformer_spec(model: Any, name: str | None = None) -> Any:
             kv_heads=c.n_head,
             vocab=c.vocab_size,
             gated_mlp=False,
-            tied_embeddings=bool(get("tie_word_embeddings", True)),
+            tied_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
             biases=True,
             positions=c.n_positions,
         )
     else:
-        missing = [
-            k
-            for k in (
-                "hidden_size",
-                "intermediate_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-            )
-            if get(k) is None
-        ]
-        if missing:
+        if get("model_type") not in LLAMA_FAMILY:
             raise ValueError(
-                f"transformer_spec: config of type {get('model_type')!r} has no {missing}; the "
-                f"layout model covers Llama-family and GPT-2 decoders"
+                f"transformer_spec: a {get('model_type')!r} model is not one the layout model "
+                f"describes (Llama-family decoders: {', '.join(sorted(LLAMA_FAMILY))}; GPT-2); "
+                "build a TransformerSpec by hand"
             )
         heads = c.num_attention_heads
         spec = _C.TransformerSpec(
@@ -70,7 +64,7 @@ def transformer_spec(model: Any, name: str | None = None) -> Any:
             vocab=c.vocab_size,
             head_dim=get("head_dim") or 0,
             gated_mlp=True,
-            tied_embeddings=bool(get("tie_word_embeddings", False)),
+            tied_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
         )
     spec.name = name or str(get("_name_or_path") or get("model_type") or "model")
     if isinstance(model, torch.nn.Module):

@@ -13,6 +13,7 @@ TEST(ClusterProfile, PresetsAreTheDocumentedFigures) {
   const auto& h = FindClusterProfile("h100-roce");
   EXPECT_DOUBLE_EQ(h.peak_flops, 989e12);
   EXPECT_DOUBLE_EQ(h.gemm_efficiency, 0.70);
+  EXPECT_DOUBLE_EQ(h.sustained, 0.7853);
   EXPECT_DOUBLE_EQ(h.attention_efficiency, 0.55);
   EXPECT_DOUBLE_EQ(h.attention_bwd_efficiency, 0.45);
   EXPECT_DOUBLE_EQ(h.mem_bandwidth, 3.35e12);
@@ -22,11 +23,13 @@ TEST(ClusterProfile, PresetsAreTheDocumentedFigures) {
   EXPECT_DOUBLE_EQ(h.inter_bandwidth, 40e9);
   const auto& g = FindClusterProfile("h100-hbm2e-500w");
   EXPECT_DOUBLE_EQ(g.peak_flops, 912e12);
+  EXPECT_DOUBLE_EQ(g.sustained, 0.6180);
   EXPECT_DOUBLE_EQ(g.mem_bandwidth, 2.4e12);
   EXPECT_DOUBLE_EQ(g.memory_bytes, 96e9);
   const auto& a = FindClusterProfile("a100-ib");
   EXPECT_DOUBLE_EQ(a.peak_flops, 312e12);
   EXPECT_DOUBLE_EQ(a.gemm_efficiency, 0.80);
+  EXPECT_DOUBLE_EQ(a.sustained, 0.7320);
   EXPECT_DOUBLE_EQ(a.inter_bandwidth, 20e9);
   EXPECT_THROW(FindClusterProfile("tpu"), std::invalid_argument);
 }

@@ -118,7 +118,7 @@ TEST(LayoutPlan, ReproducesMegatronCore462BOn6144H100s) {
   l.tp_overlap = true, l.order = "tp-cp-dp-pp";
   const TrainingJob job{6144, 4096, 3072};
   const auto e = EstimateTrainingStep(Megatron462B(), job, l, cost::FindClusterProfile("h100-ib"));
-  EXPECT_NEAR(e.step_time, 12.3426, 0.01);
+  EXPECT_NEAR(e.step_time, 13.1842, 0.005);
   // Published: 459.9 TFLOP/s per GPU.
   const double published = e.model_flops / (459.9e12 * 6144);
   EXPECT_NEAR(e.step_time / published, 1.0, 0.15);
@@ -131,7 +131,7 @@ TEST(LayoutPlan, ReproducesTorchtitan405BOn128H100s) {
   const TrainingJob job{128, 8192, 32};
   const auto e =
       EstimateTrainingStep(Llama3_405B(), job, l, cost::FindClusterProfile("h100-hbm2e-500w"));
-  EXPECT_NEAR(e.step_time, 20.7711, 0.02);
+  EXPECT_NEAR(e.step_time, 20.769, 0.005);
   const double published = 32 * 8192 / (109.0 * 128);  // 109 tokens/s per GPU
   EXPECT_NEAR(e.step_time / published, 1.0, 0.15);
 }
