@@ -59,19 +59,23 @@ fuzz:
 	  test $$st -eq 0 || { tail -n 60 build/sanitize/fuzz-$${names[$$i]}.log; rc=1; }; \
 	done; exit $$rc
 
-# CUDA kernels compile to objects for every target arch, and their torch-facing registration
-# is syntax-checked against torch's CUDA headers, so neither can rot without a GPU.
+# CUDA kernels compile to objects for every target arch (one arch per core, side by side), and
+# their torch-facing registration is syntax-checked against torch's CUDA headers, so neither can
+# rot without a GPU.
 # (The CPU wheel lacks one generated config header; a one-line stub stands in for it.)
 cuda-check:
 	@echo "[$$(date +%T)] make cuda-check"
 	@if command -v nvcc >/dev/null 2>&1; then \
 	  mkdir -p build/cuda-check; \
-	  for f in kernels/cuda/*.cu; do for a in $(CUDA_ARCHS); do \
-	    echo "nvcc sm_$$a $$f"; \
-	    nvcc -std=c++20 -O2 -Werror all-warnings -Ikernels \
-	      -gencode arch=compute_$$a,code=sm_$$a -c $$f \
-	      -o build/cuda-check/$$(basename $$f .cu).sm_$$a.o || exit 1; \
-	  done; done; \
+	  pids=(); for a in $(CUDA_ARCHS); do \
+	    ( for f in kernels/cuda/*.cu; do \
+	        echo "nvcc sm_$$a $$f"; \
+	        nvcc -std=c++20 -O2 -Werror all-warnings -Ikernels \
+	          -gencode arch=compute_$$a,code=sm_$$a -c $$f \
+	          -o build/cuda-check/$$(basename $$f .cu).sm_$$a.o || exit 1; \
+	      done ) & pids+=($$!); \
+	  done; \
+	  for p in "$${pids[@]}"; do wait $$p || exit 1; done; \
 	  stub=build/cuda-check/stub/c10/cuda/impl; mkdir -p $$stub; \
 	  printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > $$stub/cuda_cmake_macros.h; \
 	  inc=$$($(PYTHON) -c "from torch.utils.cpp_extension import include_paths as p; \

@@ -225,7 +225,7 @@ def main() -> None:
         "batch": BATCH,
         "seq": SEQ,
         "world": WORLD,
-        "machine": f"{os.cpu_count()} cores, gloo, 1 thread per rank",
+        "ranks": f"{WORLD} gloo ranks of 1 thread on {os.cpu_count()} cores",
         "torch": torch.__version__,
         "contenders": rows,
         "ratios": ratios,

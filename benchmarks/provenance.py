@@ -71,5 +71,8 @@ def write_results(path: str | Path, payload: Any, **dump: Any) -> None:
     import json
 
     if isinstance(payload, dict):
-        payload = {**provenance(), **payload}
+        # Provenance wins over a payload key of the same name (a script's own "machine" or
+        # "commit" would otherwise hide the recorded ones).
+        prov = provenance()
+        payload = {**prov, **{k: v for k, v in payload.items() if k not in prov}}
     Path(path).write_text(json.dumps(payload, indent=1, **dump))

@@ -1690,12 +1690,12 @@ class TrainingLayout:
     def pp(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
-    def recompute(self) -> bool:
+    def recompute(self) -> str:
         """
-        full activation recomputation
+        'none', 'selective' or 'full'
         """
     @recompute.setter
-    def recompute(self, arg0: bool) -> None:
+    def recompute(self, arg0: str) -> None:
         ...
     @property
     def tp(self) -> int:
@@ -1875,10 +1875,10 @@ class LayoutSearch:
     def pp(self, arg0: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
         ...
     @property
-    def recompute(self) -> list[bool]:
+    def recompute(self) -> list[str]:
         ...
     @recompute.setter
-    def recompute(self, arg0: collections.abc.Sequence[bool]) -> None:
+    def recompute(self, arg0: collections.abc.Sequence[str]) -> None:
         ...
     @property
     def tp(self) -> list[int]:

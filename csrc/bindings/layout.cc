@@ -71,7 +71,7 @@ void BindLayout(py::module_& m) {
       .field("chunks", &TrainingLayout::chunks, "model chunks per device (interleaved 1F1B > 1)")
       .field("micro_batch", &TrainingLayout::micro_batch)
       .field("zero", &TrainingLayout::zero, "0-3; 3 is FSDP")
-      .field("recompute", &TrainingLayout::recompute, "full activation recomputation")
+      .field("recompute", &TrainingLayout::recompute, "'none', 'selective' or 'full'")
       .field("sequence_parallel", &TrainingLayout::sequence_parallel)
       .field("tp_overlap", &TrainingLayout::tp_overlap, "async TP")
       .field("order", &TrainingLayout::order, "mesh dimensions in rank order, innermost first");

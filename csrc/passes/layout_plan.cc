@@ -65,7 +65,7 @@ double GemmTime(const cost::ClusterProfile& c, double m, double n, double k) {
 // One decoder layer on one device for one micro-batch: forward and backward seconds (backward
 // without recomputation) and the bytes it keeps for its backward.
 struct LayerCost {
-  double fwd = 0, bwd = 0, act_bytes = 0, input_bytes = 0;
+  double fwd = 0, bwd = 0, act_bytes = 0, input_bytes = 0, selective_bytes = 0, elem_fwd = 0;
   double tp_comm_fwd = 0, tp_comm_bwd = 0, cp_comm_fwd = 0, cp_comm_bwd = 0;
   double gemm_fwd = 0;
 };
@@ -94,6 +94,7 @@ LayerCost CostLayer(const TransformerSpec& m, const TrainingJob& job, const Trai
       ((2 * 2 * h + 2 * 3 * h) / norm_share + 2 * (q + kv) / tp + (m.gated_mlp ? 3 : 2) * f / tp);
   const double elem = elem_bytes / c.mem_bandwidth;
   lc.gemm_fwd = gemm;
+  lc.elem_fwd = elem;
   lc.fwd = gemm + attn_fwd + elem;
   lc.bwd = 2 * gemm + attn_bwd + 2 * elem;
   // What the backward needs (flash attention keeps O and the row log-sum-exp, not the scores).
@@ -101,6 +102,13 @@ LayerCost CostLayer(const TransformerSpec& m, const TrainingJob& job, const Trai
   const double mlp_acts = (m.gated_mlp ? 3 : 2) * f;  // gate, up, product; or fc1 out, GeLU out
   lc.act_bytes = kAct * t * ((4 * h) / norm_share + (q + 2 * kv) / tp + q / tp + mlp_acts / tp) +
                  4 * t * m.heads / tp;
+  // Selective: the two norms' inputs (the layer input and the residual after attention), the
+  // GEMM outputs (q, k, v; gate and up, or fc1) and attention's output; the norms' outputs and
+  // the MLP activation's product are recomputed from them.
+  const double gemm_outs = (m.gated_mlp ? 2 : 1) * f;
+  lc.selective_bytes =
+      kAct * t * ((2 * h) / norm_share + (q + 2 * kv) / tp + q / tp + gemm_outs / tp) +
+      4 * t * m.heads / tp;
   // Tensor parallelism: two all-gathers and two reduce-scatters of the layer's [t, h] hidden
   // state with sequence parallelism (two all-reduces without), each way.
   const double hidden_bytes = kAct * t * h;
@@ -174,7 +182,10 @@ std::string TrainingLayout::ToString() const {
   std::ostringstream os;
   os << "tp" << tp << " cp" << cp << " pp" << pp << " dp" << dp;
   if (chunks > 1) os << " v" << chunks;
-  os << " mb" << micro_batch << " zero" << zero << (recompute ? " recompute" : "")
+  os << " mb" << micro_batch << " zero" << zero
+     << (recompute == "full"        ? " recompute"
+         : recompute == "selective" ? " selective"
+                                    : "")
      << (tp_overlap ? " async-tp" : "");
   return os.str();
 }
@@ -221,6 +232,8 @@ StepEstimate Estimate(const TransformerSpec& m, const TrainingJob& job, const Tr
                                                std::to_string(mb) + ") to be a multiple of pp " +
                                                std::to_string(l.pp));
   Require(l.zero >= 0 && l.zero <= 3, "zero must be 0, 1, 2 or 3");
+  Require(l.recompute == "none" || l.recompute == "selective" || l.recompute == "full",
+          "recompute '" + l.recompute + "': give none, selective or full");
   const Strides st = StridesOf(l);
 
   const LayerCost lc = CostLayer(m, job, l, st, c);
@@ -251,9 +264,11 @@ StepEstimate Estimate(const TransformerSpec& m, const TrainingJob& job, const Tr
   const bool crosses = st.pp >= c.devices_per_node || st.pp * l.pp > c.devices_per_node;
   pipe.send = cost::SendTime(c, kAct * t * h / norm_share, crosses ? c.devices_per_node : st.pp);
   const double layer_fwd = lc.fwd + lc.tp_comm_fwd + lc.cp_comm_fwd;
+  const bool full = l.recompute == "full", selective = l.recompute == "selective";
   const double layer_bwd = lc.bwd + lc.tp_comm_bwd + lc.cp_comm_bwd +
-                           (l.recompute ? lc.fwd + lc.tp_comm_fwd + lc.cp_comm_fwd : 0.0);
-  const double layer_act = l.recompute ? lc.input_bytes : lc.act_bytes;
+                           (full ? lc.fwd + lc.tp_comm_fwd + lc.cp_comm_fwd : 0.0) +
+                           (selective ? lc.elem_fwd : 0.0);
+  const double layer_act = full ? lc.input_bytes : selective ? lc.selective_bytes : lc.act_bytes;
   for (int s = 0; s < stages; ++s) {
     pipe.fwd.push_back(layers[s] * layer_fwd + (s == 0 ? embed : 0) +
                        (s == stages - 1 ? head_fwd : 0));
@@ -318,20 +333,20 @@ StepEstimate Estimate(const TransformerSpec& m, const TrainingJob& job, const Tr
     const double gathered = l.zero >= 3 ? 2 * kAct * layer_params : 0.0;
     const double state = weights + gradients + states;
     // Recomputation rebuilds one layer's activations at a time in the backward.
-    const double transient = (l.recompute ? lc.act_bytes : 0.0) +
-                             (d == (stages - 1) % l.pp ? logits_bytes : 0.0) + gathered;
+    const double transient =
+        (full ? lc.act_bytes : 0.0) + (d == (stages - 1) % l.pp ? logits_bytes : 0.0) + gathered;
     const double memory = state + sim.peak_act_bytes[d] + transient;
     if (memory > worst_memory) {
       worst_memory = memory;
       worst_state = state;
       worst_act = sim.peak_act_bytes[d];
     }
-    e.tp_comm_time = std::max(e.tp_comm_time, layers_here * mb *
-                                                  (lc.tp_comm_fwd + lc.tp_comm_bwd +
-                                                   (l.recompute ? lc.tp_comm_fwd : 0.0)));
-    e.cp_comm_time = std::max(e.cp_comm_time, layers_here * mb *
-                                                  (lc.cp_comm_fwd + lc.cp_comm_bwd +
-                                                   (l.recompute ? lc.cp_comm_fwd : 0.0)));
+    e.tp_comm_time = std::max(
+        e.tp_comm_time,
+        layers_here * mb * (lc.tp_comm_fwd + lc.tp_comm_bwd + (full ? lc.tp_comm_fwd : 0.0)));
+    e.cp_comm_time = std::max(
+        e.cp_comm_time,
+        layers_here * mb * (lc.cp_comm_fwd + lc.cp_comm_bwd + (full ? lc.cp_comm_fwd : 0.0)));
     e.compute_time = std::max(e.compute_time, sim.busy[d]);
     // Data parallelism: gradients are reduced (scattered with ZeRO) over dp bucket by bucket as
     // the last backward of their chunk produces them, one collective at a time on the device's
@@ -420,8 +435,9 @@ LayoutPlan PlanTrainingLayout(const TransformerSpec& m, const TrainingJob& job,
   const auto vs = or_default(search.chunks, {1, 2, 3, 4, 6, 8});
   const auto mbs = or_default(search.micro_batch, {1, 2, 4, 8});
   const auto zeros = or_default(search.zero, {1, 2, 3});
-  const std::vector<bool> recs =
-      search.recompute.empty() ? std::vector<bool>{false, true} : search.recompute;
+  const std::vector<std::string> recs = search.recompute.empty()
+                                            ? std::vector<std::string>{"none", "selective", "full"}
+                                            : search.recompute;
   LayoutPlan plan;
   std::vector<LayoutCandidate> all;
   SimCache cache;
@@ -441,7 +457,7 @@ LayoutPlan PlanTrainingLayout(const TransformerSpec& m, const TrainingJob& job,
             const int64_t replica = job.global_batch / dp;
             if (replica % mb != 0 || pp * v > m.layers) continue;
             if (v > 1 && ((replica / mb) % pp != 0 || pp == 1)) continue;
-            for (bool rec : recs)
+            for (const std::string& rec : recs)
               for (int zero : zeros) {
                 TrainingLayout l;
                 l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.chunks = v, l.micro_batch = mb;

@@ -44,11 +44,13 @@ struct TrainingJob {
 
 struct TrainingLayout {
   int tp = 1, cp = 1, pp = 1, dp = 1;
-  int chunks = 1;          // model chunks per pipeline device (interleaved 1F1B when > 1)
-  int micro_batch = 1;     // sequences per micro-batch and data-parallel replica
-  int zero = 1;            // 0 replicated; 1 optimizer states sharded over dp; 2 + gradients;
-                           // 3 + weights (FSDP)
-  bool recompute = false;  // full activation recomputation (only layer inputs are kept)
+  int chunks = 1;       // model chunks per pipeline device (interleaved 1F1B when > 1)
+  int micro_batch = 1;  // sequences per micro-batch and data-parallel replica
+  int zero = 1;         // 0 replicated; 1 optimizer states sharded over dp; 2 + gradients;
+                        // 3 + weights (FSDP)
+  // Activation recomputation: "none"; "selective" (GEMM and attention outputs kept, norms and
+  // the MLP activation recomputed: torchtitan's per-op policy); "full" (layer inputs only).
+  std::string recompute = "none";
   bool sequence_parallel = true;      // Megatron SP: norms and residuals sharded over tp
   bool tp_overlap = false;            // TP collectives overlapped with the GEMMs (async TP)
   std::string order = "tp-cp-pp-dp";  // mesh dimensions in rank order, innermost first
@@ -86,7 +88,7 @@ StepEstimate EstimateTrainingStep(const TransformerSpec& model, const TrainingJo
 // Candidate values per decision; empty: every value that tiles the job.
 struct LayoutSearch {
   std::vector<int> tp, cp, pp, chunks, micro_batch, zero;
-  std::vector<bool> recompute;
+  std::vector<std::string> recompute;
   std::string order = "tp-cp-pp-dp";
   bool sequence_parallel = true;
   bool tp_overlap = false;

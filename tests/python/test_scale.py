@@ -99,7 +99,7 @@ def test_405b_on_16384_ranks_gets_a_3d_plan_that_fits(llama_405b: torch.nn.Modul
 def test_pins_and_published_layouts_are_priced_as_given(llama_405b: torch.nn.Module) -> None:
     spec = scale.transformer_spec(llama_405b)
     pinned = scale.plan_at_scale(
-        spec, 8192, seq_len=8192, global_batch=2048, tp=8, cp=1, pp=16, zero=2, recompute=False
+        spec, 8192, seq_len=8192, global_batch=2048, tp=8, cp=1, pp=16, zero=2, recompute="none"
     )
     lay = pinned.layout
     assert (lay.tp, lay.cp, lay.pp, lay.dp, lay.zero) == (8, 1, 16, 64, 2)
@@ -119,7 +119,7 @@ def test_pins_and_published_layouts_are_priced_as_given(llama_405b: torch.nn.Mod
 
 
 def test_cluster_overrides_change_the_modelled_step(llama_405b: torch.nn.Module) -> None:
-    layout = dict(tp=8, pp=16, dp=64, chunks=2, recompute=True)
+    layout = dict(tp=8, pp=16, dp=64, chunks=2, recompute="full")
     kw = dict(seq_len=8192, global_batch=2048)
     base = scale.estimate_training_step(llama_405b, layout, **kw)
     slow_net = scale.estimate_training_step(

@@ -121,7 +121,7 @@ def plan_at_scale(
 ) -> Any:
     """The fastest layout (tp, cp, pp, dp, interleaving, micro-batch, ZeRO stage, recomputation)
     that fits the cluster's memory, by the C++ model. Keyword `search` fields pin or narrow a
-    decision: `tp=[8]`, `recompute=[False]`, `order="tp-cp-pp-dp"`, `keep=10`."""
+    decision: `tp=[8]`, `recompute="none"`, `order="tp-cp-pp-dp"`, `keep=10`."""
     lists = {
         k: v if isinstance(v, (list, tuple)) else [v]
         for k, v in search.items()

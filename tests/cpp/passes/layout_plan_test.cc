@@ -70,6 +70,9 @@ TEST(LayoutPlan, LayoutsThatDoNotTileTheJobAreRefusedByName) {
   TrainingLayout order;
   order.dp = 64, order.order = "tp-pp-dp";
   EXPECT_NE(ThrownBy(Llama3_8B(), job, order).find("once each"), std::string::npos);
+  TrainingLayout rec;
+  rec.dp = 64, rec.recompute = "some";
+  EXPECT_NE(ThrownBy(Llama3_8B(), job, rec).find("none, selective or full"), std::string::npos);
 }
 
 TEST(LayoutPlan, ALayoutThatDoesNotFitSaysHowMuchItNeeds) {
@@ -86,7 +89,7 @@ TEST(LayoutPlan, MechanicsMoveTheStepTheWayTheyShould) {
   const auto& c = cost::FindClusterProfile("h100-roce");
   const TrainingJob job{512, 8192, 512};
   TrainingLayout l;
-  l.tp = 8, l.pp = 8, l.dp = 8, l.recompute = true;
+  l.tp = 8, l.pp = 8, l.dp = 8, l.recompute = "full";
   const auto base = EstimateTrainingStep(Llama3_405B(), job, l, c);
   // Interleaving shrinks the bubble; recomputation costs time and saves memory; overlapping
   // the TP collectives hides them.
@@ -96,10 +99,18 @@ TEST(LayoutPlan, MechanicsMoveTheStepTheWayTheyShould) {
   EXPECT_LT(inter.bubble_fraction, base.bubble_fraction);
   EXPECT_LT(inter.step_time, base.step_time);
   TrainingLayout keep = l;
-  keep.recompute = false;
+  keep.recompute = "none";
   const auto kept = EstimateTrainingStep(Llama3_405B(), job, keep, c);
   EXPECT_LT(kept.step_time, base.step_time);
   EXPECT_GT(kept.activation_bytes, 4 * base.activation_bytes);
+  // Selective recomputation sits in between on both.
+  TrainingLayout sel = l;
+  sel.recompute = "selective";
+  const auto some = EstimateTrainingStep(Llama3_405B(), job, sel, c);
+  EXPECT_LT(some.step_time, base.step_time);
+  EXPECT_GT(some.step_time, kept.step_time);
+  EXPECT_LT(some.activation_bytes, kept.activation_bytes);
+  EXPECT_GT(some.activation_bytes, base.activation_bytes);
   TrainingLayout async = l;
   async.tp_overlap = true;
   EXPECT_LT(EstimateTrainingStep(Llama3_405B(), job, async, c).tp_comm_time, base.tp_comm_time);
@@ -127,11 +138,11 @@ TEST(LayoutPlan, ReproducesMegatronCore462BOn6144H100s) {
 
 TEST(LayoutPlan, ReproducesTorchtitan405BOn128H100s) {
   TrainingLayout l;  // FSDP 16 x TP 8, local batch 2, full activation checkpointing
-  l.tp = 8, l.dp = 16, l.micro_batch = 2, l.zero = 3, l.recompute = true;
+  l.tp = 8, l.dp = 16, l.micro_batch = 2, l.zero = 3, l.recompute = "full";
   const TrainingJob job{128, 8192, 32};
   const auto e =
       EstimateTrainingStep(Llama3_405B(), job, l, cost::FindClusterProfile("h100-hbm2e-500w"));
-  EXPECT_NEAR(e.step_time, 20.769, 0.005);
+  EXPECT_NEAR(e.step_time, 20.4514, 0.005);
   const double published = 32 * 8192 / (109.0 * 128);  // 109 tokens/s per GPU
   EXPECT_NEAR(e.step_time / published, 1.0, 0.15);
 }
@@ -147,7 +158,7 @@ TEST(LayoutPlan, ThePlanIsNoSlowerThanAnyLayoutItCouldPick) {
     EXPECT_LE(plan.best[i - 1].estimate.step_time, plan.best[i].estimate.step_time);
   TrainingLayout megatron;  // the hand layout: tp8 pp16 dp2, interleaved, recomputed
   megatron.tp = 8, megatron.pp = 16, megatron.dp = 2, megatron.chunks = 2,
-  megatron.recompute = true;
+  megatron.recompute = "full";
   const auto hand = EstimateTrainingStep(Llama3_405B(), job, megatron, c);
   ASSERT_TRUE(hand.feasible);
   EXPECT_LE(plan.estimate.step_time, hand.step_time);
