@@ -153,11 +153,37 @@ def render(name: str, data: Any, depth: int = 1) -> str:
 # What each result measures, for the staleness flag: a result is flagged when a later commit
 # changed any of these paths (besides its own benchmark script).
 DEFAULT_CODE = ["torch_plugin", "csrc", "kernels"]
+SHARDING = [
+    "torch_plugin/sharding",
+    "torch_plugin/runtime",
+    "csrc/passes/sharding_ilp.cc",
+    "csrc/passes/sharding_materialize.cc",
+    "csrc/ir/sharding.cc",
+]
 CODE = {
     "gpu_kernels": ["kernels/cuda"],
     "gpu_generate": ["kernels/cuda", "torch_plugin/cache_parallelism/hf.py"],
     "fused_attention": ["kernels/cpu"],
     "pretrained_load": ["torch_plugin/checkpoint", "torch_plugin/sharding"],
+    "schedule": ["torch_plugin/schedule", "torch_plugin/runtime", "csrc/passes/schedule_tune.cc"],
+    "checkpoint": [
+        "torch_plugin/checkpoint",
+        "torch_plugin/sharding",
+        "torch_plugin/pipeline",
+        "torch_plugin/runtime",
+    ],
+    "hf_sharding": SHARDING,
+    "sharding": SHARDING,
+    "graphpipe_search": ["csrc/passes/pipeline_graph.cc", "csrc/passes/pipeline_partition.cc"],
+    "graphpipe_throughput": [
+        "torch_plugin/pipeline",
+        "torch_plugin/runtime",
+        "csrc/passes/pipeline_graph.cc",
+        "csrc/passes/pipeline_partition.cc",
+        "csrc/passes/pipeline_schedule.cc",
+        "csrc/passes/pipeline_plan.cc",
+        "csrc/sim/pipeline_sim.cc",
+    ],
     "scale_model": [
         "csrc/cost/cluster_profile.cc",
         "csrc/passes/layout_plan.cc",
