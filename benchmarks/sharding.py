@@ -257,7 +257,7 @@ def real_run(steps: int) -> dict[str, Any]:
 
 def _fmt(row: dict[str, Any]) -> str:
     def one(p: dict[str, Any]) -> str:
-        if not p.fits:
+        if not p["fits"]:
             return f"OOM (needs {p['min_gb']:.0f} GB)"
         return f"{p['step_s'] * 1e3:.1f} ms, {p['param_gb_per_rank']:.2f} GB"
 
