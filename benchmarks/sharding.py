@@ -290,10 +290,10 @@ def main() -> None:
     )
 
     def ms(p: dict[str, Any]) -> str:
-        return f"{p['step_s'] * 1e3:.1f}" if p.fits else "OOM"
+        return f"{p['step_s'] * 1e3:.1f}" if p["fits"] else "OOM"
 
     def ratio(p: dict[str, Any], q: dict[str, Any]) -> str:
-        return f"{p['step_s'] / q['step_s']:.3f}x" if p.fits and q["fits"] else "-"
+        return f"{p['step_s'] / q['step_s']:.3f}x" if p["fits"] and q["fits"] else "-"
 
     for r in a:
         o, m, d = r["ours"], r["megatron"], r["dp"]
@@ -311,7 +311,7 @@ def main() -> None:
         t, m, d = r["ours_2d"], r["megatron_2d"], r["dp"]
 
         def mesh(p: dict[str, Any]) -> str:
-            return "x".join(map(str, p.mesh)) if p.fits else "-"
+            return "x".join(map(str, p["mesh"])) if p["fits"] else "-"
 
         print(
             f"{r['size']:<8} {ms(t):>9} {mesh(t):>5} {ms(m):>12} {mesh(m):>5} "
