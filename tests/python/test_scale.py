@@ -4,6 +4,7 @@ HF models built on the meta device, plans on fixed cluster profiles. The cost mo
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -131,15 +132,32 @@ def test_cluster_overrides_change_the_modelled_step(llama_405b: torch.nn.Module)
         scale.cluster_profile("tpu")
 
 
-def test_the_benchmark_rows_cite_a_source_and_tile_their_jobs() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import scale_model
+def _benchmark_rows() -> list[dict]:
+    """benchmarks/scale_model.py's rows, loaded without leaving benchmarks/ on sys.path: gloo
+    pools spawned later inherit sys.path, and benchmarks/user_programs.py would then shadow
+    tests/python/user_programs.py in their workers."""
+    saved = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "scale_model_rows", ROOT / "benchmarks" / "scale_model.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module.ROWS
 
-    assert len({r["source"] for r in scale_model.ROWS}) >= 3 and len(scale_model.ROWS) >= 8
-    calibration = [r for r in scale_model.ROWS if r.get("calibration")]
+
+def test_the_benchmark_rows_cite_a_source_and_tile_their_jobs() -> None:
+    before = list(sys.path)
+    rows = _benchmark_rows()
+    assert sys.path == before
+    assert len({r["source"] for r in rows}) >= 3 and len(rows) >= 8
+    calibration = [r for r in rows if r.get("calibration")]
     # One calibration row per cluster device: the rest are held out.
     assert len(calibration) == 3
-    for r in scale_model.ROWS:
+    for r in rows:
         pin = r["pin"]
         inner = pin["tp"] * pin["cp"] * pin.get("pp", 1)
         assert r["world"] % inner == 0 and r["batch"] % (r["world"] // inner) == 0, r["id"]
