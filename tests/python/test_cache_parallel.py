@@ -411,3 +411,61 @@ def test_hf_generate_refuses_what_it_cannot_split() -> None:
     prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
     with pytest.raises(NotImplementedError, match="computes its attention itself"):
         cp.generate(**prompt, max_new_tokens=2, pad_token_id=hf_suite.PAD)
+
+
+# ---- transformers' continuous batching with the paged cache split (issue 41) -----------------
+
+
+@pytest.mark.parametrize(
+    ("name", "world", "requests"),
+    [("llama", 2, "dp"), ("gpt2", 2, "replicated"), ("qwen2", 4, "dp")],
+)
+def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
+    gloo, name: str, world: int, requests: str
+) -> None:
+    """cache_parallel(model, mesh).generate_batch on a stream of 36 requests of 3 to 40 prompt
+    tokens (12 new, an end-of-sequence token that stops some early, a cache of 48 blocks that
+    transformers' one process fills, so requests are preempted and recomputed) returns on every
+    rank the tokens of transformers' generate_batch in one process. Each rank held at most
+    1/world of the one process's peak blocks plus one per request of a batch. dp: each rank ran
+    the non-attention layers on 1/world of the batch's tokens (the q/k/v all-gather and the
+    partials' all-to-all were counted); replicated: every rank ran them all."""
+    import cb_workers
+
+    ranks = gloo(world).run(cb_workers.generate_batch_matches, name, requests)
+    for r in ranks:
+        assert r["equal"], f"{name} on {world} ranks: tokens differ from one process"
+        assert r["requests"] == 36 and r["early"] >= 1
+        assert r["peak_blocks"] <= r["one_process_peak_blocks"] / world + r["most_requests"]
+        assert r["peak_blocks"] >= r["one_process_peak_blocks"] / world / 2  # it held pages
+        assert r["bytes"]["cp_partials"] > 0
+        assert (r["bytes"].get("cp_logits", 0) > 0) == (requests == "dp")
+
+
+def test_generate_batch_refuses_what_it_cannot_split() -> None:
+    """Refused before any rank starts: sampling, beam search; refused with its
+    size: a request longer than the cache holds; refused with the reason: sliding-window
+    layers."""
+    import cb_workers
+    from transformers import GenerationConfig
+
+    import torch_plugin
+    from torch_plugin.models import hf_suite
+    from torch_plugin.runtime.kv_cache import CacheCapacityError
+
+    model, _ = hf_suite.build("llama")
+    cp = torch_plugin.cache_parallel(model.eval(), None)
+    prompts = cb_workers.stream(64, n=3)
+    with pytest.raises(NotImplementedError, match="sampling"):
+        cp.generate_batch(prompts, GenerationConfig(do_sample=True, max_new_tokens=4))
+    with pytest.raises(NotImplementedError, match="beam search"):
+        cp.generate_batch(prompts, GenerationConfig(num_beams=2, max_new_tokens=4))
+    small = cb_workers.cb_config(num_blocks=4, page_size=8)
+    with pytest.raises(CacheCapacityError, match=r"request 0 needs \d+ prompt \+ 64 new"):
+        cp.generate_batch([list(range(1, 40))], GenerationConfig(max_new_tokens=64), small)
+    mistral, _ = hf_suite.build("mistral")
+    with pytest.raises(NotImplementedError, match="sliding_attention layers"):
+        torch_plugin.cache_parallel(mistral.eval(), None).generate_batch(
+            prompts, GenerationConfig(max_new_tokens=4), cb_workers.cb_config()
+        )
+    assert model.config._attn_implementation == "sdpa"  # given back after each refusal

@@ -292,6 +292,8 @@ class HFCacheParallel(nn.Module):
         self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
         self.cache: Any = None
         self.last_cache: Any = None
+        self.cb: Any = None  # continuous batching hooks while a manager runs (continuous.py)
+        self.last_cb: Any = None
         self.decode_steps = 0
         self.attention_entered = False
         # A model that calls SDPA itself (not through the registry) decodes with its "sdpa"
@@ -382,6 +384,24 @@ class HFCacheParallel(nn.Module):
             self._swap(self.original)
             self.last_cache, self.cache = self.cache, None
 
+    def generate_batch(self, inputs: list[list[int]], *args: Any, **kwargs: Any) -> Any:
+        """transformers' `generate_batch` with the paged KV cache split by position over the
+        ranks (`continuous.py`); `requests="dp"` (default) or `"replicated"` for the rest."""
+        from .continuous import generate_batch
+
+        return generate_batch(self, inputs, *args, **kwargs)
+
+    def init_continuous_batching(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' continuous batching manager, cache-parallel (`continuous.py`)."""
+        from .continuous import init_manager
+
+        return init_manager(self, *args, **kwargs)
+
+    @property
+    def _keeps_logits(self) -> bool:
+        keeps = getattr(self.module, "_supports_logits_to_keep", None)
+        return bool(callable(keeps) and keeps())
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward; with `past_key_values=` a cache from `make_cache` (or none),
         attention runs cache-parallel."""
@@ -408,6 +428,14 @@ class HFCacheParallel(nn.Module):
         scaling: float | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        cb = self.cb
+        if cb is not None and cb.step is not None:  # a continuous-batching step
+            if dropout:
+                raise NotImplementedError("torch_plugin cache_parallel: dropout in generation")
+            out = cb.attention(
+                module, query, key, value, attention_mask, scaling, kwargs.get("softcap")
+            )
+            return out, None
         # An error from here on is ours or the kernel's, not a model that bypasses this function.
         self.attention_entered = True
         cache = self.cache

@@ -1,0 +1,570 @@
+"""Cache parallelism under transformers' continuous batching (issue 41).
+
+    cp = torch_plugin.cache_parallel(hf_model, mesh)
+    out = cp.generate_batch(prompts, generation_config, max_new_tokens=64)  # request id -> output
+
+Built on transformers' own engine (`ContinuousBatchingManager`: its scheduler, its paged-cache
+bookkeeping, its request broadcast between ranks) through four hooks, nothing copied:
+  - the manager's `DistributedHelper` sees this wrapper's group as its "TP" group: rank 0 takes
+    the requests and broadcasts them, every rank schedules the same batches in the same order
+    (what transformers does for tensor-parallel serving), with the KV heads left whole;
+  - `PagedAttentionCache.update` writes and reads this rank's pages only. Page j of every
+    request (positions [j*page, (j+1)*page)) lives on rank j % world; transformers' block ids
+    stay its bookkeeping, each owned block gets a slot in this rank's storage, and the slot is
+    returned when transformers frees the block. transformers' own cache tensor is released
+    after it is built;
+  - the attention function (registered in AttentionInterface) attends every query of the batch
+    over this rank's keys, with transformers' packed-batch mask restricted to them, and merges
+    the ranks' partials;
+  - the model call: with `requests="dp"` (the thesis's choice) every rank runs the
+    non-attention layers on 1/world of the batch's tokens; q, k and v are all-gathered before
+    attention and the partials come back by one all-to-all, each rank merging its own rows.
+    With Helix the rows stay replicated and the MLP and output projection are tensor-parallel
+    (`helix.py`), the partials going to their head group by one all-to-all.
+
+Not supported (refused with the reason): sliding-window layers, sampling, several return
+sequences, and the CPU swap pool (`cpu_offload_space`): a preempted request is recomputed.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..runtime.kv_cache import CacheCapacityError
+from .helix import merge_head_group
+
+_STEP = "_torch_plugin_cp_step"  # the key under which the model call passes the step's indices
+
+
+class GroupMesh:
+    """The part of a DeviceMesh that transformers' DistributedHelper reads: one unnamed axis
+    over `group` (it treats an unnamed mesh as its tensor-parallel mesh)."""
+
+    mesh_dim_names = None
+    ndim = 1
+
+    def __init__(self, group: Any, world: int, rank: int) -> None:
+        self._group, self._world, self._rank = group, world, rank
+
+    def size(self, dim: int | None = None) -> int:
+        return self._world
+
+    def get_group(self, mesh_dim: Any = None) -> Any:
+        import torch.distributed as dist
+
+        return self._group if self._group is not None else dist.group.WORLD
+
+    def get_local_rank(self, mesh_dim: Any = None) -> int:
+        return self._rank
+
+
+class Step:
+    """One batch's split: which of its new tokens this rank stores and where, which cached
+    entries it reads, and how the rows of a `requests="dp"` call are dealt."""
+
+    def __init__(self, total: int, chunk: int, lo: int) -> None:
+        self.total, self.chunk, self.lo = total, chunk, lo
+        self.write_rows = torch.empty(0, dtype=torch.long)  # rows of the batch stored here
+        self.write_slots = torch.empty(0, dtype=torch.long)  # their rows in local storage
+        self.read_cols = torch.empty(0, dtype=torch.long)  # mask columns of the local keys
+        self.read_slots: torch.Tensor | None = None  # None: the keys are the new ones
+
+
+class PagedShard:
+    """This rank's pages of transformers' paged cache (full-attention layers)."""
+
+    def __init__(self, cache: Any, world: int, rank: int) -> None:
+        kinds = list(cache.cache_allocators)
+        if kinds != ["full_attention"]:
+            raise NotImplementedError(
+                "torch_plugin cache_parallel.generate_batch: the model has "
+                f"{', '.join(k for k in kinds if k != 'full_attention')} layers; only full "
+                "attention is split over the ranks under continuous batching (use generate(), "
+                "which splits sliding-window caches too)"
+            )
+        alloc = cache.cache_allocators["full_attention"]
+        self.world, self.rank = world, rank
+        self.page = int(alloc.tokens_per_page)
+        self.stride = int(alloc.block_physical_stride)
+        self.heads, self.dim = int(alloc.num_key_value_heads), int(alloc.head_dim)
+        self.dtype = alloc.cache_dtype
+        self.layers = list(alloc.layer_indices)
+        self.device = cache.cache_tensor.device
+        # Slots: owned blocks at most ceil(blocks / world) plus one per request; grown on demand.
+        self.capacity = max(4, -(-int(alloc.num_blocks) // world))
+        self.slot_of = torch.full((int(alloc.num_blocks) + 64,), -1, dtype=torch.long)
+        self.free: list[int] = list(range(self.capacity - 1, -1, -1))
+        self.keys = {i: self._storage(self.capacity) for i in self.layers}
+        self.values = {i: self._storage(self.capacity) for i in self.layers}
+        self.in_use = 0
+        self.peak = 0
+        self.most_requests = 0  # the most requests one batch held (the bound's "+1 per request")
+        self._hook(cache, alloc)
+
+    def _storage(self, slots: int) -> torch.Tensor:
+        return torch.zeros(
+            (slots * self.page, self.heads, self.dim), dtype=self.dtype, device=self.device
+        )
+
+    def _hook(self, cache: Any, alloc: Any) -> None:
+        pool = cache.pool
+        free_blocks, reset = pool.free_blocks, pool.reset
+
+        def freed(index: int, block_ids: list[int]) -> None:
+            self.release(block_ids)
+            free_blocks(index, block_ids)
+
+        def cleared() -> None:
+            self.release(torch.nonzero(self.slot_of >= 0).flatten().tolist())
+            reset()
+
+        pool.free_blocks, pool.reset = freed, cleared
+        # transformers' own storage is not read any more: give its memory back.
+        empty = torch.empty(0, dtype=torch.uint8, device=self.device)
+        cache.cache_tensor = empty
+        alloc.cache_tensor = empty
+        alloc._copy_view = empty
+        alloc._kv_token_views = {}
+        alloc._kv_page_views = {}
+
+    # ---- slots -------------------------------------------------------------------------------
+
+    def release(self, block_ids: list[int]) -> None:
+        for b in block_ids:
+            if b < self.slot_of.numel() and int(self.slot_of[b]) >= 0:
+                self.free.append(int(self.slot_of[b]))
+                self.slot_of[b] = -1
+                self.in_use -= 1
+
+    def _grow(self) -> None:
+        more = max(4, self.capacity // 4)
+        for i in self.layers:
+            self.keys[i] = torch.cat([self.keys[i], self._storage(more)])
+            self.values[i] = torch.cat([self.values[i], self._storage(more)])
+        self.free.extend(range(self.capacity + more - 1, self.capacity - 1, -1))
+        self.capacity += more
+
+    def slots(self, physical: torch.Tensor, assign: bool) -> torch.Tensor:
+        """Rows in local storage of transformers' physical indices (blocks this rank owns)."""
+        blocks = torch.div(physical, self.stride, rounding_mode="floor")
+        offsets = physical - blocks * self.stride
+        if blocks.numel() and int(blocks.max()) >= self.slot_of.numel():
+            grown = torch.full((int(blocks.max()) * 2 + 1,), -1, dtype=torch.long)
+            grown[: self.slot_of.numel()] = self.slot_of
+            self.slot_of = grown
+        if assign:
+            for b in torch.unique(blocks).tolist():
+                if int(self.slot_of[b]) < 0:
+                    if not self.free:
+                        self._grow()
+                    self.slot_of[b] = self.free.pop()
+                    self.in_use += 1
+            self.peak = max(self.peak, self.in_use)
+        slot = self.slot_of[blocks]
+        if blocks.numel() and bool((slot < 0).any()):
+            raise RuntimeError(
+                "torch_plugin cache_parallel: a cached entry this rank owns was never written "
+                "here (the ranks' schedules diverged)"
+            )
+        return slot * self.page + offsets
+
+    def owned(self, positions: torch.Tensor, first_blocks: torch.Tensor) -> torch.Tensor:
+        """Page j of a request is on rank (j + its first block's id) % world: the same on
+        every rank (their schedules agree), and the pages beyond a multiple of world fall on
+        different ranks for different requests."""
+        pages = torch.div(positions, self.page, rounding_mode="floor")
+        return (pages + first_blocks) % self.world == self.rank
+
+    def block_bytes(self) -> int:
+        """One block of one layer (keys and values)."""
+        return 2 * self.page * self.heads * self.dim * torch.empty((), dtype=self.dtype).itemsize
+
+    def local_bytes(self) -> int:
+        """The most this rank held at once, all layers."""
+        return self.peak * self.block_bytes() * len(self.layers)
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def prepare(self, batch: dict[str, Any], rows_split: bool) -> Step:
+        positions = batch["position_ids"][0].to(torch.long)
+        total = int(positions.numel())
+        chunk = -(-total // self.world) if rows_split else total
+        step = Step(total, chunk, self.rank * chunk if rows_split else 0)
+        write = batch["write_index"][0].to(torch.long)
+        read = batch["read_index"][0].to(torch.long)
+        cu_q = batch["cu_seq_lens_q"].to(torch.long)
+        cu_k = batch["cu_seq_lens_k"]
+        cu_k = (cu_k["full_attention"] if isinstance(cu_k, dict) else cu_k).to(torch.long)
+        q_lens, k_lens = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
+        requests = torch.arange(q_lens.numel())
+        self.most_requests = max(self.most_requests, int(q_lens.numel()))
+        # Each request's first block: its first read entry, or (nothing read: every request
+        # starts at position 0) its first write.
+        first = read if read.numel() else write
+        starts = (cu_k if read.numel() else cu_q)[:-1].clamp(max=max(first.numel() - 1, 0))
+        first_blocks = torch.div(first[starts], self.stride, rounding_mode="floor")
+        mine = self.owned(positions, first_blocks[torch.repeat_interleave(requests, q_lens)])
+        step.write_rows = torch.nonzero(mine).flatten()
+        step.write_slots = self.slots(write[mine], assign=True)
+        if read.numel() == 0:  # no cached entries read: the keys are the batch's own tokens
+            step.read_cols = step.write_rows
+            return step
+        # Entry e of request i (entries [cu_i, cu_i+1)) is at position e - cu_i.
+        of_entry = torch.repeat_interleave(requests, k_lens)
+        read_positions = torch.arange(read.numel(), dtype=torch.long) - cu_k[:-1][of_entry]
+        keep = self.owned(read_positions, first_blocks[of_entry])
+        step.read_cols = torch.nonzero(keep).flatten()
+        step.read_slots = self.slots(read[keep], assign=False)
+        return step
+
+
+class ContinuousCP:
+    """The hooks of one cache-parallel continuous-batching manager (see the module docstring)."""
+
+    def __init__(self, owner: Any, requests: str) -> None:
+        self.owner = owner
+        self.comm = owner.comm
+        self.world, self.rank = owner.comm.world, owner.comm.rank
+        self.rows_split = requests == "dp" and self.world > 1
+        self.shard: PagedShard | None = None
+        self.step: Step | None = None
+        self.steps = 0
+
+    # ---- the cache -----------------------------------------------------------------------
+
+    def install(self, cache: Any, offloading: Any) -> None:
+        self.shard = PagedShard(cache, self.world, self.rank)
+        cache.update = self.update
+
+        # Preemption when the cache is full: transformers either copies a request's blocks to
+        # a CPU swap pool (through its own cache tensor, which the split cache does not use)
+        # or frees them and requeues the request (its blocks come back through pool.free_blocks,
+        # which releases this rank's slots): only the second is possible here.
+        if offloading is not None and getattr(offloading, "_cpu_pool", None) is not None:
+            raise NotImplementedError(
+                "torch_plugin cache_parallel.generate_batch: ContinuousBatchingConfig("
+                "cpu_offload_space > 0) swaps cache blocks through transformers' own cache "
+                "tensor, which the split cache replaces; leave cpu_offload_space at 0 (a "
+                "preempted request is recomputed instead)"
+            )
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores this rank's entries of the new keys and values, returns its keys and values
+        for the batch: [1, kv_heads, n_local, D]."""
+        shard, step = self.shard, self.step
+        assert shard is not None and step is not None, "update outside a cache-parallel step"
+        if self.rows_split:  # the batch's keys and values from every rank's rows
+            both = torch.cat([key, value], dim=1)  # [1, 2*kvh, chunk, D]
+            every = self.comm.all_gather(both, "cp_qkv")  # [world, 1, 2*kvh, chunk, D]
+            both = torch.cat(list(every.unbind(0)), dim=2)[:, :, : step.total]
+            key, value = both.chunk(2, dim=1)
+        k_rows = key[0].transpose(0, 1)  # [T, kvh, D]
+        v_rows = value[0].transpose(0, 1)
+        ks, vs = shard.keys[layer_idx], shard.values[layer_idx]
+        ks.index_copy_(0, step.write_slots, k_rows.index_select(0, step.write_rows).to(ks.dtype))
+        vs.index_copy_(0, step.write_slots, v_rows.index_select(0, step.write_rows).to(vs.dtype))
+        if step.read_slots is None:
+            k, v = k_rows.index_select(0, step.read_cols), v_rows.index_select(0, step.read_cols)
+        else:
+            k, v = ks.index_select(0, step.read_slots), vs.index_select(0, step.read_slots)
+        return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+
+    # ---- attention -----------------------------------------------------------------------
+
+    def attention(
+        self,
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float | None,
+        softcap: float | None,
+    ) -> torch.Tensor:
+        """[1, rows, H, D]: the merged attention of this rank's rows of the batch."""
+        step = self.step
+        assert step is not None
+        if self.rows_split:
+            every = self.comm.all_gather(query, "cp_qkv")  # [world, 1, H, chunk, D]
+            query = torch.cat(list(every.unbind(0)), dim=2)  # [1, H, world*chunk, D]
+        q = query[0].float()  # [H, rows, D]
+        h, rows, d = q.shape
+        scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
+        k = key[0].float().repeat_interleave(h // key.shape[1], dim=0)  # [H, n, D]
+        v = value[0].float().repeat_interleave(h // value.shape[1], dim=0)
+        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [H, rows, n]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        allowed = self._allowed(attention_mask, step, rows)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)  # [H, rows]; -inf where no key is here
+        p = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
+        out = torch.matmul(p, v)  # [H, rows, D]
+        merged = self._merge(out.unsqueeze(0), lse.unsqueeze(0), step)  # [1, H, r, D]
+        return merged.to(query.dtype).transpose(1, 2).contiguous()
+
+    def _allowed(self, mask: torch.Tensor | None, step: Step, rows: int) -> torch.Tensor:
+        """[1 or H, rows, n_local]: which local keys each row of the batch may attend to."""
+        cols = step.read_cols
+        if mask is None:
+            raise NotImplementedError(
+                "torch_plugin cache_parallel.generate_batch: transformers passed no attention "
+                "mask for the packed batch (a flash attention path); load the model with "
+                "attn_implementation='sdpa' or 'eager'"
+            )
+        m = mask[0].index_select(-1, cols)  # [1, T, n]
+        allowed = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
+        if allowed.shape[-2] < rows:  # padding rows of a dealt batch attend to nothing
+            pad = allowed.new_zeros((*allowed.shape[:-2], rows - allowed.shape[-2], len(cols)))
+            allowed = torch.cat([allowed, pad], dim=-2)
+        return allowed
+
+    def _merge(self, out: torch.Tensor, lse: torch.Tensor, step: Step) -> torch.Tensor:
+        if self.world == 1:
+            return out
+        if self.owner.helix:
+            return merge_head_group(self.comm, out, lse)
+        if self.rows_split:  # rows [r*chunk, (r+1)*chunk) of every rank's partials to rank r
+            b, h, rows, d = out.shape
+            packed = torch.cat([out, lse.unsqueeze(-1)], dim=-1)[0]  # [H, rows, D + 1]
+            packed = packed.view(h, self.world, step.chunk, d + 1).transpose(0, 1)
+            got = self.comm.all_to_all(
+                packed.reshape(self.world * h, step.chunk, d + 1), "cp_partials"
+            )
+            outs = got[..., :d].movedim(0, -2).unsqueeze(0).contiguous()  # [1, H, c, w, D]
+            lses = got[..., d].movedim(0, -1).unsqueeze(0).contiguous()  # [1, H, c, w]
+        else:
+            outs = self.comm.all_gather(out.contiguous(), "cp_partials").movedim(0, -2).contiguous()
+            lses = self.comm.all_gather(lse.contiguous(), "cp_partials").movedim(0, -1).contiguous()
+        merged, _ = torch.ops.torch_plugin.merge_attention_partials(outs, lses)
+        return merged
+
+    # ---- the model call ------------------------------------------------------------------
+
+    def call(self, model: nn.Module, batch: dict[str, Any]) -> Any:
+        shard = self.shard
+        assert shard is not None, "the batch processor was not hooked"
+        self.step = step = shard.prepare(batch, self.rows_split)
+        self.steps += 1
+        try:
+            if not self.rows_split:
+                return model(**batch)
+            return self._call_rows(model, batch, step)
+        finally:
+            self.step = None
+
+    def _call_rows(self, model: nn.Module, batch: dict[str, Any], step: Step) -> Any:
+        lo, chunk, total = step.lo, step.chunk, step.total
+        call = dict(batch)
+        for name in ("input_ids", "position_ids"):
+            rows = batch[name][:, lo : min(lo + chunk, total)]
+            if rows.shape[1] < chunk:  # the last rank's rows padded (their keys never stored)
+                rows = torch.cat([rows, rows.new_zeros((1, chunk - rows.shape[1]))], dim=1)
+            call[name] = rows
+        # The rows whose logits are kept, in transformers' order (not sorted: rows of requests
+        # still prefilling are zeros at the end); each comes from the rank that holds it.
+        wanted = batch["logits_indices"].to(torch.long)
+        owner = torch.div(wanted, chunk, rounding_mode="floor")
+        onehot = torch.nn.functional.one_hot(owner, self.world)
+        index = (onehot.cumsum(0) - 1).gather(1, owner.unsqueeze(1)).squeeze(1)
+        width = max(int(onehot.sum(0).max()), 1) if wanted.numel() else 1
+        mine = wanted[owner == self.rank] - lo
+        mine = torch.cat([mine, mine.new_zeros(width - mine.numel())])
+        if self.owner._keeps_logits:
+            call["logits_to_keep"] = mine
+            logits = model(**call).logits  # [1, width, V]
+        else:
+            call.pop("logits_to_keep", None)
+            logits = model(**call).logits[:, mine]
+        every = self.comm.all_gather(logits.contiguous(), "cp_logits")  # [w, 1, width, V]
+        logits = every[owner, 0, index].unsqueeze(0)  # [1, len(wanted), V]
+        return types.SimpleNamespace(logits=logits)
+
+
+class CBModel:
+    """What the manager runs in place of the model: the cache-parallel call, every other
+    attribute the model's own."""
+
+    def __init__(self, model: nn.Module, hooks: ContinuousCP) -> None:
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_hooks", hooks)
+
+    def __call__(self, **batch: Any) -> Any:
+        return self._hooks.call(self._model, batch)
+
+    def _supports_logits_to_keep(self) -> bool:
+        # The rows call takes care of a model without it; a replicated call passes it on.
+        return self._hooks.rows_split or self._hooks.owner._keeps_logits
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+_MISSING = object()
+
+
+def check_supported(model: nn.Module, gen: Any) -> None:
+    """Refusals that need no rank to start: the same on every rank, raised before any
+    collective."""
+    if getattr(gen, "do_sample", False):
+        raise NotImplementedError(
+            "torch_plugin cache_parallel.generate_batch: sampling (do_sample=True) is not "
+            "supported under continuous batching (every rank must draw the same tokens from its "
+            "own copy of the logits); use greedy decoding, or generate() for sampling"
+        )
+    if (getattr(gen, "num_return_sequences", 1) or 1) > 1 or (
+        getattr(gen, "num_beams", 1) or 1
+    ) > 1:
+        raise NotImplementedError(
+            "torch_plugin cache_parallel.generate_batch: num_return_sequences > 1 and beam "
+            "search copy cache blocks between requests, which the split cache does not do"
+        )
+
+
+def init_manager(
+    owner: Any,
+    generation_config: Any = None,
+    continuous_batching_config: Any = None,
+    workload_hints: Any = None,
+    requests: str = "dp",
+) -> Any:
+    """transformers' ContinuousBatchingManager for `owner.module`, hooked for cache
+    parallelism over `owner`'s ranks (the manager form: start(), add_request(), get_result(),
+    stop())."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    if requests not in ("dp", "replicated"):
+        raise ValueError(f"requests must be 'dp' or 'replicated', got {requests!r}")
+    if owner.helix:
+        requests = "replicated"  # Helix splits the MLP by columns over replicated rows
+    model = owner.module
+    gen = generation_config if generation_config is not None else model.generation_config
+    check_supported(model, gen)
+    cb = continuous_batching_config or ContinuousBatchingConfig()
+    if getattr(model, "_cached_continuous_batching_manager", None) is not None:
+        raise ValueError(
+            "torch_plugin cache_parallel: the model holds a persistent continuous batching "
+            "manager of its own; call destroy_cached_continuous_batching_manager() first"
+        )
+    world, rank = owner.comm.world, owner.comm.rank
+    previous = model.__dict__.get("_device_mesh", _MISSING)
+    model._device_mesh = GroupMesh(owner.group, world, rank) if world > 1 else None
+    try:
+        manager = type(model).init_continuous_batching(model, gen, cb, workload_hints)
+    finally:
+        if previous is _MISSING:
+            model.__dict__.pop("_device_mesh", None)
+        else:
+            model._device_mesh = previous
+    # The KV heads stay whole on every rank: the cache is split by position, not by head.
+    manager.distributed_helper.tp_plan = {}
+    hooks = ContinuousCP(owner, requests)
+    create = manager._create_batch_processor
+
+    def created() -> Any:
+        processor = create()
+        if getattr(processor.cache, "update", None) != hooks.update:
+            hooks.install(processor.cache, getattr(processor, "offloading_manager", None))
+        # Only now: transformers sizes its packed-batch mask by the implementation's name
+        # (sdpa / eager need one) when it builds the batch processor.
+        owner._swap(owner.name)
+        return processor
+
+    manager._create_batch_processor = created
+    manager.model = CBModel(model, hooks)
+    manager.torch_plugin_cp = hooks
+    owner.cb = hooks
+    stop = manager.stop
+
+    def stopped(block: bool = True, timeout: float | None = None, **kwargs: Any) -> None:
+        try:
+            stop(block=block, timeout=timeout, **kwargs)
+        finally:
+            if not manager.is_running():
+                owner._swap(owner.original)
+                if owner.cb is hooks:
+                    owner.cb = None
+                    owner.last_cb = hooks
+
+    manager.stop = stopped
+    return manager
+
+
+def generate_batch(
+    owner: Any,
+    inputs: list[list[int]],
+    generation_config: Any = None,
+    continuous_batching_config: Any = None,
+    progress_bar: bool = False,
+    requests: str = "dp",
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """transformers' `generate_batch` (same arguments and return: request id to
+    GenerationOutput), cache-parallel over `owner`'s ranks; every rank returns all outputs."""
+    from tqdm import tqdm
+    from transformers.generation.continuous_batching.model_runner import (
+        infer_max_single_request_tokens,
+    )
+    from transformers.generation.continuous_batching.utils import WorkloadHints
+
+    if not inputs:
+        return {}
+    model = owner.module
+    gen = generation_config if generation_config is not None else model.generation_config
+    check_supported(model, gen)
+    max_new = kwargs.pop("max_new_tokens", None)
+    max_new = gen.max_new_tokens if max_new is None else max_new
+    if kwargs:
+        raise TypeError(f"generate_batch() got unexpected arguments {sorted(kwargs)}")
+    hints = WorkloadHints(
+        max_prompt_length=max(len(x) for x in inputs),
+        max_generated_length=max_new or 0,
+        num_requests=len(inputs),
+    )
+    manager = init_manager(owner, generation_config, continuous_batching_config, hints, requests)
+    results: dict[str, Any] = {}
+    try:
+        manager.warmup()  # builds the batch processor and this rank's split cache
+        cache = manager.batch_processor.cache
+        room = infer_max_single_request_tokens(cache)
+        for i, prompt in enumerate(inputs):
+            if len(prompt) + (max_new or 0) > room:
+                raise CacheCapacityError(
+                    f"torch_plugin cache_parallel.generate_batch: request {i} needs "
+                    f"{len(prompt)} prompt + {max_new} new tokens = "
+                    f"{len(prompt) + (max_new or 0)} cache entries; the paged cache holds at most "
+                    f"{room} for one request ({cache.num_blocks} blocks of "
+                    f"{owner.cb.shard.page} tokens over {owner.comm.world} ranks). Pass "
+                    "ContinuousBatchingConfig(num_blocks=...) with more blocks"
+                )
+        manager.start()
+        ids = manager.add_requests(inputs, max_new_tokens=max_new)
+        with tqdm(total=len(ids), disable=not progress_bar, unit="request") as bar:
+            while len(results) < len(ids):
+                out = manager.get_result(timeout=1)
+                if out is None:
+                    if not manager.is_running():
+                        break
+                    continue
+                if out.is_finished():
+                    results[out.request_id] = out
+                    bar.update(1)
+    finally:
+        manager.stop(block=True, timeout=30)
+        manager.destroy()
+    failed = {k: v.error for k, v in results.items() if v.error is not None}
+    missing = [k for k in ids if k not in results]
+    if failed or missing:
+        first = next(iter(failed.values()), "the generation loop stopped")
+        raise RuntimeError(
+            f"torch_plugin cache_parallel.generate_batch: {len(failed)} requests failed and "
+            f"{len(missing)} never finished on rank {owner.comm.rank}: {first}"
+        )
+    return {k: results[k] for k in ids}
