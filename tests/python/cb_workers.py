@@ -99,5 +99,7 @@ def generate_batch_matches(rank: int, world: int, name: str, requests: str) -> d
         "most_requests": shard.most_requests,
         "one_process_peak_blocks": peak,
         "steps": cp.last_cb.steps,
+        "kernel_calls": cp.last_cb.kernel_calls,
+        "layers": model.config.get_text_config().num_hidden_layers,
         "bytes": dict(cp.comm.bytes_sent),
     }

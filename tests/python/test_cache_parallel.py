@@ -429,7 +429,8 @@ def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
     rank the tokens of transformers' generate_batch in one process. Each rank held at most
     1/world of the one process's peak blocks plus one per request of a batch. dp: each rank ran
     the non-attention layers on 1/world of the batch's tokens (the q/k/v all-gather and the
-    partials' all-to-all were counted); replicated: every rank ran them all."""
+    partials' all-to-all were counted); replicated: every rank ran them all. Decode batches
+    attend with the split-KV kernel over each request's local entries."""
     import cb_workers
 
     ranks = gloo(world).run(cb_workers.generate_batch_matches, name, requests)
@@ -439,6 +440,8 @@ def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
         assert r["peak_blocks"] <= r["one_process_peak_blocks"] / world + r["most_requests"]
         assert r["peak_blocks"] >= r["one_process_peak_blocks"] / world / 2  # it held pages
         assert r["bytes"]["cp_partials"] > 0
+        # Decode batches (most steps of a stream) ran torch_plugin's split-KV kernel per layer.
+        assert r["kernel_calls"] > 0 and r["kernel_calls"] % r["layers"] == 0
         assert (r["bytes"].get("cp_logits", 0) > 0) == (requests == "dp")
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..ops import decode_partials
 from ..runtime.kv_cache import CacheCapacityError
 from .helix import merge_head_group
 
@@ -73,6 +74,9 @@ class Step:
         self.write_slots = torch.empty(0, dtype=torch.long)  # their rows in local storage
         self.read_cols = torch.empty(0, dtype=torch.long)  # mask columns of the local keys
         self.read_slots: torch.Tensor | None = None  # None: the keys are the new ones
+        # A decode batch (one query per request, the request's newest token): the local keys'
+        # requests and places in a padded [requests, longest] layout, and each one's count.
+        self.decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
 
 
 class PagedShard:
@@ -220,6 +224,11 @@ class PagedShard:
         keep = self.owned(read_positions, first_blocks[of_entry])
         step.read_cols = torch.nonzero(keep).flatten()
         step.read_slots = self.slots(read[keep], assign=False)
+        if bool((q_lens == 1).all()):
+            kept = of_entry[keep]  # ascending: entries are grouped by request
+            counts = torch.bincount(kept, minlength=q_lens.numel())
+            place = torch.arange(kept.numel()) - (torch.cumsum(counts, 0) - counts)[kept]
+            step.decode = (kept, place, counts, max(int(counts.max()), 1))
         return step
 
 
@@ -234,6 +243,7 @@ class ContinuousCP:
         self.shard: PagedShard | None = None
         self.step: Step | None = None
         self.steps = 0
+        self.kernel_calls = 0  # decode attentions run by the split-KV kernel
 
     # ---- the cache -----------------------------------------------------------------------
 
@@ -294,21 +304,78 @@ class ContinuousCP:
         if self.rows_split:
             every = self.comm.all_gather(query, "cp_qkv")  # [world, 1, H, chunk, D]
             query = torch.cat(list(every.unbind(0)), dim=2)  # [1, H, world*chunk, D]
-        q = query[0].float()  # [H, rows, D]
-        h, rows, d = q.shape
+        h, rows, d = query.shape[1:]
         scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
+        if step.decode is not None:
+            out, lse = self._decode(query, key, value, step, scale, softcap)
+        else:
+            out, lse = self._dense(query, key, value, attention_mask, step, scale, softcap)
+        merged = self._merge(out.unsqueeze(0), lse.unsqueeze(0), step)  # [1, H, r, D]
+        return merged.to(query.dtype).transpose(1, 2).contiguous()
+
+    def _dense(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        step: Step,
+        scale: float,
+        softcap: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill (or mixed) batches: every row over every local key, under transformers'
+        packed-batch mask restricted to them. out [H, rows, D] and lse [H, rows], float32."""
+        q = query[0].float()  # [H, rows, D]
+        h, rows = q.shape[:2]
         k = key[0].float().repeat_interleave(h // key.shape[1], dim=0)  # [H, n, D]
         v = value[0].float().repeat_interleave(h // value.shape[1], dim=0)
         scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [H, rows, n]
         if softcap:
             scores = torch.tanh(scores / softcap) * softcap
-        allowed = self._allowed(attention_mask, step, rows)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1)  # [H, rows]; -inf where no key is here
+        scores = scores.masked_fill(~self._allowed(mask, step, rows), float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)  # -inf where no key is here
         p = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
-        out = torch.matmul(p, v)  # [H, rows, D]
-        merged = self._merge(out.unsqueeze(0), lse.unsqueeze(0), step)  # [1, H, r, D]
-        return merged.to(query.dtype).transpose(1, 2).contiguous()
+        return torch.matmul(p, v), lse
+
+    def _decode(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        step: Step,
+        scale: float,
+        softcap: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode batch: the split-KV kernel over each request's local entries, laid out
+        [requests, kv_heads, longest, D] (one copy of what this rank reads, as transformers'
+        own index_select makes of the whole cache)."""
+        assert step.decode is not None
+        kept, place, counts, longest = step.decode
+        n_req = int(counts.numel())
+        h, rows, d = query.shape[1:]
+        kvh = key.shape[1]
+        pk = key.new_zeros((n_req, longest, kvh, d))
+        pv = value.new_zeros((n_req, longest, kvh, d))
+        pk[kept, place] = key[0].transpose(0, 1)
+        pv[kept, place] = value[0].transpose(0, 1)
+        q = query[0, :, :n_req].transpose(0, 1).contiguous()  # [requests, H, D]
+        out, lse = decode_partials(
+            q,
+            pk.transpose(1, 2).contiguous(),
+            pv.transpose(1, 2).contiguous(),
+            counts,
+            None,
+            scale,
+            None,
+            softcap or 0.0,
+            length=longest,
+        )
+        self.kernel_calls += 1
+        out, lse = out.transpose(0, 1), lse.transpose(0, 1)  # [H, requests, ...]
+        if rows > n_req:  # padding rows of a dealt batch
+            out = torch.cat([out, out.new_zeros((h, rows - n_req, d))], dim=1)
+            lse = torch.cat([lse, lse.new_full((h, rows - n_req), float("-inf"))], dim=1)
+        return out, lse
 
     def _allowed(self, mask: torch.Tensor | None, step: Step, rows: int) -> torch.Tensor:
         """[1 or H, rows, n_local]: which local keys each row of the batch may attend to."""
