@@ -88,8 +88,9 @@ def generate_batch_matches(rank: int, world: int, name: str, requests: str) -> d
     gen = GenerationConfig(**greedy, eos_token_id=eos)
     want, peak = one_process(model, inputs, gen)
     mesh = torch_plugin.DeviceMesh((world,), timeout_s=60)
-    cp = torch_plugin.cache_parallel(model, mesh)
-    got = cp.generate_batch(inputs, gen, cb_config(), requests=requests)
+    helix = requests == "helix"  # o_proj and the MLP tensor-parallel, rows replicated
+    cp = torch_plugin.cache_parallel(model, mesh, helix=helix)
+    got = cp.generate_batch(inputs, gen, cb_config(), requests="replicated" if helix else requests)
     shard = cp.last_cb.shard
     return {
         "equal": {k: v.generated_tokens for k, v in got.items()} == want,

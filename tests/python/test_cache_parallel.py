@@ -418,7 +418,7 @@ def test_hf_generate_refuses_what_it_cannot_split() -> None:
 
 @pytest.mark.parametrize(
     ("name", "world", "requests"),
-    [("llama", 2, "dp"), ("gpt2", 2, "replicated"), ("qwen2", 4, "dp")],
+    [("llama", 2, "dp"), ("gpt2", 2, "replicated"), ("phi3", 2, "helix"), ("qwen2", 4, "dp")],
 )
 def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
     gloo, name: str, world: int, requests: str
@@ -429,7 +429,9 @@ def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
     rank the tokens of transformers' generate_batch in one process. Each rank held at most
     1/world of the one process's peak blocks plus one per request of a batch. dp: each rank ran
     the non-attention layers on 1/world of the batch's tokens (the q/k/v all-gather and the
-    partials' all-to-all were counted); replicated: every rank ran them all. Decode batches
+    partials' all-to-all were counted); replicated: every rank ran them all; helix: rows
+    replicated, o_proj and the MLP split over the ranks, the partials sent to their head group
+    by one all-to-all. Decode batches
     attend with the split-KV kernel over each request's local entries."""
     import cb_workers
 
@@ -439,7 +441,8 @@ def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
         assert r["requests"] == 36 and r["early"] >= 1
         assert r["peak_blocks"] <= r["one_process_peak_blocks"] / world + r["most_requests"]
         assert r["peak_blocks"] >= r["one_process_peak_blocks"] / world / 2  # it held pages
-        assert r["bytes"]["cp_partials"] > 0
+        kind = "helix_partials" if requests == "helix" else "cp_partials"
+        assert r["bytes"][kind] > 0
         # Decode batches (most steps of a stream) ran torch_plugin's split-KV kernel per layer.
         assert r["kernel_calls"] > 0 and r["kernel_calls"] % r["layers"] == 0
         assert (r["bytes"].get("cp_logits", 0) > 0) == (requests == "dp")
