@@ -1,12 +1,14 @@
 """HF Llama decoding at long context on 4 gloo ranks (issue 28's benchmark): tokens/s of
 
-  single  one process (both cores), the model as transformers runs it, a DynamicCache;
+  single  one process (both cores), the model as transformers runs it with a preallocated
+          StaticCache (what `cache_implementation="static"` builds), the step called as
+          generate() calls it (cache positions and the 2-D attention mask);
   CP      torch_plugin.cache_parallel(model, mesh): the KV cache split by sequence over the 4
           ranks, every weight on every rank, partials all-gathered and merged;
   Helix   torch_plugin.cache_parallel(model, mesh, helix=True): the cache split by sequence,
           o_proj and the MLP tensor-parallel over the same ranks, one all-to-all of partials;
   TP      torch's DTensor Megatron plan (parallelize_module: q/k/v/gate/up column-parallel,
-          o/down row-parallel), heads and the cache split over the ranks;
+          o/down row-parallel), heads and the (static) cache split over the ranks;
 
 for one decode step of a batch at 1K..32K positions of cache, as ratios to the single process,
 measured in one run. The caches are filled with the same random keys and values for every
@@ -75,17 +77,30 @@ def cache_content(layer: int, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(shape, generator=g) * 0.5, torch.randn(shape, generator=g)
 
 
-def dynamic_cache(model: torch.nn.Module, ctx: int, heads: slice | None = None) -> object:
-    """A DynamicCache holding the common content (TP: this rank's KV heads)."""
-    from transformers import DynamicCache
+def static_cache(model: torch.nn.Module, ctx: int, heads: slice | None = None) -> object:
+    """A preallocated StaticCache (room for the step) holding the common content (TP: this
+    rank's KV heads). Earlier runs used a DynamicCache, which concatenates the whole cache at
+    every step: a baseline no careful user runs for long decodes (issue 41)."""
+    from transformers import StaticCache
 
-    cache = DynamicCache(config=model.config)
+    cache = StaticCache(config=model.config, max_cache_len=ctx + 8)
     for i in range(CONFIG["num_hidden_layers"]):
         k, v = cache_content(i, ctx)
         if heads is not None:
             k, v = k[:, heads].contiguous(), v[:, heads].contiguous()
-        cache.update(k, v, i)
+        cache.update(k, v, i, {"cache_position": torch.arange(ctx)})
     return cache
+
+
+def static_step(model: torch.nn.Module, cache: object, tok: torch.Tensor, ctx: int) -> object:
+    """One decode step at position ctx over a static cache, as generate() calls it."""
+    return model(
+        input_ids=tok,
+        past_key_values=cache,
+        cache_position=torch.tensor([ctx]),
+        position_ids=torch.full((tok.shape[0], 1), ctx),
+        attention_mask=torch.ones(tok.shape[0], ctx + 1, dtype=torch.long),
+    )
 
 
 def split_cache(cp: object, ctx: int, steps: int) -> object:
@@ -163,22 +178,25 @@ def worker(rank: int, port: int, contexts: list[int], steps: int, out: str) -> N
     with torch.no_grad():
         for ctx in contexts:
             if ctx == contexts[0]:  # every strategy's logits against the single process
-                want = base(input_ids=tok, past_key_values=dynamic_cache(base, ctx)).logits
+                want = static_step(base, static_cache(base, ctx), tok, ctx).logits
                 for name, m, cache in (
                     ("cp", cp, split_cache(cp, ctx, steps)),
                     ("helix", helix, split_cache(helix, ctx, steps)),
-                    ("tp", tp, dynamic_cache(tp, ctx, heads)),
+                    ("tp", tp, static_cache(tp, ctx, heads)),
                 ):
-                    got = m(input_ids=tok, past_key_values=cache).logits
+                    if name == "tp":
+                        got = static_step(m, cache, tok, ctx).logits
+                    else:
+                        got = m(input_ids=tok, past_key_values=cache).logits
                     res["check"][f"{name}_max_abs_diff"] = float((got - want).abs().max())
                 res["check"]["context"] = ctx
                 res["check"]["logit_scale"] = float(want.abs().max())
             # single: rank 0 with both cores while the others wait
             if rank == 0:
                 torch.set_num_threads(2)
-                cache = dynamic_cache(base, ctx)
+                cache = static_cache(base, ctx)
                 res["seconds"]["single"][ctx] = timed(
-                    lambda c=cache: base(input_ids=tok, past_key_values=c), steps, everyone=False
+                    lambda c=cache, n=ctx: static_step(base, c, tok, n), steps, everyone=False
                 )
                 res["kv_bytes_per_rank"]["single"][ctx] = sum(
                     layer.keys.nbytes + layer.values.nbytes for layer in cache.layers
@@ -201,9 +219,9 @@ def worker(rank: int, port: int, contexts: list[int], steps: int, out: str) -> N
                         k: v / (steps + 1) for k, v in m.comm.calls.items()
                     }
                 del cache
-            cache = dynamic_cache(tp, ctx, heads)
+            cache = static_cache(tp, ctx, heads)
             res["seconds"]["tp"][ctx] = timed(
-                lambda c=cache: tp(input_ids=tok, past_key_values=c), steps
+                lambda c=cache, n=ctx: static_step(tp, c, tok, n), steps
             )
             res["kv_bytes_per_rank"]["tp"][ctx] = sum(
                 layer.keys.nbytes + layer.values.nbytes for layer in cache.layers
@@ -212,7 +230,7 @@ def worker(rank: int, port: int, contexts: list[int], steps: int, out: str) -> N
                 from torch.distributed.tensor.debug import CommDebugMode
 
                 with CommDebugMode() as comm:
-                    tp(input_ids=tok, past_key_values=cache)
+                    static_step(tp, cache, tok, ctx)
                 counts = {str(k): v for k, v in comm.get_comm_counts().items()}
                 act = BATCH * CONFIG["hidden_size"] * 4  # [B, 1, hidden] fp32 per all-reduce
                 res["comm_bytes_per_step"]["tp"] = (
@@ -315,6 +333,7 @@ def main() -> None:
         "comm_bytes_per_step": res["comm_bytes_per_step"],
         "comm_calls_per_step": res["comm_calls_per_step"],
         "kernel": kernel,
+        "baseline_cache": "StaticCache (preallocated), generate()'s cache positions and mask",
         "torch": torch.__version__,
     }
     os.makedirs(RESULTS, exist_ok=True)
