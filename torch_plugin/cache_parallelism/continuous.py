@@ -14,8 +14,8 @@ bookkeeping, its request broadcast between ranks) through four hooks, nothing co
     returned when transformers frees the block. transformers' own cache tensor is released
     after it is built;
   - the attention function (registered in AttentionInterface) attends every query of the batch
-    over this rank's keys, with transformers' packed-batch mask restricted to them, and merges
-    the ranks' partials;
+    over this rank's keys of its request (the split-KV kernel for decode batches; causal by
+    position within each request otherwise) and merges the ranks' partials;
   - the model call: with `requests="dp"` (the thesis's choice) every rank runs the
     non-attention layers on 1/world of the batch's tokens; q, k and v are all-gathered before
     attention and the partials come back by one all-to-all, each rank merging its own rows.
@@ -77,6 +77,12 @@ class Step:
         # A decode batch (one query per request, the request's newest token): the local keys'
         # requests and places in a padded [requests, longest] layout, and each one's count.
         self.decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
+        # Any batch: each request's query rows, and the positions and requests of the local
+        # keys (grouped by request, in order): causal attention within each request.
+        self.cu_q: list[int] = []
+        self.query_positions = torch.empty(0, dtype=torch.long)
+        self.key_positions = torch.empty(0, dtype=torch.long)
+        self.key_counts = torch.empty(0, dtype=torch.long)
 
 
 class PagedShard:
@@ -212,11 +218,16 @@ class PagedShard:
         first = read if read.numel() else write
         starts = (cu_k if read.numel() else cu_q)[:-1].clamp(max=max(first.numel() - 1, 0))
         first_blocks = torch.div(first[starts], self.stride, rounding_mode="floor")
-        mine = self.owned(positions, first_blocks[torch.repeat_interleave(requests, q_lens)])
+        of_token = torch.repeat_interleave(requests, q_lens)
+        mine = self.owned(positions, first_blocks[of_token])
         step.write_rows = torch.nonzero(mine).flatten()
         step.write_slots = self.slots(write[mine], assign=True)
+        step.cu_q = cu_q.tolist()
+        step.query_positions = positions
         if read.numel() == 0:  # no cached entries read: the keys are the batch's own tokens
             step.read_cols = step.write_rows
+            step.key_positions = positions[step.write_rows]
+            step.key_counts = torch.bincount(of_token[mine], minlength=q_lens.numel())
             return step
         # Entry e of request i (entries [cu_i, cu_i+1)) is at position e - cu_i.
         of_entry = torch.repeat_interleave(requests, k_lens)
@@ -224,9 +235,11 @@ class PagedShard:
         keep = self.owned(read_positions, first_blocks[of_entry])
         step.read_cols = torch.nonzero(keep).flatten()
         step.read_slots = self.slots(read[keep], assign=False)
+        kept = of_entry[keep]  # ascending: entries are grouped by request
+        step.key_positions = read_positions[keep]
+        step.key_counts = torch.bincount(kept, minlength=q_lens.numel())
         if bool((q_lens == 1).all()):
-            kept = of_entry[keep]  # ascending: entries are grouped by request
-            counts = torch.bincount(kept, minlength=q_lens.numel())
+            counts = step.key_counts
             place = torch.arange(kept.numel()) - (torch.cumsum(counts, 0) - counts)[kept]
             step.decode = (kept, place, counts, max(int(counts.max()), 1))
         return step
@@ -244,6 +257,7 @@ class ContinuousCP:
         self.step: Step | None = None
         self.steps = 0
         self.kernel_calls = 0  # decode attentions run by the split-KV kernel
+        self.tokens = 0  # the batches' tokens, all steps (the thesis's volumes scale with it)
 
     # ---- the cache -----------------------------------------------------------------------
 
@@ -309,7 +323,7 @@ class ContinuousCP:
         if step.decode is not None:
             out, lse = self._decode(query, key, value, step, scale, softcap)
         else:
-            out, lse = self._dense(query, key, value, attention_mask, step, scale, softcap)
+            out, lse = self._dense(query, key, value, step, scale, softcap)
         merged = self._merge(out.unsqueeze(0), lse.unsqueeze(0), step)  # [1, H, r, D]
         return merged.to(query.dtype).transpose(1, 2).contiguous()
 
@@ -318,24 +332,41 @@ class ContinuousCP:
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        mask: torch.Tensor | None,
         step: Step,
         scale: float,
         softcap: float | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill (or mixed) batches: every row over every local key, under transformers'
-        packed-batch mask restricted to them. out [H, rows, D] and lse [H, rows], float32."""
-        q = query[0].float()  # [H, rows, D]
-        h, rows = q.shape[:2]
-        k = key[0].float().repeat_interleave(h // key.shape[1], dim=0)  # [H, n, D]
-        v = value[0].float().repeat_interleave(h // value.shape[1], dim=0)
-        scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [H, rows, n]
-        if softcap:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.masked_fill(~self._allowed(mask, step, rows), float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1)  # -inf where no key is here
-        p = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
-        return torch.matmul(p, v), lse
+        """Prefill (or mixed) batches: each request's queries over its local keys, causal by
+        position (transformers' packed mask is block-diagonal: nothing outside a request's
+        block is computed). out [H, rows, D] and lse [H, rows], float32."""
+        h, rows, d = query.shape[1:]
+        kvh = key.shape[1]
+        group = h // kvh
+        out = torch.zeros((h, rows, d), dtype=torch.float32, device=query.device)
+        lse = torch.full((h, rows), float("-inf"), dtype=torch.float32, device=query.device)
+        q_all, k_all, v_all = query[0].float(), key[0].float(), value[0].float()
+        ends = torch.cumsum(step.key_counts, 0).tolist()
+        k0 = 0
+        for i, k1 in enumerate(ends):
+            q0, q1 = step.cu_q[i], step.cu_q[i + 1]
+            if q1 == q0 or k1 == k0:
+                k0 = k1
+                continue
+            nq, nk = q1 - q0, k1 - k0
+            q = q_all[:, q0:q1].reshape(kvh, group * nq, d)
+            scores = torch.matmul(q, k_all[:, k0:k1].transpose(1, 2)) * scale
+            if softcap:
+                scores = torch.tanh(scores / softcap) * softcap
+            scores = scores.view(kvh, group, nq, nk)
+            future = step.key_positions[k0:k1][None, :] > step.query_positions[q0:q1][:, None]
+            scores = scores.masked_fill(future, float("-inf"))
+            m = torch.logsumexp(scores, dim=-1)  # [kvh, group, nq]
+            p = torch.exp(scores - m.unsqueeze(-1).clamp(min=torch.finfo(torch.float32).min))
+            o = torch.matmul(p.view(kvh, group * nq, nk), v_all[:, k0:k1])
+            out[:, q0:q1] = o.view(h, nq, d)
+            lse[:, q0:q1] = m.reshape(h, nq)
+            k0 = k1
+        return out, lse
 
     def _decode(
         self,
@@ -377,22 +408,6 @@ class ContinuousCP:
             lse = torch.cat([lse, lse.new_full((h, rows - n_req), float("-inf"))], dim=1)
         return out, lse
 
-    def _allowed(self, mask: torch.Tensor | None, step: Step, rows: int) -> torch.Tensor:
-        """[1 or H, rows, n_local]: which local keys each row of the batch may attend to."""
-        cols = step.read_cols
-        if mask is None:
-            raise NotImplementedError(
-                "torch_plugin cache_parallel.generate_batch: transformers passed no attention "
-                "mask for the packed batch (a flash attention path); load the model with "
-                "attn_implementation='sdpa' or 'eager'"
-            )
-        m = mask[0].index_select(-1, cols)  # [1, T, n]
-        allowed = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
-        if allowed.shape[-2] < rows:  # padding rows of a dealt batch attend to nothing
-            pad = allowed.new_zeros((*allowed.shape[:-2], rows - allowed.shape[-2], len(cols)))
-            allowed = torch.cat([allowed, pad], dim=-2)
-        return allowed
-
     def _merge(self, out: torch.Tensor, lse: torch.Tensor, step: Step) -> torch.Tensor:
         if self.world == 1:
             return out
@@ -420,6 +435,7 @@ class ContinuousCP:
         assert shard is not None, "the batch processor was not hooked"
         self.step = step = shard.prepare(batch, self.rows_split)
         self.steps += 1
+        self.tokens += step.total
         try:
             if not self.rows_split:
                 return model(**batch)

@@ -1,0 +1,428 @@
+"""Cache parallelism where it is used: continuous batching of request streams (issue 41).
+
+The thesis evaluated cache parallelism inside a serving engine: requests joining and leaving
+the batch every step, maximum batch sizes 32 to 512, long prompts and long decodes, CP against
+data and tensor parallelism. This benchmark runs that on what this machine has (2 cores, gloo
+ranks of one thread each), on transformers' own continuous batching (`generate_batch`):
+
+  one     transformers' generate_batch in one process on both cores (the baseline: its paged
+          cache, its scheduler);
+  dp      N replicas, each transformers' generate_batch on 1/N of the requests (round robin)
+          with 1/N of the maximum batch;
+  cp      torch_plugin.cache_parallel(model, mesh).generate_batch(..., requests="dp"): the
+          paged cache split by page over the ranks, the non-attention layers on 1/N of each
+          batch's tokens, q/k/v all-gathered, partials back by one all-to-all;
+  helix   the same with helix=True: rows replicated, o_proj and the MLP tensor-parallel, the
+          partials to their head group by one all-to-all;
+  tp      DTensor's Megatron plan (torch's parallelize_module) under transformers' own
+          tensor-parallel continuous batching (its cache split by KV head).
+
+Streams: `long_prompts` (prompts of 256-384 tokens, 16 new) and `long_decodes` (prompts of
+16-64 tokens, 64 new), 32 requests each, maximum batch 8 / 16 / 32 (the thesis's 32 / 128 /
+512 scaled to 32 requests), 2 and 4 ranks. Figures: tokens/s and per-step latency (median and
+spread over --runs runs), every contender's tokens against `one`'s, the bytes each rank sent
+per step (measured for cp and helix; the thesis's formulas for cp and tp from the tokens each
+step processed), and a projection to 4 and 8 H100s from the decode cost model
+(`_C.model_decode_layer`, a model, not a measurement).
+
+    python benchmarks/cp_serving.py [--runs 5] [--worlds 2 4] [--quick]
+
+Writes benchmarks/results/cp_serving.{json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# A Llama scaled for 2 cores; 8 query / 4 KV heads so TP divides the heads over 4 ranks.
+CONFIG = dict(
+    vocab_size=1000,
+    hidden_size=256,
+    intermediate_size=704,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    max_position_embeddings=2048,
+)
+STREAMS = {
+    "long_prompts": dict(requests=32, prompt=(256, 384), new=16),
+    "long_decodes": dict(requests=32, prompt=(16, 64), new=64),
+}
+MAX_BATCH = (8, 16, 32)
+CONTENDERS = ("one", "dp", "cp", "helix", "tp")
+PAGE = 32
+
+
+def build_model() -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**CONFIG, attn_implementation="sdpa")
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def stream(kind: str, seed: int = 0) -> tuple[list[list[int]], int]:
+    spec = STREAMS[kind]
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = spec["prompt"]
+    lengths = torch.randint(lo, hi + 1, (spec["requests"],), generator=g).tolist()
+    prompts = [torch.randint(1, CONFIG["vocab_size"], (n,), generator=g).tolist() for n in lengths]
+    return prompts, spec["new"]
+
+
+def cb_config(max_batch: int, longest: int) -> Any:
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    blocks = max_batch * -(-longest // PAGE) + 8  # room for max_batch requests at full length
+    return ContinuousBatchingConfig(
+        num_blocks=blocks,
+        page_size=PAGE,
+        max_batch_tokens=512,
+        max_requests_per_batch=max_batch,
+    )
+
+
+def generation(new: int) -> Any:
+    from transformers import GenerationConfig
+
+    # eos -1: every request generates `new` tokens, so every contender does the same work.
+    return GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+
+
+class Steps:
+    """Model calls (one per engine step) on this rank."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.n = 0
+        model.register_forward_pre_hook(self._count)
+
+    def _count(self, *args: Any) -> None:
+        self.n += 1
+
+
+def hf_generate(model: torch.nn.Module, prompts: list[list[int]], new: int, cb: Any) -> dict:
+    out = model.generate_batch(prompts, generation(new), cb)
+    return {k: list(v.generated_tokens) for k, v in out.items()}
+
+
+def worker(rank: int, world: int, port: int, args: dict, out: str) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=600)
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import torch_plugin
+    from benchmarks.hf_sharding import dtensor_megatron
+
+    mesh = init_device_mesh("cpu", (world,))
+    base = build_model()
+    models = {
+        "one": base,
+        "dp": base,
+        "cp": torch_plugin.cache_parallel(copy.deepcopy(base), mesh),
+        "helix": torch_plugin.cache_parallel(copy.deepcopy(base), mesh, helix=True),
+        "tp": dtensor_megatron(copy.deepcopy(base), mesh),
+    }
+    models["tp"]._device_mesh = mesh  # transformers' tensor-parallel serving over the mesh
+    counters = {
+        "one": Steps(base),
+        "cp": Steps(models["cp"].module),
+        "helix": Steps(models["helix"].module),
+        "tp": Steps(models["tp"]),
+    }
+    counters["dp"] = counters["one"]
+    rows = []
+    for kind in args["streams"]:
+        prompts, new = stream(kind)
+        longest = max(len(p) for p in prompts) + new
+        for max_batch in args["max_batch"]:
+            reference: dict | None = None
+            for name in args["contenders"]:
+                times, steps, equal, sent = [], [], None, {}
+                for run in range(args["runs"] + 1):  # the first run warms up, untimed
+                    counter = counters[name]
+                    counter.n = 0
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    got: dict | None = None
+                    if name == "one":
+                        if rank == 0:
+                            torch.set_num_threads(2)
+                            got = hf_generate(base, prompts, new, cb_config(max_batch, longest))
+                            torch.set_num_threads(1)
+                    elif name == "dp":
+                        mine = prompts[rank::world]
+                        got = hf_generate(
+                            base, mine, new, cb_config(max(1, max_batch // world), longest)
+                        )
+                        # request ids are per replica: key by the prompt's index in the stream
+                        got = {
+                            f"req_{rank + world * int(k.split('_')[1])}": v for k, v in got.items()
+                        }
+                    elif name in ("cp", "helix"):
+                        m = models[name]
+                        m.comm.reset_counts()
+                        res = m.generate_batch(
+                            prompts, generation(new), cb_config(max_batch, longest)
+                        )
+                        got = {k: list(v.generated_tokens) for k, v in res.items()}
+                        sent = dict(m.comm.bytes_sent)
+                        processed = m.last_cb.tokens
+                    else:
+                        got = hf_generate(models["tp"], prompts, new, cb_config(max_batch, longest))
+                    dist.barrier()
+                    elapsed = time.perf_counter() - t0
+                    n_steps = torch.tensor([float(counter.n)])
+                    dist.all_reduce(n_steps, op=dist.ReduceOp.MAX)
+                    if run == 0:
+                        equal = check(got, name, rank, world, reference)
+                        if name == "one":
+                            reference = broadcast_tokens(got, rank)
+                        continue
+                    times.append(elapsed)
+                    steps.append(float(n_steps))
+                row = dict(
+                    stream=kind,
+                    max_batch=max_batch,
+                    world=world,
+                    contender=name,
+                    tokens=len(prompts) * new,
+                    seconds=times,
+                    steps=steps,
+                    tokens_per_s=[len(prompts) * new / t for t in times],
+                    step_ms=[1e3 * t / max(s, 1.0) for t, s in zip(times, steps, strict=True)],
+                    equal_to_one=equal,
+                )
+                if sent:
+                    row["bytes_per_step"] = {k: v / max(steps[-1], 1.0) for k, v in sent.items()}
+                    row["tokens_per_step"] = processed / max(steps[-1], 1.0)
+                rows.append(row)
+                if rank == 0:
+                    tps = statistics.median(row["tokens_per_s"])
+                    print(
+                        f"  {world} ranks {kind:>12} max batch {max_batch:>3} {name:>5}: "
+                        f"{tps:8.1f} tokens/s, {statistics.median(row['step_ms']):7.1f} ms/step"
+                        f"{'' if equal in (None, True) else '  TOKENS DIFFER'}",
+                        flush=True,
+                    )
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def broadcast_tokens(got: dict | None, rank: int) -> dict:
+    holder = [got if rank == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def check(got: dict | None, name: str, rank: int, world: int, reference: dict | None) -> Any:
+    """Whether the contender's tokens equal one process's (dp: gathered from the replicas)."""
+    if name == "one":
+        return None
+    if name == "dp":
+        parts: list[Any] = [None] * world
+        dist.all_gather_object(parts, got)
+        got = {k: v for part in parts for k, v in part.items()}
+    return reference is not None and got == reference
+
+
+def run(world: int, args: dict) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = os.path.join(tempfile.mkdtemp(), "rows.json")
+    mp.spawn(worker, args=(world, port, args, out), nprocs=world, join=True)
+    with open(out) as f:
+        return json.load(f)
+
+
+def thesis_bytes(row: dict) -> dict:
+    """The thesis's per-rank volume for the tokens a step processed (fp32, every layer): CP
+    all-gathers q, k, v and exchanges partials all-to-all; TP all-reduces twice per layer."""
+    n, t = row["world"], row.get("tokens_per_step", 0.0)
+    hd = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
+    q = CONFIG["num_attention_heads"] * hd
+    kv = 2 * CONFIG["num_key_value_heads"] * hd
+    layers, b = CONFIG["num_hidden_layers"], 4
+    gather = (n - 1) * (t / n) * (q + kv) * b
+    to_all = (n - 1) / n * t * CONFIG["num_attention_heads"] * (hd + 1) * b
+    tp = 2 * 2 * (n - 1) / n * t * CONFIG["hidden_size"] * b
+    return {"cp": layers * (gather + to_all), "tp": layers * tp}
+
+
+def projection() -> list[dict]:
+    """Modelled (not measured): a Llama-3-8B layer's decode step on 4 and 8 H100s (NVLink), DP
+    / TP / CP / Helix tokens/s per layer, from the decode cost model."""
+    from torch_plugin import _C
+
+    layer = dict(hidden=4096, q_heads=32, kv_heads=8, head_dim=128, ffn_hidden=14336, dtype_bytes=2)
+    rows = []
+    for world in (4, 8):
+        for batch in (32, 128, 512):
+            for ctx in (4096, 16384, 65536):
+                spec = dict(layer, batch=batch, context=ctx, layers=32, dp_imbalance=1.1)
+                row: dict = dict(world=world, batch=batch, context=ctx, model=True)
+                for name, strategy in (
+                    ("dp", "dp"),
+                    ("tp", "tp"),
+                    ("cp", "cp_gather_qkv"),
+                    ("helix", "helix"),
+                ):
+                    c = _C.model_decode_layer(spec, world, strategy, "h100")
+                    ok = c["valid"] and c.get("fits", True)
+                    row[name] = batch / c["total_s"] if ok else 0.0
+                row["best"] = max(("dp", "tp", "cp", "helix"), key=lambda k: row[k])
+                rows.append(row)
+    return rows
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        tps = r["tokens_per_s"]
+        med = statistics.median(tps)
+        s = dict(
+            stream=r["stream"],
+            max_batch=r["max_batch"],
+            world=r["world"],
+            contender=r["contender"],
+            tokens_per_s=med,
+            tokens_per_s_min=min(tps),
+            tokens_per_s_max=max(tps),
+            step_ms=statistics.median(r["step_ms"]),
+            steps=statistics.median(r["steps"]),
+            equal_to_one=r["equal_to_one"],
+        )
+        if "bytes_per_step" in r:
+            s["bytes_per_step"] = sum(r["bytes_per_step"].values())
+            s["thesis_bytes_per_step"] = thesis_bytes(r)
+        out.append(s)
+    for s in out:
+        one = [
+            o
+            for o in out
+            if o["contender"] == "one"
+            and (o["stream"], o["max_batch"], o["world"])
+            == (s["stream"], s["max_batch"], s["world"])
+        ]
+        if one:
+            s["vs_one"] = s["tokens_per_s"] / one[0]["tokens_per_s"]
+    return out
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = sorted({r["world"] for r in rows})
+    kinds = list(dict.fromkeys(r["stream"] for r in rows))
+    fig, axes = plt.subplots(len(worlds), len(kinds), figsize=(6 * len(kinds), 4 * len(worlds)))
+    axes = [[axes]] if len(worlds) * len(kinds) == 1 else axes
+    if len(worlds) == 1:
+        axes = [axes]
+    for i, w in enumerate(worlds):
+        for j, kind in enumerate(kinds):
+            ax = axes[i][j]
+            for name in CONTENDERS:
+                pts = [
+                    r
+                    for r in rows
+                    if r["world"] == w and r["stream"] == kind and r["contender"] == name
+                ]
+                if not pts:
+                    continue
+                xs = [p["max_batch"] for p in pts]
+                ax.errorbar(
+                    xs,
+                    [p["tokens_per_s"] for p in pts],
+                    yerr=[
+                        [p["tokens_per_s"] - p["tokens_per_s_min"] for p in pts],
+                        [p["tokens_per_s_max"] - p["tokens_per_s"] for p in pts],
+                    ],
+                    marker="o",
+                    capsize=3,
+                    label=name,
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("maximum batch (requests)")
+            ax.set_ylabel("tokens/s")
+            ax.set_title(f"{kind}, {w} gloo ranks on 2 cores")
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--max-batch", type=int, nargs="+", default=list(MAX_BATCH))
+    ap.add_argument("--streams", nargs="+", default=list(STREAMS))
+    ap.add_argument("--contenders", nargs="+", default=list(CONTENDERS))
+    ap.add_argument("--quick", action="store_true", help="1 run, 2 ranks, batch 8 (a smoke run)")
+    args = vars(ap.parse_args())
+    if args.pop("quick"):
+        args.update(runs=1, worlds=[2], max_batch=[8])
+    print(f"continuous batching of request streams, {CONFIG}")
+    rows = []
+    for world in args["worlds"]:
+        rows += run(world, {k: v for k, v in args.items() if k != "worlds"})
+    table = summary(rows)
+    model = projection()
+    print("  modelled, 8 x H100, Llama-3-8B layer (tokens/s per layer; best):")
+    for r in model:
+        if r["world"] == 8:
+            print(f"    batch {r['batch']:>3} context {r['context']:>6}: best {r['best']}")
+    out = {
+        "config": CONFIG,
+        "streams": STREAMS,
+        "page_size": PAGE,
+        "runs": args["runs"],
+        "rows": table,
+        "raw": rows,
+        "projection_model": model,
+        "torch": torch.__version__,
+    }
+    os.makedirs(RESULTS, exist_ok=True)
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import write_results
+
+    write_results(os.path.join(RESULTS, "cp_serving.json"), out)
+    plot(table, os.path.join(RESULTS, "cp_serving.png"))
+    print(f"wrote {RESULTS}/cp_serving.json and cp_serving.png")
+
+
+if __name__ == "__main__":
+    main()
