@@ -26,13 +26,17 @@ step processed), and a projection to 4 and 8 H100s from the decode cost model
 (`_C.model_decode_layer`, a model, not a measurement).
 
     python benchmarks/cp_serving.py [--runs 5] [--worlds 2 4] [--quick]
+    python benchmarks/cp_serving.py --suite [--worlds 2 4]
 
-Writes benchmarks/results/cp_serving.{json,png}.
+Writes benchmarks/results/cp_serving.{json,png}; --suite: generate_batch on every HF suite
+decoder (tokens against transformers' one process, or the reason it is refused) into
+benchmarks/results/cp_serving_suite.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import datetime
 import json
@@ -382,6 +386,177 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+# ---- correctness on the HF suite's decoders (tests and --suite) ------------------------------
+
+NEW_TOKENS = 12
+
+
+def stream_small(vocab: int, n: int = 36, seed: int = 1) -> list[list[int]]:
+    """n prompts of 3 to 40 tokens (ids 1 .. vocab-1)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 41, (n,), generator=g).tolist()
+    return [torch.randint(1, vocab, (k,), generator=g).tolist() for k in lengths]
+
+
+def cb_config_small(**kw: Any) -> Any:
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    base = dict(num_blocks=48, page_size=8, max_batch_tokens=64)
+    base.update(kw)
+    return ContinuousBatchingConfig(**base)
+
+
+def one_process(model: Any, inputs: list[list[int]], gen: Any) -> tuple[dict[str, list[int]], int]:
+    """transformers' own generate_batch in this process: tokens by request id, and the most
+    cache blocks it held at once."""
+    held = {"now": 0, "peak": 0}
+    manager = model.init_continuous_batching(gen, cb_config_small())
+    create = manager._create_batch_processor
+
+    def created() -> Any:
+        processor = create()
+        pool = processor.cache.pool
+        if not getattr(pool, "_counted", False):
+            get, free = pool.get_free_blocks, pool.free_blocks
+
+            def got(index: int, n: int) -> list[int]:
+                blocks = get(index, n)
+                held["now"] += len(blocks)
+                held["peak"] = max(held["peak"], held["now"])
+                return blocks
+
+            def freed(index: int, blocks: list[int]) -> None:
+                held["now"] -= len(blocks)
+                free(index, blocks)
+
+            pool.get_free_blocks, pool.free_blocks, pool._counted = got, freed, True
+        return processor
+
+    manager._create_batch_processor = created
+    manager.start()
+    ids = manager.add_requests(inputs, max_new_tokens=NEW_TOKENS)
+    out: dict[str, list[int]] = {}
+    while len(out) < len(ids):
+        r = manager.get_result(timeout=10)
+        assert r is not None, "transformers' generate_batch stalled"
+        if r.is_finished():
+            out[r.request_id] = list(r.generated_tokens)
+    manager.stop(block=True, timeout=10)
+    manager.destroy()
+    return out, held["peak"]
+
+
+def check_decoder(rank: int, world: int, name: str, requests: str) -> dict[str, Any]:
+    """cache_parallel(model, mesh).generate_batch on a stream of 36 requests equals
+    transformers' generate_batch in one process; this rank's KV blocks at most 1/world of the
+    single-process peak plus one per request."""
+    from transformers import GenerationConfig
+
+    import torch_plugin
+    from torch_plugin.models import hf_suite
+
+    torch.manual_seed(0)
+    model, _ = hf_suite.build(name)
+    model.eval()
+    vocab = model.config.get_text_config().vocab_size
+    inputs = stream_small(vocab)
+    greedy = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=hf_suite.PAD)
+    # An end-of-sequence token the model emits early for some requests: some finish early.
+    first, _ = one_process(model, inputs, GenerationConfig(**greedy, eos_token_id=-1))
+    counts = collections.Counter(t for toks in first.values() for t in toks[1 : NEW_TOKENS // 2])
+    eos = counts.most_common(1)[0][0]
+    gen = GenerationConfig(**greedy, eos_token_id=eos)
+    want, peak = one_process(model, inputs, gen)
+    mesh = torch_plugin.DeviceMesh((world,), timeout_s=60)
+    helix = requests == "helix"  # o_proj and the MLP tensor-parallel, rows replicated
+    cp = torch_plugin.cache_parallel(model, mesh, helix=helix)
+    got = cp.generate_batch(
+        inputs, gen, cb_config_small(), requests="replicated" if helix else requests
+    )
+    shard = cp.last_cb.shard
+    return {
+        "equal": {k: v.generated_tokens for k, v in got.items()} == want,
+        "early": sum(len(v) < NEW_TOKENS for v in want.values()),
+        "requests": len(got),
+        "peak_blocks": shard.peak,
+        "most_requests": shard.most_requests,
+        "one_process_peak_blocks": peak,
+        "steps": cp.last_cb.steps,
+        "kernel_calls": cp.last_cb.kernel_calls,
+        "layers": model.config.get_text_config().num_hidden_layers,
+        "bytes": dict(cp.comm.bytes_sent),
+    }
+
+
+def suite_worker(rank: int, world: int, port: int, names: list[str], out: str) -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
+    )
+    cells = {}
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            r = check_decoder(rank, world, name, "dp")
+            ok = torch.tensor([float(r["equal"])])
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            cell = dict(status="pass" if ok.item() else "mismatch", **r)
+        except NotImplementedError as e:
+            cell = dict(status="refused", reason=str(e).splitlines()[0][:300])
+        except Exception as e:  # noqa: BLE001 - every failure is a cell of the table
+            cell = dict(
+                status="error", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            )
+        cell["seconds"] = time.perf_counter() - t0
+        cells[name] = cell
+        if rank == 0:
+            print(
+                f"  {world} ranks {name:>14}: {cell['status']} {cell.get('reason', '')}", flush=True
+            )
+        dist.barrier()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(cells, f)
+    dist.destroy_process_group()
+
+
+def suite(worlds: list[int]) -> None:
+    """generate_batch on every suite decoder: tokens equal to transformers' one process, or
+    the reason it is refused."""
+    from torch_plugin.models import hf_suite
+
+    names = hf_suite.decoders()
+    table = {}
+    for world in worlds:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = os.path.join(tempfile.mkdtemp(), "suite.json")
+        mp.spawn(suite_worker, args=(world, port, names, out), nprocs=world, join=True)
+        with open(out) as f:
+            table[str(world)] = json.load(f)
+    counts = {
+        w: collections.Counter(c["status"] for c in cells.values()) for w, cells in table.items()
+    }
+    print(f"  {counts}")
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:
+        from provenance import write_results
+
+    write_results(
+        os.path.join(RESULTS, "cp_serving_suite.json"),
+        {"decoders": names, "by_world": table, "counts": counts, "requests": 36},
+    )
+    print(f"wrote {RESULTS}/cp_serving_suite.json")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -390,7 +565,13 @@ def main() -> None:
     ap.add_argument("--streams", nargs="+", default=list(STREAMS))
     ap.add_argument("--contenders", nargs="+", default=list(CONTENDERS))
     ap.add_argument("--quick", action="store_true", help="1 run, 2 ranks, batch 8 (a smoke run)")
+    ap.add_argument(
+        "--suite", action="store_true", help="generate_batch on every suite decoder instead"
+    )
     args = vars(ap.parse_args())
+    if args.pop("suite"):
+        suite(args["worlds"])
+        return
     if args.pop("quick"):
         args.update(runs=1, worlds=[2], max_batch=[8])
     print(f"continuous batching of request streams, {CONFIG}")

@@ -466,12 +466,22 @@ def test_generate_batch_refuses_what_it_cannot_split() -> None:
         cp.generate_batch(prompts, GenerationConfig(do_sample=True, max_new_tokens=4))
     with pytest.raises(NotImplementedError, match="beam search"):
         cp.generate_batch(prompts, GenerationConfig(num_beams=2, max_new_tokens=4))
-    small = cb_workers.cb_config(num_blocks=4, page_size=8)
+    small = cb_workers.cb_config_small(num_blocks=4, page_size=8)
     with pytest.raises(CacheCapacityError, match=r"request 0 needs \d+ prompt \+ 64 new"):
         cp.generate_batch([list(range(1, 40))], GenerationConfig(max_new_tokens=64), small)
     mistral, _ = hf_suite.build("mistral")
     with pytest.raises(NotImplementedError, match="sliding_attention layers"):
         torch_plugin.cache_parallel(mistral.eval(), None).generate_batch(
-            prompts, GenerationConfig(max_new_tokens=4), cb_workers.cb_config()
+            prompts, GenerationConfig(max_new_tokens=4), cb_workers.cb_config_small()
         )
     assert model.config._attn_implementation == "sdpa"  # given back after each refusal
+
+
+def test_continuous_batching_manager_form_keeps_the_tokens(gloo) -> None:
+    """cp.init_continuous_batching(): transformers' manager hooked for the split cache; 12
+    requests added while the loop runs (rank 0 takes them and broadcasts them), results read
+    on both ranks equal one process's; the model's attention is given back after stop()."""
+    import cb_workers
+
+    for r in gloo(2).run(cb_workers.manager_form_matches):
+        assert r["equal"] and r["attention_restored"] and r["peak_blocks"] > 0
