@@ -30,7 +30,8 @@ step processed), and a projection to 4 and 8 H100s from the decode cost model
 
 Writes benchmarks/results/cp_serving.{json,png}; --suite: generate_batch on every HF suite
 decoder (tokens against transformers' one process, or the reason it is refused) into
-benchmarks/results/cp_serving_suite.json.
+benchmarks/results/cp_serving_suite.json; --projection: only the modelled H100 projection into
+benchmarks/results/cp_serving_projection.json.
 """
 
 from __future__ import annotations
@@ -303,9 +304,28 @@ def projection() -> list[dict]:
                     c = _C.model_decode_layer(spec, world, strategy, "h100")
                     ok = c["valid"] and c.get("fits", True)
                     row[name] = batch / c["total_s"] if ok else 0.0
-                row["best"] = max(("dp", "tp", "cp", "helix"), key=lambda k: row[k])
+                fits = [k for k in ("dp", "tp", "cp", "helix") if row[k] > 0]
+                row["best"] = max(fits, key=lambda k: row[k]) if fits else None
                 rows.append(row)
     return rows
+
+
+def write_projection() -> None:
+    """The modelled projection alone (0 where the strategy does not fit 80 GB per device)."""
+    try:
+        from benchmarks.provenance import write_results
+    except ImportError:
+        from provenance import write_results
+
+    rows = projection()
+    for r in rows:
+        cells = "  ".join(f"{k} {r[k] / 1e3:7.1f}K" for k in ("dp", "tp", "cp", "helix"))
+        print(f"  {r['world']} x H100 batch {r['batch']:>3} context {r['context']:>6}: {cells}")
+    write_results(
+        os.path.join(RESULTS, "cp_serving_projection.json"),
+        {"model": "torch_plugin._C.model_decode_layer, h100 profile", "rows": rows},
+    )
+    print(f"wrote {RESULTS}/cp_serving_projection.json")
 
 
 def summary(rows: list[dict]) -> list[dict]:
@@ -406,6 +426,10 @@ def cb_config_small(**kw: Any) -> Any:
     return ContinuousBatchingConfig(**base)
 
 
+class TransformersFails(RuntimeError):
+    """transformers' own generate_batch fails on the model in one process (nothing to match)."""
+
+
 def one_process(model: Any, inputs: list[list[int]], gen: Any) -> tuple[dict[str, list[int]], int]:
     """transformers' own generate_batch in this process: tokens by request id, and the most
     cache blocks it held at once."""
@@ -440,6 +464,13 @@ def one_process(model: Any, inputs: list[list[int]], gen: Any) -> tuple[dict[str
         r = manager.get_result(timeout=10)
         assert r is not None, "transformers' generate_batch stalled"
         if r.is_finished():
+            if r.error is not None:
+                manager.stop(block=True, timeout=10)
+                manager.destroy()
+                raise TransformersFails(
+                    f"transformers' own generate_batch fails on {type(model).__name__}: "
+                    f"{str(r.error).splitlines()[-1][:200]}"
+                )
             out[r.request_id] = list(r.generated_tokens)
     manager.stop(block=True, timeout=10)
     manager.destroy()
@@ -507,6 +538,8 @@ def suite_worker(rank: int, world: int, port: int, names: list[str], out: str) -
             ok = torch.tensor([float(r["equal"])])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
             cell = dict(status="pass" if ok.item() else "mismatch", **r)
+        except TransformersFails as e:
+            cell = dict(status="transformers_fails", reason=str(e)[:300])
         except NotImplementedError as e:
             cell = dict(status="refused", reason=str(e).splitlines()[0][:300])
         except Exception as e:  # noqa: BLE001 - every failure is a cell of the table
@@ -568,9 +601,15 @@ def main() -> None:
     ap.add_argument(
         "--suite", action="store_true", help="generate_batch on every suite decoder instead"
     )
+    ap.add_argument(
+        "--projection", action="store_true", help="only the modelled H100 projection (no ranks)"
+    )
     args = vars(ap.parse_args())
     if args.pop("suite"):
         suite(args["worlds"])
+        return
+    if args.pop("projection"):
+        write_projection()
         return
     if args.pop("quick"):
         args.update(runs=1, worlds=[2], max_batch=[8])
