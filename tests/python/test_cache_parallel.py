@@ -450,10 +450,11 @@ def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
 
 def test_generate_batch_refuses_what_it_cannot_split() -> None:
     """Refused before any rank starts: sampling, beam search; refused with its
-    size: a request longer than the cache holds; refused with the reason: sliding-window
-    layers."""
+    size: a request longer than the cache holds; refused with the reason: padded (compiled)
+    batches, sliding-window layers."""
     import cb_workers
     from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import CompileConfig
 
     import torch_plugin
     from torch_plugin.models import hf_suite
@@ -469,6 +470,9 @@ def test_generate_batch_refuses_what_it_cannot_split() -> None:
     small = cb_workers.cb_config_small(num_blocks=4, page_size=8)
     with pytest.raises(CacheCapacityError, match=r"request 0 needs \d+ prompt \+ 64 new"):
         cp.generate_batch([list(range(1, 40))], GenerationConfig(max_new_tokens=64), small)
+    compiled = cb_workers.cb_config_small(varlen_compile_config=CompileConfig())
+    with pytest.raises(NotImplementedError, match="compiled or CUDA-graph batches"):
+        cp.generate_batch(prompts, GenerationConfig(max_new_tokens=4), compiled)
     mistral, _ = hf_suite.build("mistral")
     with pytest.raises(NotImplementedError, match="sliding_attention layers"):
         torch_plugin.cache_parallel(mistral.eval(), None).generate_batch(

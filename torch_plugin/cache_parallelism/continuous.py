@@ -553,6 +553,13 @@ def init_manager(
 
     def created() -> Any:
         processor = create()
+        if processor.model_runner.pad_inputs:
+            raise NotImplementedError(
+                "torch_plugin cache_parallel.generate_batch: the ContinuousBatchingConfig asks "
+                "for compiled or CUDA-graph batches, which transformers pads to fixed sizes; the "
+                "split cache takes unpadded batches only (leave varlen_compile_config, "
+                "decode_compile_config and use_cuda_graph unset)"
+            )
         if getattr(processor.cache, "update", None) != hooks.update:
             hooks.install(processor.cache, getattr(processor, "offloading_manager", None))
         # Only now: transformers sizes its packed-batch mask by the implementation's name
