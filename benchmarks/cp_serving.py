@@ -259,14 +259,19 @@ def check(got: dict | None, name: str, rank: int, world: int, reference: dict | 
     return reference is not None and got == reference
 
 
-def run(world: int, args: dict) -> list[dict]:
+def on_ranks(fn: Any, world: int, *args: Any) -> Any:
+    """fn(rank, world, port, *args, out) on `world` fresh gloo processes; what rank 0 wrote."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = os.path.join(tempfile.mkdtemp(), "rows.json")
-    mp.spawn(worker, args=(world, port, args, out), nprocs=world, join=True)
+    out = os.path.join(tempfile.mkdtemp(), "out.json")
+    mp.spawn(fn, args=(world, port, *args, out), nprocs=world, join=True)
     with open(out) as f:
         return json.load(f)
+
+
+def run(world: int, args: dict) -> list[dict]:
+    return on_ranks(worker, world, args)
 
 
 def thesis_bytes(row: dict) -> dict:
@@ -567,13 +572,7 @@ def suite(worlds: list[int]) -> None:
     names = hf_suite.decoders()
     table = {}
     for world in worlds:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        out = os.path.join(tempfile.mkdtemp(), "suite.json")
-        mp.spawn(suite_worker, args=(world, port, names, out), nprocs=world, join=True)
-        with open(out) as f:
-            table[str(world)] = json.load(f)
+        table[str(world)] = on_ranks(suite_worker, world, names)
     counts = {
         w: collections.Counter(c["status"] for c in cells.values()) for w, cells in table.items()
     }
