@@ -375,10 +375,9 @@ def plot(rows: list[dict], path: str) -> None:
 
     worlds = sorted({r["world"] for r in rows})
     kinds = list(dict.fromkeys(r["stream"] for r in rows))
-    fig, axes = plt.subplots(len(worlds), len(kinds), figsize=(6 * len(kinds), 4 * len(worlds)))
-    axes = [[axes]] if len(worlds) * len(kinds) == 1 else axes
-    if len(worlds) == 1:
-        axes = [axes]
+    fig, axes = plt.subplots(
+        len(worlds), len(kinds), figsize=(6 * len(kinds), 4 * len(worlds)), squeeze=False
+    )
     for i, w in enumerate(worlds):
         for j, kind in enumerate(kinds):
             ax = axes[i][j]
