@@ -315,22 +315,25 @@ def projection() -> list[dict]:
     return rows
 
 
+def write(name: str, payload: dict) -> None:
+    """benchmarks/results/<name> with its provenance (the repository root is on sys.path)."""
+    from benchmarks.provenance import write_results
+
+    os.makedirs(RESULTS, exist_ok=True)
+    write_results(os.path.join(RESULTS, name), payload)
+    print(f"wrote {RESULTS}/{name}")
+
+
 def write_projection() -> None:
     """The modelled projection alone (0 where the strategy does not fit 80 GB per device)."""
-    try:
-        from benchmarks.provenance import write_results
-    except ImportError:
-        from provenance import write_results
-
     rows = projection()
     for r in rows:
         cells = "  ".join(f"{k} {r[k] / 1e3:7.1f}K" for k in ("dp", "tp", "cp", "helix"))
         print(f"  {r['world']} x H100 batch {r['batch']:>3} context {r['context']:>6}: {cells}")
-    write_results(
-        os.path.join(RESULTS, "cp_serving_projection.json"),
+    write(
+        "cp_serving_projection.json",
         {"model": "torch_plugin._C.model_decode_layer, h100 profile", "rows": rows},
     )
-    print(f"wrote {RESULTS}/cp_serving_projection.json")
 
 
 def summary(rows: list[dict]) -> list[dict]:
@@ -576,16 +579,10 @@ def suite(worlds: list[int]) -> None:
         w: collections.Counter(c["status"] for c in cells.values()) for w, cells in table.items()
     }
     print(f"  {counts}")
-    try:
-        from benchmarks.provenance import write_results
-    except ImportError:
-        from provenance import write_results
-
-    write_results(
-        os.path.join(RESULTS, "cp_serving_suite.json"),
+    write(
+        "cp_serving_suite.json",
         {"decoders": names, "by_world": table, "counts": counts, "requests": 36},
     )
-    print(f"wrote {RESULTS}/cp_serving_suite.json")
 
 
 def main() -> None:
@@ -631,15 +628,9 @@ def main() -> None:
         "projection_model": model,
         "torch": torch.__version__,
     }
-    os.makedirs(RESULTS, exist_ok=True)
-    try:
-        from benchmarks.provenance import write_results
-    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-        from provenance import write_results
-
-    write_results(os.path.join(RESULTS, "cp_serving.json"), out)
+    write("cp_serving.json", out)
     plot(table, os.path.join(RESULTS, "cp_serving.png"))
-    print(f"wrote {RESULTS}/cp_serving.json and cp_serving.png")
+    print(f"wrote {RESULTS}/cp_serving.png")
 
 
 if __name__ == "__main__":

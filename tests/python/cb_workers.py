@@ -1,6 +1,7 @@
 """Workers for cache parallelism under transformers' continuous batching (issue 41): run on
-the kept-alive gloo ranks (`pool.run(fn, *args)` calls fn(rank, world, *args)). The checks
-live in benchmarks/cp_serving.py, whose --suite run applies them to every suite decoder."""
+the kept-alive gloo ranks (`pool.run(fn, *args)` calls fn(rank, world, *args)). The decoder
+check itself is benchmarks/cp_serving.py's `check_decoder`, which its --suite run applies to
+every suite decoder."""
 
 from __future__ import annotations
 
@@ -8,12 +9,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.cp_serving import NEW_TOKENS, cb_config_small, check_decoder, one_process
+from benchmarks.cp_serving import NEW_TOKENS, cb_config_small, one_process
 from benchmarks.cp_serving import stream_small as stream
-
-
-def generate_batch_matches(rank: int, world: int, name: str, requests: str) -> dict[str, Any]:
-    return check_decoder(rank, world, name, requests)
 
 
 def manager_form_matches(rank: int, world: int) -> dict[str, Any]:

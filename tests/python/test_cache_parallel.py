@@ -433,9 +433,9 @@ def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
     replicated, o_proj and the MLP split over the ranks, the partials sent to their head group
     by one all-to-all. Decode batches
     attend with the split-KV kernel over each request's local entries."""
-    import cb_workers
+    from benchmarks import cp_serving
 
-    ranks = gloo(world).run(cb_workers.generate_batch_matches, name, requests)
+    ranks = gloo(world).run(cp_serving.check_decoder, name, requests)
     for r in ranks:
         assert r["equal"], f"{name} on {world} ranks: tokens differ from one process"
         assert r["requests"] == 36 and r["early"] >= 1

@@ -8,8 +8,9 @@ bookkeeping, its request broadcast between ranks) through four hooks, nothing co
   - the manager's `DistributedHelper` sees this wrapper's group as its "TP" group: rank 0 takes
     the requests and broadcasts them, every rank schedules the same batches in the same order
     (what transformers does for tensor-parallel serving), with the KV heads left whole;
-  - `PagedAttentionCache.update` writes and reads this rank's pages only. Page j of every
-    request (positions [j*page, (j+1)*page)) lives on rank j % world; transformers' block ids
+  - `PagedAttentionCache.update` writes and reads this rank's pages only. Page j of a request
+    (positions [j*page, (j+1)*page)) lives on rank (j + the request's first block id) % world
+    (`PagedShard.owned`); transformers' block ids
     stay its bookkeeping, each owned block gets a slot in this rank's storage, and the slot is
     returned when transformers frees the block. transformers' own cache tensor is released
     after it is built;
@@ -38,8 +39,6 @@ import torch.nn as nn
 from ..ops import decode_partials
 from ..runtime.kv_cache import CacheCapacityError
 from .helix import merge_head_group
-
-_STEP = "_torch_plugin_cp_step"  # the key under which the model call passes the step's indices
 
 
 class GroupMesh:
@@ -72,8 +71,7 @@ class Step:
         self.total, self.chunk, self.lo = total, chunk, lo
         self.write_rows = torch.empty(0, dtype=torch.long)  # rows of the batch stored here
         self.write_slots = torch.empty(0, dtype=torch.long)  # their rows in local storage
-        self.read_cols = torch.empty(0, dtype=torch.long)  # mask columns of the local keys
-        self.read_slots: torch.Tensor | None = None  # None: the keys are the new ones
+        self.read_slots: torch.Tensor | None = None  # None: the keys are the new ones stored here
         # A decode batch (one query per request, the request's newest token): the local keys'
         # requests and places in a padded [requests, longest] layout, and each one's count.
         self.decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
@@ -225,7 +223,6 @@ class PagedShard:
         step.cu_q = cu_q.tolist()
         step.query_positions = positions
         if read.numel() == 0:  # no cached entries read: the keys are the batch's own tokens
-            step.read_cols = step.write_rows
             step.key_positions = positions[step.write_rows]
             step.key_counts = torch.bincount(of_token[mine], minlength=q_lens.numel())
             return step
@@ -233,7 +230,6 @@ class PagedShard:
         of_entry = torch.repeat_interleave(requests, k_lens)
         read_positions = torch.arange(read.numel(), dtype=torch.long) - cu_k[:-1][of_entry]
         keep = self.owned(read_positions, first_blocks[of_entry])
-        step.read_cols = torch.nonzero(keep).flatten()
         step.read_slots = self.slots(read[keep], assign=False)
         kept = of_entry[keep]  # ascending: entries are grouped by request
         step.key_positions = read_positions[keep]
@@ -292,11 +288,10 @@ class ContinuousCP:
         k_rows = key[0].transpose(0, 1)  # [T, kvh, D]
         v_rows = value[0].transpose(0, 1)
         ks, vs = shard.keys[layer_idx], shard.values[layer_idx]
-        ks.index_copy_(0, step.write_slots, k_rows.index_select(0, step.write_rows).to(ks.dtype))
-        vs.index_copy_(0, step.write_slots, v_rows.index_select(0, step.write_rows).to(vs.dtype))
-        if step.read_slots is None:
-            k, v = k_rows.index_select(0, step.read_cols), v_rows.index_select(0, step.read_cols)
-        else:
+        k, v = k_rows.index_select(0, step.write_rows), v_rows.index_select(0, step.write_rows)
+        ks.index_copy_(0, step.write_slots, k.to(ks.dtype))
+        vs.index_copy_(0, step.write_slots, v.to(vs.dtype))
+        if step.read_slots is not None:  # else the keys are the new ones just stored
             k, v = ks.index_select(0, step.read_slots), vs.index_select(0, step.read_slots)
         return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
 
@@ -304,11 +299,9 @@ class ContinuousCP:
 
     def attention(
         self,
-        module: nn.Module,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        attention_mask: torch.Tensor | None,
         scaling: float | None,
         softcap: float | None,
     ) -> torch.Tensor:
@@ -493,7 +486,7 @@ class CBModel:
 _MISSING = object()
 
 
-def check_supported(model: nn.Module, gen: Any) -> None:
+def check_supported(gen: Any) -> None:
     """Refusals that need no rank to start: the same on every rank, raised before any
     collective."""
     if getattr(gen, "do_sample", False):
@@ -529,7 +522,7 @@ def init_manager(
         requests = "replicated"  # Helix splits the MLP by columns over replicated rows
     model = owner.module
     gen = generation_config if generation_config is not None else model.generation_config
-    check_supported(model, gen)
+    check_supported(gen)
     cb = continuous_batching_config or ContinuousBatchingConfig()
     if getattr(model, "_cached_continuous_batching_manager", None) is not None:
         raise ValueError(
@@ -606,9 +599,7 @@ def generate_batch(
 
     if not inputs:
         return {}
-    model = owner.module
-    gen = generation_config if generation_config is not None else model.generation_config
-    check_supported(model, gen)
+    gen = generation_config if generation_config is not None else owner.module.generation_config
     max_new = kwargs.pop("max_new_tokens", None)
     max_new = gen.max_new_tokens if max_new is None else max_new
     if kwargs:

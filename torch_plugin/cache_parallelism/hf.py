@@ -432,10 +432,7 @@ class HFCacheParallel(nn.Module):
         if cb is not None and cb.step is not None:  # a continuous-batching step
             if dropout:
                 raise NotImplementedError("torch_plugin cache_parallel: dropout in generation")
-            out = cb.attention(
-                module, query, key, value, attention_mask, scaling, kwargs.get("softcap")
-            )
-            return out, None
+            return cb.attention(query, key, value, scaling, kwargs.get("softcap")), None
         # An error from here on is ours or the kernel's, not a model that bypasses this function.
         self.attention_entered = True
         cache = self.cache
