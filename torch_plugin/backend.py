@@ -10,6 +10,7 @@ the unrewritten graph with one log line (or re-raises with on_error="raise").
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -214,6 +215,8 @@ def _place(
     from .placement.whole_graph import place_whole_graph_first
 
     placement_opts = opts.placement or PlacementOptions()
+    if opts.precision is not None:
+        placement_opts = dataclasses.replace(placement_opts, precision=opts.precision)
     real = None
     if example_inputs is not None and all(
         not isinstance(x, torch.Tensor) or not isinstance(x, torch._subclasses.FakeTensor)
@@ -254,8 +257,6 @@ def _auto_placement_options(base: Any, kind: str, freezable: bool) -> Any:
     """The default backend's placement: whole graphs first; weights frozen into inference
     graphs (a guard re-places when they change); training graphs choose between eager and
     Inductor only, whose gradients match eager's to float32 rounding."""
-    import dataclasses
-
     if kind == "inference":
         return dataclasses.replace(base, search="whole_graph_first", freeze=freezable)
     return dataclasses.replace(

@@ -40,6 +40,10 @@ class Options:
     cache_parallel: a KVCacheManager to use (set by torch_plugin.cache_parallel); None makes
       one per compiled model when the cache_parallel pass runs.
     placement: options of the placement pass (see placement.PlacementOptions), a dict.
+    precision: "f32" or "bf16": what inference graphs may compute in (OpenVINO's bf16 hint,
+      Inductor on the graph traced under autocast), each candidate held to that precision's
+      stated tolerance against eager (placement/precision.py). None (the default) is f32,
+      unless the graph already computes in bf16 (a bf16 model, a call under autocast).
     """
 
     passes: tuple[str, ...] | None = None
@@ -50,6 +54,7 @@ class Options:
     mesh: Any = None
     cache_parallel: Any = None
     placement: Any = None
+    precision: str | None = None
 
     @property
     def auto(self) -> bool:
@@ -100,6 +105,10 @@ class Options:
             from .placement.planner import PlacementOptions
 
             kwargs["placement"] = PlacementOptions.from_user(kwargs["placement"])
+        if kwargs.get("precision") is not None:
+            from .placement.precision import check_precision
+
+            check_precision(kwargs["precision"])
         if kwargs.get("on_error", "fallback") not in _ON_ERROR:
             raise ValueError(
                 f"torch_plugin option 'on_error' must be one of {', '.join(_ON_ERROR)}, "

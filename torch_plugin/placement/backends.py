@@ -36,6 +36,9 @@ class Backend:
     graph_level = False  # a graph compiler whose larger regions the evolutionary search tries
     rtol = 1e-4
     atol = 1e-4
+    # What the compiled graph computes in: "bf16" where the precision option allows it and
+    # the backend can (placement/precision.py); "f32" keeps the graph's own dtypes.
+    compute = "f32"
 
     def unavailable(self) -> str | None:
         """Why the backend cannot run here, or None."""
@@ -73,8 +76,19 @@ class InductorBackend(Backend):
         # mode are its own, not the user's frame's. A context of its own with a shape env,
         # which Inductor's FX graph cache needs ("Bypassing FX Graph Cache because 'No shape
         # env'"): with it a warm compile loads the compiled graph instead of rebuilding it.
+        if self.compute != "f32":
+            from .precision import lower_precision_graph
+
+            gm = lower_precision_graph(gm, inputs, self.compute)
         context = TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
-        with warnings.catch_warnings(), tracing(context):
+        # Frozen weights (module constants): Inductor's freezing folds and prepacks them, as
+        # PyTorch recommends for CPU inference (torch._inductor.config.freezing).
+        freeze = any(True for _ in gm.buffers()) and not torch.is_grad_enabled()
+        with (
+            warnings.catch_warnings(),
+            tracing(context),
+            torch._inductor.config.patch(freezing=freeze),
+        ):
             warnings.simplefilter("ignore")
             compiled = compile_fx(gm, list(inputs))
         return _with_strides(compiled, inputs)
@@ -143,12 +157,13 @@ class OpenVINOBackend(_NumpyBackend):
                 model = self._convert_fx(gm, inputs)
             except Exception:  # noqa: BLE001 - TorchScript's frontend may take what FX's cannot
                 model = ov.convert_model(gm, example_input=tuple(inputs))
-        # f32 inference: OpenVINO would otherwise pick bf16 on CPUs that have it.
+        # f32 unless the precision option allows bf16: OpenVINO would otherwise pick bf16 on
+        # CPUs that have it.
         compiled = ov.Core().compile_model(
             model,
             "CPU",
             {
-                "INFERENCE_PRECISION_HINT": "f32",
+                "INFERENCE_PRECISION_HINT": "bf16" if self.compute == "bf16" else "f32",
                 "PERFORMANCE_HINT": "LATENCY",
                 "INFERENCE_NUM_THREADS": torch.get_num_threads(),
             },
@@ -527,8 +542,16 @@ BACKENDS: dict[str, type[Backend]] = {
 DEFAULT_BACKENDS = ("aten", "fused", "inductor", "openvino", "onnxruntime")
 
 
-def get_backends(names: Sequence[str]) -> list[Backend]:
-    """Instances of the named backends that can run here; 'aten' is always included first."""
+# Backends that compute in bf16 when the precision option allows it. ONNX Runtime's CPU
+# provider has no bf16 MatMul or Conv kernels (it would insert casts around f32 ones): it stays
+# at f32, which meets the bf16 bound too. Eager ("aten") is the reference; our fused kernels
+# are f32.
+LOWER_PRECISION = ("inductor", "openvino")
+
+
+def get_backends(names: Sequence[str], compute: str = "f32") -> list[Backend]:
+    """Instances of the named backends that can run here; 'aten' is always included first.
+    compute: "bf16" lets the backends in LOWER_PRECISION compute in it."""
     unknown = [n for n in names if n not in BACKENDS]
     if unknown:
         raise ValueError(
@@ -540,6 +563,8 @@ def get_backends(names: Sequence[str]) -> list[Backend]:
         if name == "aten":
             continue
         backend = BACKENDS[name]()
+        if compute != "f32" and name in LOWER_PRECISION:
+            backend.compute = compute
         reason = backend.unavailable()
         if reason is not None:
             log.warning("torch_plugin placement: skipping backend %s: %s", name, reason)

@@ -24,6 +24,7 @@ _VALID_KEYS = (
     "search",
     "budget_factor",
     "allow_refine",
+    "precision",
 )
 
 
@@ -61,6 +62,9 @@ class PlacementOptions:
     budget_factor: whole_graph_first's compile budget, in multiples of Inductor's compile of
       the same graph; time_budget_s when Inductor cannot compile it.
     allow_refine: whether whole_graph_first may run the finer search at all.
+    precision: "f32" or "bf16" (placement/precision.py): what inference graphs' compilers may
+      compute in, and the tolerance each candidate is held to against eager; None = f32 unless
+      the graph already computes in bf16. Set by the backend's top-level `precision` option.
     """
 
     backends: tuple[str, ...] = DEFAULT_BACKENDS
@@ -79,6 +83,7 @@ class PlacementOptions:
     search: str = "exhaustive"
     budget_factor: float = 2.5
     allow_refine: bool = True
+    precision: str | None = None
 
     @classmethod
     def from_user(cls, value: Any) -> PlacementOptions:
@@ -129,6 +134,9 @@ class PlacementOptions:
             raise ValueError(
                 f"torch_plugin placement option 'budget_factor' must be > 0, got {v!r}"
             )
+        from .precision import check_precision
+
+        check_precision(kwargs.get("precision"))
         v = kwargs.get("cold_cache")
         if v is not None and not isinstance(v, bool):
             raise ValueError(

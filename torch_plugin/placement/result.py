@@ -81,6 +81,7 @@ class PlacementResult:
             f"{w['pick'] if not w.get('refined') else 'finer placement'} "
             f"({_ms(self.measured_final_s)}; whole graphs: {trials})"
             + (f"; {self.frozen} weights frozen" if self.frozen else "")
+            + _precision_note(w)
             + f"; compiled in {self.search_s:.1f} s"
             + (" (cached decision)" if w.get("cached") else f"; {w['reason']}")
         )
@@ -148,3 +149,18 @@ class PlacementResult:
 
 def _ms(s: float | None) -> str:
     return "-" if s is None else f"{s * 1e3:.3f} ms"
+
+
+def _precision_note(w: dict[str, Any]) -> str:
+    """Where the precision is not f32: what the pick computes in and its measured error."""
+    precision = w.get("precision", "f32")
+    if precision == "f32":
+        return ""
+    pick = w["pick"]
+    if w.get("refined"):
+        return f"; {precision} precision: the finer placement's regions compute in f32"
+    compute = w.get("compute", {}).get(pick, "f32") if pick != "eager" else "eager's dtypes"
+    err = w.get("errors", {}).get(pick)
+    return f"; {precision} precision: the pick computes in {compute}" + (
+        f", error {err:.1e}" if err is not None else ""
+    )

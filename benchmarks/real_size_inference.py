@@ -1,0 +1,376 @@
+"""CPU inference at real model sizes (issue 39): the default compile, f32 and bf16, against what a
+careful user already runs, each configured as its documentation recommends.
+
+Rows: bert-base and GPT-2 124M at 128 tokens, ResNet-50 and ViT-B/16 at 224x224, the T5-base
+encoder at 128 tokens, a Llama of 1.2B parameters (Llama-3.2-1B's shape) at 512 prompt tokens;
+random weights; batch 1 (and 8 with --batches 1 8).
+
+Contenders, all timed in turns in one process (threads equal: torch's, OpenVINO's and ONNX
+Runtime's intra-op pools all get torch.get_num_threads()):
+  f32:  eager; Inductor (default); Inductor with freezing (PyTorch's recommendation for CPU
+        inference); OpenVINO's torch.compile backend held to f32; ONNX Runtime on the
+        torch.onnx.export (dynamo) model, all graph optimisations; ours (the default).
+  bf16: Inductor with freezing under torch.autocast; OpenVINO's backend at its default
+        (bf16 on a CPU with bf16 units); ours with options={"precision": "bf16"}.
+Each contender's error is the relative L2 error of its output against f32 eager; a ratio is
+the best contender of the same precision over ours (above 1: ours is faster).
+
+Compile times come from fresh processes with empty caches (Inductor's FX cache, our profile
+cache): Inductor with freezing, ours cold, ours warm (same process after torch._dynamo.reset())
+and ours in a second process with the caches the first filled. Ours also records the
+whole-graph plan: each compiler's compile time and measured run time (where the time goes).
+
+    python benchmarks/real_size_inference.py [--models bert gpt2 ...] [--batches 1 8]
+
+Writes benchmarks/results/real_size_inference.{json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ["bert", "gpt2", "resnet50", "vit", "t5_encoder", "llama_1b"]
+TIMEOUT_S = 3600
+
+
+def build(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """The model (eval, random weights, library-default config at the published size) and its
+    positional inputs; the module returns one tensor."""
+    import transformers
+
+    torch.manual_seed(0)
+    if name == "resnet50":
+        from torch_plugin.models import build as zoo
+
+        model, inputs = zoo("resnet50", small=False, batch=batch)
+        return _One(model.eval(), None), tuple(inputs)
+    if name == "bert":
+        model = transformers.BertModel(transformers.BertConfig())
+        return _One(model.eval(), "last_hidden_state"), (_ids(batch, 128, 30522),)
+    if name == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+        return _One(model.eval(), "logits"), (_ids(batch, 128, 50257),)
+    if name == "vit":
+        model = transformers.ViTModel(transformers.ViTConfig(), add_pooling_layer=False)
+        return _One(model.eval(), "last_hidden_state"), (torch.randn(batch, 3, 224, 224),)
+    if name == "t5_encoder":
+        cfg = transformers.T5Config(d_model=768, d_ff=3072, num_layers=12, num_heads=12)
+        model = transformers.T5EncoderModel(cfg)
+        return _One(model.eval(), "last_hidden_state"), (_ids(batch, 128, 32128),)
+    if name == "llama_1b":
+        cfg = transformers.LlamaConfig(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            tie_word_embeddings=True,
+            use_cache=False,
+        )
+        model = transformers.LlamaForCausalLM(cfg)
+        # A prompt's prefill: the next token's logits (what generate() computes).
+        return _One(model.eval(), "logits", logits_to_keep=1), (_ids(batch, 512, 128256),)
+    raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
+
+
+def _ids(batch: int, seq: int, vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq))
+
+
+class _One(torch.nn.Module):
+    """The model called positionally, returning one tensor (what every exporter takes)."""
+
+    def __init__(self, model: torch.nn.Module, field: str | None, **consts: Any) -> None:
+        super().__init__()
+        self.model, self.field, self.consts = model, field, consts
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        out = self.model(*args, **self.consts)
+        return out if self.field is None else getattr(out, self.field)
+
+
+def _error(got: torch.Tensor, want: torch.Tensor) -> float:
+    from torch_plugin.placement.precision import output_error
+
+    return output_error((got.float(),), (want,))
+
+
+def contenders(model: torch.nn.Module, args: tuple, which: list[str]) -> dict[str, Any]:
+    """name -> a callable taking `args`, compiled on first call."""
+    import torch._inductor.config as inductor_config
+
+    threads = torch.get_num_threads()
+    out: dict[str, Any] = {}
+    for name in which:
+        if name == "eager":
+            out[name] = model
+        elif name == "inductor":
+            out[name] = torch.compile(model)
+        elif name in ("inductor_freezing", "inductor_freezing_bf16"):
+            compiled = torch.compile(model)
+            bf16 = name.endswith("bf16")
+
+            def run(*a: Any, compiled: Any = compiled, bf16: bool = bf16) -> Any:
+                with (
+                    inductor_config.patch(freezing=True),
+                    torch.autocast("cpu", torch.bfloat16, enabled=bf16),
+                ):
+                    return compiled(*a)
+
+            out[name] = run
+        elif name in ("openvino", "openvino_f32"):
+            import openvino.torch  # noqa: F401 - registers the backend
+
+            config = {"INFERENCE_NUM_THREADS": str(threads), "PERFORMANCE_HINT": "LATENCY"}
+            if name == "openvino_f32":
+                config["INFERENCE_PRECISION_HINT"] = "f32"
+            out[name] = torch.compile(
+                model, backend="openvino", options={"device": "CPU", "config": config}
+            )
+        elif name == "onnxruntime":
+            out[name] = _onnxruntime(model, args, threads)
+        elif name in ("ours", "ours_bf16"):
+            import torch_plugin  # noqa: F401 - registers the backend
+
+            opts = {"precision": "bf16"} if name == "ours_bf16" else {}
+            out[name] = torch.compile(model, backend="torch_plugin", options=opts)
+        else:
+            raise ValueError(name)
+    return out
+
+
+def _onnxruntime(model: torch.nn.Module, args: tuple, threads: int) -> Any:
+    """torch.onnx.export (dynamo) and an InferenceSession with every graph optimisation,
+    intra-op threads as torch's: ONNX Runtime's documented CPU setup."""
+    import io
+    import warnings
+
+    import onnxruntime as ort
+
+    state: dict[str, Any] = {}
+
+    def run(*a: torch.Tensor) -> torch.Tensor:
+        if "session" not in state:
+            buf = io.BytesIO()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model, args, buf, dynamo=True, verbose=False)
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            opts.intra_op_num_threads = threads
+            opts.log_severity_level = 3
+            session = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
+            state["session"] = session
+            state["names"] = [i.name for i in session.get_inputs()]
+        feed = {n: x.numpy() for n, x in zip(state["names"], a, strict=False)}
+        return torch.from_numpy(state["session"].run(None, feed)[0])
+
+    return run
+
+
+F32 = ["eager", "inductor", "inductor_freezing", "openvino_f32", "onnxruntime", "ours"]
+BF16 = ["inductor_freezing_bf16", "openvino", "ours_bf16"]
+
+
+def time_row(name: str, batch: int, rounds: int) -> dict[str, Any]:
+    """Every contender compiled, checked against f32 eager and timed in turns."""
+    from torch_plugin.backend import collect_stats
+
+    model, args = build(name, batch)
+    with torch.no_grad():
+        want = model(*args)
+    fns = contenders(model, args, F32 + BF16)
+    row: dict[str, Any] = {"model": name, "batch": batch, "error": {}, "failed": {}, "ran": {}}
+    with torch.no_grad():
+        for key in list(fns):
+            try:
+                with collect_stats() as stats:
+                    got = fns[key](*args)
+                row["error"][key] = _error(got, want)
+                if key.startswith("ours"):
+                    row["ran"][key] = [s.get("summary", "") for s in stats]
+            except Exception as e:  # noqa: BLE001 - a contender that fails is reported
+                row["failed"][key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                del fns[key]
+    per: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for key, fn in fns.items():
+                time.sleep(0.1)  # another runtime's spinning pool winds down
+                fn(*args)
+                times: list[float] = []
+                t_end = time.perf_counter() + 0.5
+                while time.perf_counter() < t_end or len(times) < 2:
+                    t0 = time.perf_counter()
+                    fn(*args)
+                    times.append(time.perf_counter() - t0)
+                per[key].append(statistics.median(times))
+    row["ms"] = {k: statistics.median(v) * 1e3 for k, v in per.items()}
+    row["spread_ms"] = {k: (min(v) * 1e3, max(v) * 1e3) for k, v in per.items()}
+    for prec, names, ours in (("f32", F32, "ours"), ("bf16", BF16, "ours_bf16")):
+        others = {k: row["ms"][k] for k in names if k in row["ms"] and k != ours}
+        if ours in row["ms"] and others:
+            best = min(others, key=others.__getitem__)
+            row[f"best_{prec}"] = best
+            row[f"ratio_{prec}"] = others[best] / row["ms"][ours]
+    return row
+
+
+def compile_row(name: str, batch: int, contender: str) -> dict[str, Any]:
+    """First-call time of one contender in this process (whose caches the caller set)."""
+    from torch_plugin import placement
+
+    model, args = build(name, batch)
+    (fn,) = contenders(model, args, [contender]).values()
+    out: dict[str, Any] = {}
+    with torch.no_grad(), placement.record() as placed:
+        t0 = time.perf_counter()
+        fn(*args)
+        out["cold_s"] = time.perf_counter() - t0
+        if contender.startswith("ours"):
+            out["plans"] = [_plan(r) for r in placed]
+            torch._dynamo.reset()
+            (fn,) = contenders(model, args, [contender]).values()
+            t0 = time.perf_counter()
+            fn(*args)
+            out["warm_s"] = time.perf_counter() - t0
+    return out
+
+
+def _plan(placed: Any) -> dict[str, Any]:
+    """Where a placed graph's compile time went: each compiler's compile and run time."""
+    w = placed.whole_graph or {}
+    return {
+        "pick": w.get("pick"),
+        "search_s": placed.search_s,
+        "trials": [
+            {k: t.get(k) for k in ("backend", "compiled", "compile_s", "median_s")}
+            for t in w.get("trials", [])
+        ],
+        "errors": w.get("errors"),
+        "reason": w.get("reason"),
+    }
+
+
+def _child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, *args]
+    res = subprocess.run(
+        cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if res.returncode != 0 or not lines:
+        return {"failed": res.stderr.strip().splitlines()[-1:] or [f"rc {res.returncode}"]}
+    return json.loads(lines[-1])
+
+
+def run(models: list[str], batches: list[int], rounds: int) -> list[dict[str, Any]]:
+    rows = []
+    for name in models:
+        for batch in batches:
+            with tempfile.TemporaryDirectory() as tmp:
+                env = {
+                    "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
+                    "TORCH_PLUGIN_PROFILE_DB": f"{tmp}/profile.db",
+                }
+                compile_s: dict[str, Any] = {}
+                spec = [name, str(batch)]
+                # Each in fresh caches of its own, then ours again with the caches it filled.
+                for c in ("inductor_freezing", "ours", "ours_bf16"):
+                    own = {k: f"{v}.{c}" for k, v in env.items()}
+                    compile_s[c] = _child(["--compile", *spec, c], own)
+                    print(name, batch, c, json.dumps(compile_s[c])[:300], flush=True)
+                second = {k: f"{v}.ours" for k, v in env.items()}
+                compile_s["ours_second_process"] = _child(["--compile", *spec, "ours"], second)
+                row = _child(["--time", *spec, str(rounds)], env)
+            row.update(model=name, batch=batch, compile=compile_s)
+            ind = compile_s["inductor_freezing"].get("cold_s")
+            ours = compile_s["ours"]
+            if ind and "cold_s" in ours:
+                row["compile_ratio_cold"] = ours["cold_s"] / ind
+                row["compile_ratio_warm"] = ours["warm_s"] / ind
+                second_s = compile_s["ours_second_process"].get("cold_s")
+                row["compile_ratio_second_process"] = second_s / ind if second_s else None
+            print(json.dumps({k: row.get(k) for k in ("model", "batch", "ms", "error")}))
+            rows.append(row)
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def geomean(xs: list[float]) -> float | None:
+        xs = [x for x in xs if x and math.isfinite(x)]
+        return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+    return {
+        "geomean_ratio_f32": geomean([r.get("ratio_f32") for r in rows]),
+        "geomean_ratio_bf16": geomean([r.get("ratio_bf16") for r in rows]),
+        "geomean_compile_ratio_cold": geomean([r.get("compile_ratio_cold") for r in rows]),
+        "geomean_compile_ratio_warm": geomean([r.get("compile_ratio_warm") for r in rows]),
+        "geomean_compile_ratio_second_process": geomean(
+            [r.get("compile_ratio_second_process") for r in rows]
+        ),
+    }
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['model']}\nb{r['batch']}" for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), squeeze=False)
+    for ax, names, title in ((axes[0][0], F32, "f32"), (axes[0][1], BF16, "bf16")):
+        width = 0.8 / len(names)
+        for i, n in enumerate(names):
+            ys = [r.get("ms", {}).get(n, float("nan")) for r in rows]
+            ax.bar([x + i * width for x in range(len(rows))], ys, width, label=n)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per call (log)")
+        ax.set_title(f"{title}, batch latency")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=MODELS[:5])
+    p.add_argument("--batches", nargs="+", type=int, default=[1])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--compile", nargs=3, metavar=("MODEL", "BATCH", "CONTENDER"))
+    p.add_argument("--time", nargs=3, metavar=("MODEL", "BATCH", "ROUNDS"))
+    a = p.parse_args()
+    if a.compile:
+        print(json.dumps(compile_row(a.compile[0], int(a.compile[1]), a.compile[2])))
+        return
+    if a.time:
+        print(json.dumps(time_row(a.time[0], int(a.time[1]), int(a.time[2]))))
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.provenance import provenance
+
+    rows = run(a.models, a.batches, a.rounds)
+    data = {**provenance(), "rows": rows, "summary": summarise(rows)}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "real_size_inference.json").write_text(json.dumps(data, indent=1) + "\n")
+    plot(rows, RESULTS / "real_size_inference.png")
+    print(json.dumps(data["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

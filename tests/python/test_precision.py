@@ -1,0 +1,174 @@
+"""The precision option of the default compile (issue 39, placement/precision.py): bf16 lets
+Inductor and OpenVINO compute in bf16, every candidate is held to the stated bound against
+eager, a candidate outside it is never picked, and a graph traced under autocast implies bf16.
+Timings are stubbed (`fixed_profile`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from torch_plugin.backend import collect_stats
+from torch_plugin.models import hf_suite, output_tensors
+from torch_plugin.placement import backends as placement_backends
+from torch_plugin.placement.precision import (
+    TOLERANCE,
+    fold_constants,
+    lower_precision_graph,
+    output_error,
+)
+
+
+def _opts(tmp_path: Any, precision: str | None, backends: list[str]) -> dict[str, Any]:
+    placement = {
+        "cache_path": str(tmp_path / "profile.db"),
+        "samples": 1,
+        "backends": backends,
+        "allow_refine": False,  # the whole-graph decision is what these tests check
+    }
+    return {"precision": precision, "placement": placement}
+
+
+def _bert() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    model, inputs = hf_suite.build("bert", batch=2)
+    return model.eval(), {k: v for k, v in inputs.items() if k != "labels"}
+
+
+def _error(got: Any, want: Any) -> float:
+    return output_error(tuple(output_tensors(got)), tuple(output_tensors(want)))
+
+
+def _summary(stats: list[dict[str, Any]]) -> str:
+    (line,) = [r["summary"] for r in stats if "summary" in r]
+    return line
+
+
+def test_bf16_runs_inductor_in_bf16_within_the_stated_bound(tmp_path, fixed_profile) -> None:
+    fixed_profile({"inductor": 1e-5})
+    model, x = _bert()
+    with torch.no_grad():
+        want = model(**x)
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path, "bf16", ["inductor"]))
+    with collect_stats() as stats, torch.no_grad():
+        got = f(**x)
+    line = _summary(stats)
+    assert ": inductor (" in line and "bf16 precision: the pick computes in bf16" in line, line
+    err = _error(got, want)
+    # Computed in bf16 (f32 Inductor agrees with eager to ~1e-6), and within the bound.
+    assert 1e-4 < err <= TOLERANCE["bf16"], err
+    for a, b in zip(output_tensors(got), output_tensors(want), strict=True):
+        assert a.dtype == b.dtype == torch.float32
+
+
+def test_f32_stays_the_default(tmp_path, fixed_profile) -> None:
+    fixed_profile({"inductor": 1e-5})
+    model, x = _bert()
+    with torch.no_grad():
+        want = model(**x)
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path, None, ["inductor"]))
+    with collect_stats() as stats, torch.no_grad():
+        got = f(**x)
+    line = _summary(stats)
+    assert ": inductor (" in line and "precision" not in line, line
+    assert _error(got, want) < 1e-4
+
+
+def test_a_candidate_outside_the_bound_is_never_picked(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """The fastest candidate is off by 5% (relative L2): over bf16's 2e-2, so eager runs."""
+    fixed_profile({"inductor": 1e-6})
+
+    def noisy(self, gm, inputs, rule):  # noqa: ANN001, ANN202
+        def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            outs = gm(*args)
+            return tuple(o * 1.05 if o.is_floating_point() else o for o in outs)
+
+        return run
+
+    monkeypatch.setattr(placement_backends.InductorBackend, "compile", noisy)
+    model, x = _bert()
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path, "bf16", ["inductor"]))
+    with collect_stats() as stats, torch.no_grad():
+        got = f(**x)
+        want = model(**x)
+    line = _summary(stats)
+    assert ": eager (" in line and "inductor failed" in line, line
+    assert _error(got, want) == 0.0
+
+
+def test_a_call_under_autocast_implies_bf16(tmp_path, fixed_profile) -> None:
+    """The graph Dynamo captures under autocast computes in bf16; Inductor's compile of it
+    differs from eager's bf16 by more than f32's elementwise 1e-3 would allow, within bf16's."""
+    fixed_profile({"inductor": 1e-5})
+    model, x = _bert()
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        want = model(**x)
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path, None, ["inductor"]))
+    with collect_stats() as stats, torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        got = f(**x)
+    line = _summary(stats)
+    assert ": inductor (" in line and "bf16 precision" in line, line
+    assert _error(got, want) <= TOLERANCE["bf16"]
+
+
+def test_lowering_casts_matmuls_and_folds_the_weight_casts() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    w, b = lin.weight.detach(), lin.bias.detach()
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(4, 16)
+    wn, bn = g.get_attr("w"), g.get_attr("b")
+    mm = g.call_function(
+        torch.ops.aten.addmm.default, (bn, x, g.call_function(torch.ops.aten.t.default, (wn,)))
+    )
+    mm.meta["val"] = torch.empty(4, 8)
+    g.output((mm,))
+    gm = torch.fx.GraphModule({"w": w, "b": b}, g)
+    inp = torch.randn(4, 16)
+    low = lower_precision_graph(gm, [inp], "bf16")
+    addmm = [n for n in low.graph.nodes if n.target is torch.ops.aten.addmm.default]
+    assert len(addmm) == 1 and addmm[0].meta["val"].dtype == torch.bfloat16
+    # The weight's transpose and cast are constants now; only the activation is cast per call.
+    casts = [n for n in low.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    assert all(n.args[0].op != "get_attr" for n in casts), low.code
+    consts = [getattr(low, str(n.target)) for n in low.graph.nodes if n.op == "get_attr"]
+    assert sorted(c.dtype == torch.bfloat16 for c in consts) == [True, True]
+    assert not hasattr(low, "w") or "w" not in low._buffers  # the f32 weight is not kept
+    (out,) = low(inp)
+    assert out.dtype == torch.float32
+    ref = lin(inp)
+    assert 0 < output_error((out,), (ref,)) <= TOLERANCE["bf16"]
+    assert fold_constants(low) == 0  # nothing left to fold
+
+
+def test_output_error_is_infinite_where_outputs_cannot_be_compared() -> None:
+    a = torch.ones(3)
+    assert output_error((a,), (a.clone(),)) == 0.0
+    assert math.isinf(output_error((a,), (torch.ones(4),)))
+    assert math.isinf(output_error((a,), (a.double(),)))
+    assert math.isinf(output_error((torch.tensor([1, 2]),), (torch.tensor([1, 3]),)))
+    assert math.isinf(output_error((a * float("nan"),), (a,)))
+    assert output_error((a * 1.01,), (a,)) == pytest.approx(0.01)
+
+
+def test_bf16_reaches_the_compilers_that_have_it() -> None:
+    got = {
+        b.name: b.compute
+        for b in placement_backends.get_backends(["inductor", "onnxruntime", "fused"], "bf16")
+    }
+    assert got["inductor"] == "bf16"
+    assert got["aten"] == got["fused"] == "f32"  # the reference and our f32 kernels
+    assert got.get("onnxruntime", "f32") == "f32"  # no bf16 CPU kernels: f32 meets the bound
+
+
+@pytest.mark.parametrize("bad", ["fp8", "float16", 16])
+def test_an_unknown_precision_is_refused(bad: Any) -> None:
+    model = torch.nn.Linear(4, 4)
+    f = torch.compile(model, backend="torch_plugin", options={"precision": bad})
+    with pytest.raises(Exception, match="'precision' must be one of f32, bf16"):
+        f(torch.randn(2, 4))
