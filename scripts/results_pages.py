@@ -26,6 +26,11 @@ PLACE, PIPE, OVERHEAD = (
 PAGES = {
     "hf_suite": ("HF model suite", "hf_suite.py", None),
     "default_compile": ("Default torch.compile", "default_compile.py", "features/default_compile"),
+    "real_size_inference": (
+        "CPU inference at real sizes: f32 and bf16 against Inductor, OpenVINO, ONNX Runtime",
+        "real_size_inference.py",
+        "features/default_compile",
+    ),
     "checkpoint": ("Checkpoints and restarts", "checkpoint.py", "reliability"),
     "placement": ("Backend placement", "placement.py", PLACE),
     "placement_full": ("Backend placement, published shapes", "placement.py --full-size", PLACE),

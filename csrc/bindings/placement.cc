@@ -207,6 +207,7 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
                                   "Options of the default placement's driver "
                                   "(csrc/passes/placement_search.h).")
       .field("turns", &WholeGraphSearchOptions::turns)
+      .field("drop_ratio", &WholeGraphSearchOptions::drop_ratio)
       .field("budget_s", &WholeGraphSearchOptions::budget_s)
       .field("budget_factor", &WholeGraphSearchOptions::budget_factor)
       .field("reference", &WholeGraphSearchOptions::reference)

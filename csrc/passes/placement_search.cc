@@ -64,9 +64,20 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
 
   // Measured in turns, so drift and other runtimes' idle threads fall on all of them alike.
   std::vector<std::vector<double>> times(plan.trials.size());
+  std::vector<bool> racing(plan.trials.size());
+  for (size_t i = 0; i < plan.trials.size(); ++i) racing[i] = plan.trials[i].compiled;
   for (int r = 0; r < options.turns; ++r) {
     for (size_t i = 0; i < plan.trials.size(); ++i) {
-      if (plan.trials[i].compiled) times[i].push_back(measurer.time(plan.trials[i].backend));
+      if (racing[i]) times[i].push_back(measurer.time(plan.trials[i].backend));
+    }
+    if (r == 0 && options.drop_ratio > 1.0) {
+      double best = 0.0;
+      for (size_t i = 0; i < times.size(); ++i) {
+        if (racing[i] && times[i][0] > 0 && (best == 0.0 || times[i][0] < best)) best = times[i][0];
+      }
+      for (size_t i = 0; i < times.size(); ++i) {
+        if (racing[i] && best > 0 && times[i][0] > options.drop_ratio * best) racing[i] = false;
+      }
     }
   }
   for (size_t i = 0; i < plan.trials.size(); ++i) {

@@ -63,6 +63,26 @@ def test_bf16_runs_inductor_in_bf16_within_the_stated_bound(tmp_path, fixed_prof
         assert a.dtype == b.dtype == torch.float32
 
 
+def test_bf16_takes_attention_whose_key_comes_from_an_f32_cache(tmp_path, fixed_profile) -> None:
+    """GPT-2 at its library defaults (use_cache=True) concatenates its key and value with the
+    f32 cache: ATen's attention kernel, which autocast does not cast, gets them in bf16."""
+    import transformers
+
+    fixed_profile({"inductor": 1e-5})
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 512, (2, 16))
+    with torch.no_grad():
+        want = model(ids).logits
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path, "bf16", ["inductor"]))
+    with collect_stats() as stats, torch.no_grad():
+        got = f(ids).logits
+    line = _summary(stats)
+    assert ": inductor (" in line and "computes in bf16" in line, line
+    assert 1e-4 < output_error((got,), (want,)) <= TOLERANCE["bf16"]
+
+
 def test_f32_stays_the_default(tmp_path, fixed_profile) -> None:
     fixed_profile({"inductor": 1e-5})
     model, x = _bert()

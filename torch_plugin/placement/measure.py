@@ -71,6 +71,7 @@ def time_call(
     warm_s: float = 0.0,
     min_s: float = 0.0,
     prepare: Callable[[], None] | None = None,
+    max_s: float = math.inf,
 ) -> float:
     """Median seconds per call; each sample repeats the call until it lasts >= 0.2 ms.
 
@@ -79,7 +80,10 @@ def time_call(
     warm_s / min_s: warm up for at least warm_s, and keep sampling past `samples` until the
     samples last min_s. End-to-end measurements that decide the search use them: on a
     sub-millisecond graph, seven samples right after a compile varied by up to 80% (0.58 to
-    1.07 ms for one ONNX Runtime session of GPT-2), enough to pick a slower placement."""
+    1.07 ms for one ONNX Runtime session of GPT-2), enough to pick a slower placement.
+
+    max_s: fewer samples (at least 2) where `samples` calls would last longer: a call of a
+    second (a 1B decoder's prefill on 2 cores) needs no seven samples per round to be ranked."""
     # CUDA work is asynchronous: without a sync the host clock times the launches only.
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -90,6 +94,7 @@ def time_call(
     sync()
     once = max(time.perf_counter() - t0, 1e-7)
     reps = 1 if prepare is not None else max(1, min(200, math.ceil(2e-4 / once)))
+    samples = min(samples, max(2, math.ceil(max_s / once)))
     t_end = time.perf_counter() + warm_s
     while time.perf_counter() < t_end:
         fn(*args)
@@ -108,8 +113,9 @@ def time_call(
 
 
 def time_end_to_end(fn: Callable[..., Any], args: Sequence[Any], samples: int) -> float:
-    """time_call for a whole placed graph: 10 ms of warm-up, >= 50 ms of samples."""
-    return time_call(fn, args, samples, warm_s=0.01, min_s=0.05)
+    """time_call for a whole placed graph: 10 ms of warm-up, >= 50 ms of samples, fewer
+    samples where they would last over 0.5 s."""
+    return time_call(fn, args, samples, warm_s=0.01, min_s=0.05, max_s=0.5)
 
 
 def last_level_cache_bytes() -> int:

@@ -137,7 +137,7 @@ def lower_precision_graph(
 
     def run(*args: Any) -> tuple[Any, ...]:
         with torch.autocast(device, dtype=dtype):
-            outs = gm(*args)
+            outs = _Autocast(gm, dtype).run(*args)
         return tuple(
             o.to(d) if isinstance(o, torch.Tensor) and d is not None and o.dtype != d else o
             for o, d in zip(outs, out_dtypes, strict=True)
@@ -149,6 +149,43 @@ def lower_precision_graph(
         traced = make_fx(run, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
     fold_constants(traced)
     return traced
+
+
+# ATen's attention kernels, below autocast's reach (it casts the composite
+# scaled_dot_product_attention only): their query, key, value and float mask must share a dtype,
+# and a key concatenated with an f32 cache (GPT-2's, under use_cache) arrives in f32.
+_ATTENTION = {
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_attention_math",
+    )
+    if hasattr(torch.ops.aten, name)
+}
+
+
+class _Autocast(fx.Interpreter):
+    """Runs the graph as autocast would, and casts the floating operands of ATen's attention
+    kernels to the lower precision as autocast casts the composite attention."""
+
+    def __init__(self, gm: fx.GraphModule, dtype: torch.dtype) -> None:
+        super().__init__(gm)
+        self.dtype = dtype
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target in _ATTENTION:
+
+            def cast(x: Any) -> Any:
+                if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.dtype:
+                    return x.to(self.dtype)
+                return x
+
+            args = tuple(cast(a) for a in args)
+            kwargs = {k: cast(v) for k, v in kwargs.items()}
+        return super().call_function(target, args, kwargs)
 
 
 def fold_constants(gm: fx.GraphModule) -> int:

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -46,16 +47,37 @@ TEST(PlacementSearch, PicksTheFastestWholeGraphMeasuredInTurns) {
   EXPECT_DOUBLE_EQ(plan.pick_s, 5e-3);
   EXPECT_DOUBLE_EQ(plan.eager_s, 10e-3);
   EXPECT_DOUBLE_EQ(plan.budget_s, 10.0);  // 2.5 x Inductor's 4 s
-  // Compiles first (reference first), then turns: each round times all three.
+  // Compiles first (reference first), then turns: the first times all three; eager (2x) and
+  // Inductor (1.6x the fastest) cannot win and are not timed again.
   std::vector<std::string> want = {"compile inductor", "compile openvino", "time eager",
-                                   "time inductor",    "time openvino",    "time eager",
-                                   "time inductor",    "time openvino"};
+                                   "time inductor",    "time openvino",    "time openvino"};
   EXPECT_EQ(s.calls, want);
   ASSERT_EQ(plan.trials.size(), 3u);
   EXPECT_DOUBLE_EQ(plan.trials[1].compile_s, 4.0);
   // 8 vs 5 ms: the winner dominates, mixing is not predicted to gain.
   EXPECT_FALSE(plan.refine);
   EXPECT_NE(plan.reason.find("predicted gain"), std::string::npos);
+}
+
+TEST(PlacementSearch, GraphsWithinTheDropRatioAreTimedEveryRound) {
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 6e-3}, {"openvino", 5e-3}};
+  WholeGraphSearchOptions o;
+  o.turns = 3;
+  auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "openvino");
+  auto timed = [&](const std::string& b) {
+    return std::count(s.calls.begin(), s.calls.end(), "time " + b);
+  };
+  EXPECT_EQ(timed("eager"), 1);     // 2x the fastest: dropped after the first round
+  EXPECT_EQ(timed("inductor"), 3);  // 1.2x: still racing
+  EXPECT_EQ(timed("openvino"), 3);
+  EXPECT_DOUBLE_EQ(plan.eager_s, 10e-3);  // its one timing stands
+  o.drop_ratio = 0.0;                     // off: every round times every graph
+  Stub all = s;
+  all.calls.clear();
+  SearchWholeGraphFirst({"openvino", "inductor"}, all.Measurer(), o);
+  EXPECT_EQ(all.calls.size(), 2u + 9u);
 }
 
 TEST(PlacementSearch, KeepsEagerUnlessACompilerBeatsItByTheMargin) {
