@@ -47,7 +47,7 @@ def test_backend_registered_after_import() -> None:
             {"pases": []},
             ValueError,
             "valid options: cache_parallel, dump_ir, log_passes, mesh, on_error, passes, "
-            "placement, verify_each",
+            "placement, precision, verify_each",
         ),
         ({"passes": ["fuse_everything"]}, ValueError, "valid passes: dead_code_elimination"),
         ({"passes": "dead_code_elimination"}, TypeError, "must be a list of pass names"),

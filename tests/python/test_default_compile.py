@@ -157,6 +157,39 @@ def test_a_warm_compile_builds_only_the_pick(tmp_path, fixed_profile, monkeypatc
     assert "(cached decision)" in _summaries(stats)[0]
 
 
+def test_a_warm_compile_reuses_the_exported_onnx_model_of_the_same_weights(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """The ONNX export is kept beside the profile cache under a key of the graph and its
+    weights' bytes: a warm compile skips it; other weights (same graph) export again."""
+    fixed_profile({"onnxruntime": 1e-5})
+    exports: list[int] = []
+    real = placement_backends._export_onnx
+
+    def counted(gm, args):  # noqa: ANN001, ANN202
+        exports.append(1)
+        return real(gm, args)
+
+    monkeypatch.setattr(placement_backends, "_export_onnx", counted)
+    model, x = _vit()
+    opts = _opts(tmp_path, backends=["aten", "onnxruntime"])
+
+    def compile_and_check(m: torch.nn.Module) -> None:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            _close(torch.compile(m, backend="torch_plugin", options=opts)(**x), m(**x))
+
+    compile_and_check(model)
+    assert len(exports) == 1 and list((tmp_path / "profile.artifacts").glob("*.onnx"))
+    compile_and_check(model)  # warm: the decision and the model from disk
+    assert len(exports) == 1
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.classifier.weight.mul_(-1.0)
+    compile_and_check(other)
+    assert len(exports) == 2
+
+
 def test_graphs_that_write_their_inputs_or_have_symbolic_sizes_run_as_aot_eager(
     tmp_path, caplog
 ) -> None:

@@ -217,19 +217,14 @@ class OnnxRuntimeBackend(_NumpyBackend):
     module = "onnxruntime"
     graph_level = True
     rtol = atol = 1e-3
+    # Where exported whole graphs are kept (artifacts.artifact_dir); None keeps nothing.
+    artifacts: str | None = None
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
         import onnxruntime as ort
 
         self._check_inputs(inputs)
-        from torch._guards import tracing
-
-        # torch.export runs Dynamo; outside the enclosing frame's tracing context, or its
-        # guards leak into (and break) the user's compiled frame.
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), tracing(None):
-            warnings.simplefilter("ignore")
-            logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-            model = _export_onnx(gm, tuple(inputs))
+        model = self._exported(gm, inputs, rule)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         # Share the cores with torch's own thread pool: as many threads as torch uses. Op-level
@@ -270,6 +265,32 @@ class OnnxRuntimeBackend(_NumpyBackend):
 
         run.session = session  # type: ignore[attr-defined] - for inspection (tests)
         return run
+
+    def _exported(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> bytes:
+        """The ONNX model of `gm`; a whole graph's from the artifacts beside the profile cache
+        when it was exported before (artifacts.py), exported and kept otherwise."""
+        from torch._guards import tracing
+
+        from . import artifacts
+
+        key = None
+        if rule == "graph" and self.artifacts is not None:
+            import onnxscript
+
+            versions = [torch.__version__, self.version(), onnxscript.__version__]
+            key = artifacts.graph_key(gm, inputs, versions)
+            cached = artifacts.load(self.artifacts, key, ".onnx")
+            if cached is not None:
+                return cached
+        # torch.export runs Dynamo; outside the enclosing frame's tracing context, or its
+        # guards leak into (and break) the user's compiled frame.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), tracing(None):
+            warnings.simplefilter("ignore")
+            logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+            model = _export_onnx(gm, tuple(inputs))
+        if key is not None:
+            artifacts.store(self.artifacts, key, ".onnx", model)
+        return model
 
 
 @functools.cache

@@ -94,7 +94,8 @@ def time_call(
     sync()
     once = max(time.perf_counter() - t0, 1e-7)
     reps = 1 if prepare is not None else max(1, min(200, math.ceil(2e-4 / once)))
-    samples = min(samples, max(2, math.ceil(max_s / once)))
+    if math.isfinite(max_s):
+        samples = min(samples, max(2, math.ceil(max_s / once)))
     t_end = time.perf_counter() + warm_s
     while time.perf_counter() < t_end:
         fn(*args)

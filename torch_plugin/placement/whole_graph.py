@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from .. import _C, fx_bridge
+from .artifacts import artifact_dir
 from .backends import get_backends
 from .cache import ProfileCache, device_key, machine_key
 from .planner import (
@@ -62,6 +63,8 @@ def place_whole_graph_first(
     compute = "bf16" if opts.precision == "bf16" and kind == "inference" else "f32"
     backends = get_backends(opts.backends, compute)
     by_name = {b.name: b for b in backends}
+    if "onnxruntime" in by_name:  # its export is most of a warm compile: kept on disk
+        by_name["onnxruntime"].artifacts = artifact_dir(opts.cache_path)
     graph, _ = fx_bridge.to_ir(gm)
     inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
