@@ -329,20 +329,23 @@ def run(models: list[str], batches: list[int], rounds: int) -> list[dict[str, An
     for name in models:
         for batch in batches:
             with tempfile.TemporaryDirectory() as tmp:
-                env = {
-                    "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
-                    "TORCH_PLUGIN_PROFILE_DB": f"{tmp}/profile.db",
-                }
+
+                def caches(c: str, tmp: str = tmp) -> dict[str, str]:
+                    # Inductor's FX graph cache, our profile cache and the artifacts beside it.
+                    return {
+                        "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/{c}/inductor",
+                        "TORCH_PLUGIN_PROFILE_DB": f"{tmp}/{c}/profile.db",
+                    }
+
                 compile_s: dict[str, Any] = {}
                 spec = [name, str(batch)]
                 # Each in fresh caches of its own, then ours again with the caches it filled.
                 for c in ("inductor_freezing", "ours", "ours_bf16"):
-                    own = {k: f"{v}.{c}" for k, v in env.items()}
-                    compile_s[c] = _child(["--compile", *spec, c], own)
+                    compile_s[c] = _child(["--compile", *spec, c], caches(c))
                     print(name, batch, c, json.dumps(compile_s[c])[:300], flush=True)
-                second = {k: f"{v}.ours" for k, v in env.items()}
-                compile_s["ours_second_process"] = _child(["--compile", *spec, "ours"], second)
-                row = _child(["--time", *spec, str(rounds)], env)
+                second = _child(["--compile", *spec, "ours"], caches("ours"))
+                compile_s["ours_second_process"] = second
+                row = _child(["--time", *spec, str(rounds)], caches("timing"))
             row.update(model=name, batch=batch, compile=compile_s)
             ind = compile_s["inductor_freezing"].get("cold_s")
             ours = compile_s["ours"]
