@@ -375,6 +375,46 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The rows as the results page shows them: ms per contender and precision (ratio: the best
+    other contender over ours), compile seconds, what ours ran."""
+    out: dict[str, list[dict[str, Any]]] = {"f32_ms": [], "bf16_ms": [], "compile_s": []}
+    for r in rows:
+        head = {"model": r["model"], "batch": r["batch"]}
+        for prec, names in (("f32", F32), ("bf16", BF16)):
+            rec = dict(head)
+            for n in names:
+                rec[n] = r.get("ms", {}).get(n, r.get("failed", {}).get(n, "-")[:40])
+            rec["best other"] = r.get(f"best_{prec}")
+            rec["ratio"] = r.get(f"ratio_{prec}")
+            rec["error of ours"] = r.get("error", {}).get("ours" if prec == "f32" else "ours_bf16")
+            out[f"{prec}_ms"].append(rec)
+        c = r.get("compile", {})
+        plans = c.get("ours", {}).get("plans", [])
+        out["compile_s"].append(
+            {
+                **head,
+                "inductor (freezing) cold": c.get("inductor_freezing", {}).get("cold_s"),
+                "ours cold": c.get("ours", {}).get("cold_s"),
+                "ours warm": c.get("ours", {}).get("warm_s"),
+                "ours, second process": c.get("ours_second_process", {}).get("cold_s"),
+                "ours bf16 cold": c.get("ours_bf16", {}).get("cold_s"),
+                "cold / inductor": r.get("compile_ratio_cold"),
+                "warm / inductor": r.get("compile_ratio_warm"),
+                "where ours' cold compile went": "; ".join(
+                    ", ".join(
+                        f"{t['backend']} {t['compile_s']:.1f} s"
+                        for t in p.get("trials", [])
+                        if t.get("compile_s")
+                    )
+                    + f"; search {p.get('search_s', 0):.1f} s in all"
+                    for p in plans
+                ),
+            }
+        )
+    return out
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -404,6 +444,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--compile", nargs=3, metavar=("MODEL", "BATCH", "CONTENDER"))
     p.add_argument("--time", nargs=3, metavar=("MODEL", "BATCH", "ROUNDS"))
+    p.add_argument(
+        "--retabulate", action="store_true", help="rewrite the tables of the last run's rows"
+    )
     a = p.parse_args()
     if a.compile:
         print(json.dumps(compile_row(a.compile[0], int(a.compile[1]), a.compile[2])))
@@ -414,10 +457,18 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.provenance import provenance
 
-    rows = run(a.models, a.batches, a.rounds)
-    data = {**provenance(), "rows": rows, "summary": summarise(rows)}
+    path = RESULTS / "real_size_inference.json"
+    if a.retabulate:  # the measured rows and their provenance as they were
+        data = json.loads(path.read_text())
+        rows = data["rows"]
+        data = {k: v for k, v in data.items() if k not in ("summary", "rows", *tables([]))}
+        data["tabulated_at"] = provenance()["commit"]
+    else:
+        rows = run(a.models, a.batches, a.rounds)
+        data = provenance()
+    data = {**data, "summary": summarise(rows), **tables(rows), "rows": rows}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "real_size_inference.json").write_text(json.dumps(data, indent=1) + "\n")
+    path.write_text(json.dumps(data, indent=1) + "\n")
     plot(rows, RESULTS / "real_size_inference.png")
     print(json.dumps(data["summary"], indent=1))
 
