@@ -192,3 +192,23 @@ def test_an_unknown_precision_is_refused(bad: Any) -> None:
     f = torch.compile(model, backend="torch_plugin", options={"precision": bad})
     with pytest.raises(Exception, match="'precision' must be one of f32, bf16"):
         f(torch.randn(2, 4))
+
+
+def test_place_says_that_its_search_builds_f32_regions(tmp_path, caplog) -> None:
+    import logging
+
+    import torch_plugin
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    with caplog.at_level(logging.WARNING, "torch_plugin"):
+        placed = torch_plugin.place(
+            model,
+            (x,),
+            backends=["aten"],
+            cache_path=str(tmp_path / "p.db"),
+            precision="bf16",
+            samples=1,
+        )
+    torch.testing.assert_close(placed(x), model(x))
+    assert any("builds f32 regions" in r.getMessage() for r in caplog.records)

@@ -68,6 +68,11 @@ def place_graph(
     input_kinds: (kind, source) per placeholder; "parameter"/"buffer" inputs are frozen into
     graph compilers' subgraphs when opts.freeze and real example inputs are given."""
     t_start = time.perf_counter()
+    if opts.precision == "bf16":
+        log.warning(
+            "torch_plugin placement: precision='bf16' applies to the default compile's "
+            "whole-graph search; this search (place(), the 'placement' pass) builds f32 regions"
+        )
     backends = get_backends(opts.backends)
     by_name: dict[str, Backend] = {b.name: b for b in backends}
     graph, _ = fx_bridge.to_ir(gm)

@@ -240,8 +240,12 @@ def _refine(
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """The finer search in what is left of the budget; kept only if it measures faster than
     the whole-graph pick, the two timed in turns."""
+    # f32 regions (the summary says so when the precision is bf16).
     finer_opts = dataclasses.replace(
-        opts, search="exhaustive", time_budget_s=max(1.0, float(plan["refine_budget_s"]))
+        opts,
+        search="exhaustive",
+        time_budget_s=max(1.0, float(plan["refine_budget_s"])),
+        precision=None,
     )
     try:
         finer, finer_result = place_graph(gm, example_inputs, finer_opts, input_kinds)
