@@ -17,6 +17,7 @@ import torch.fx as fx
 from .backends import Backend, BackendError
 from .cache import Entry
 from .materialize import _frozen_for, _GroupCall, build_subgraph
+from .precision import close
 
 log = logging.getLogger("torch_plugin")
 
@@ -196,18 +197,6 @@ def _direct_aten(gm: fx.GraphModule) -> Callable[..., Any]:
     return gm
 
 
-def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        if not a.dtype.is_floating_point:
-            return torch.equal(a, b)
-        finite = b.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
-        scale = float(finite.max()) if b.numel() else 0.0
-        return torch.allclose(a, b, rtol=rtol, atol=atol * max(1.0, scale), equal_nan=True)
-    return a == b
-
-
 def _measure(
     gm: fx.GraphModule,
     c: dict[str, Any],
@@ -241,7 +230,7 @@ def _measure(
         with torch.no_grad():
             got = list(fn(*args))
             if len(got) != len(refs) or not all(
-                _close(a, b, backend.rtol, backend.atol) for a, b in zip(got, refs, strict=False)
+                close(a, b, backend.rtol, backend.atol) for a, b in zip(got, refs, strict=False)
             ):
                 return Entry(None, False, "wrong numerics vs eager", compile_s)
             prepare = None if flush is None else (lambda: flush(warm))
@@ -302,7 +291,7 @@ def _outputs_match(
     got_l = list(got) if isinstance(got, (tuple, list)) else [got]
     want_l = list(want) if isinstance(want, (tuple, list)) else [want]
     return len(got_l) == len(want_l) and all(
-        _close(a, b, tol, tol) for a, b in zip(got_l, want_l, strict=True)
+        close(a, b, tol, tol) for a, b in zip(got_l, want_l, strict=True)
     )
 
 
