@@ -98,26 +98,16 @@ def _model(name: str, batch: int) -> tuple[torch.nn.Module, list[str], tuple, di
 
 
 def _round_robin(fns: dict[str, Any], args: tuple, rounds: int = 5) -> dict[str, float]:
-    """Median seconds per call of each callable, in turns (benchmarks/placement.py's method),
-    with a 0.1 s pause before each block: another runtime's pool spins on for a while after
-    its last run (ONNX Runtime's by default) and took a core from whatever ran next (ours,
-    measured right after the ONNX Runtime baseline, ran 40% slower)."""
-    per: dict[str, list[float]] = {k: [] for k in fns}
-    with torch.no_grad():
-        for _ in range(rounds):
-            for key, fn in fns.items():
-                time.sleep(0.1)
-                t_end = time.perf_counter() + 0.05
-                while time.perf_counter() < t_end:
-                    fn(*args)
-                times: list[float] = []
-                t_end = time.perf_counter() + 0.25
-                while time.perf_counter() < t_end or len(times) < 3:
-                    t0 = time.perf_counter()
-                    fn(*args)
-                    times.append(time.perf_counter() - t0)
-                per[key].append(statistics.median(times))
-    return {k: statistics.median(v) for k, v in per.items()}
+    """Median seconds per call of each callable, in turns (benchmarks/timing.py), with a 0.1 s
+    pause before each block: another runtime's pool spins on for a while after its last run
+    (ONNX Runtime's by default) and took a core from whatever ran next (ours, measured right
+    after the ONNX Runtime baseline, ran 40% slower)."""
+    try:
+        from benchmarks.timing import medians, round_robin
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from timing import medians, round_robin
+
+    return medians(round_robin(fns, args, rounds, pause_s=0.1))
 
 
 def _call_overhead_us(compiled: Any, args: tuple, calls: int = 300) -> float:

@@ -23,7 +23,6 @@ import io
 import json
 import math
 import os
-import statistics
 import subprocess
 import tempfile
 import time
@@ -52,27 +51,13 @@ def _close(got: Any, want: Any, tol: float = 1e-3) -> bool:
 
 
 def _round_robin(fns: dict[str, Any], inputs: tuple, rounds: int = 5) -> dict[str, float]:
-    """Median seconds per call of each callable, measured in turns: each round runs every
-    callable for a block of >= 0.25 s (after a warm-up of >= 0.05 s) and takes the median call,
-    and the result is the median over rounds. Turns spread the machine's drift and the other
-    runtimes' idle thread pools evenly over all of them, which one measurement after another
-    did not: a sub-millisecond model measured right after another backend's session ran up to
-    50% slower."""
-    per: dict[str, list[float]] = {k: [] for k in fns}
-    with torch.no_grad():
-        for _ in range(rounds):
-            for key, fn in fns.items():
-                t_end = time.perf_counter() + 0.05
-                while time.perf_counter() < t_end:
-                    fn(*inputs)
-                times: list[float] = []
-                t_end = time.perf_counter() + 0.25
-                while time.perf_counter() < t_end or len(times) < 3:
-                    t0 = time.perf_counter()
-                    fn(*inputs)
-                    times.append(time.perf_counter() - t0)
-                per[key].append(statistics.median(times))
-    return {k: statistics.median(v) for k, v in per.items()}
+    """Median seconds per call of each callable, measured in turns (benchmarks/timing.py)."""
+    try:
+        from benchmarks.timing import medians, round_robin
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from timing import medians, round_robin
+
+    return medians(round_robin(fns, inputs, rounds))
 
 
 def _release_freed_memory() -> None:

@@ -253,19 +253,13 @@ def time_row(name: str, batch: int, rounds: int) -> dict[str, Any]:
             except Exception as e:  # noqa: BLE001 - a contender that fails is reported
                 row["failed"][key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 del fns[key]
-    per: dict[str, list[float]] = {k: [] for k in fns}
-    with torch.no_grad():
-        for _ in range(rounds):
-            for key, fn in fns.items():
-                time.sleep(0.1)  # another runtime's spinning pool winds down
-                fn(*args)
-                times: list[float] = []
-                t_end = time.perf_counter() + 0.5
-                while time.perf_counter() < t_end or len(times) < 2:
-                    t0 = time.perf_counter()
-                    fn(*args)
-                    times.append(time.perf_counter() - t0)
-                per[key].append(statistics.median(times))
+    try:
+        from benchmarks.timing import round_robin
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from timing import round_robin
+
+    # A 0.1 s pause before each block: another runtime's spinning pool winds down.
+    per = round_robin(fns, args, rounds, pause_s=0.1, window_s=0.5, min_samples=2)
     row["ms"] = {k: statistics.median(v) * 1e3 for k, v in per.items()}
     row["spread_ms"] = {k: (min(v) * 1e3, max(v) * 1e3) for k, v in per.items()}
     for prec, names, ours in (("f32", F32, "ours"), ("bf16", BF16, "ours_bf16")):
