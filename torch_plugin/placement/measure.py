@@ -17,7 +17,7 @@ import torch.fx as fx
 from .backends import Backend, BackendError
 from .cache import Entry
 from .materialize import _frozen_for, _GroupCall, build_subgraph
-from .precision import close
+from .precision import all_close, close
 
 log = logging.getLogger("torch_plugin")
 
@@ -287,12 +287,7 @@ def _outputs_match(
             e,
         )
         return False
-    want = ref(*inputs)
-    got_l = list(got) if isinstance(got, (tuple, list)) else [got]
-    want_l = list(want) if isinstance(want, (tuple, list)) else [want]
-    return len(got_l) == len(want_l) and all(
-        close(a, b, tol, tol) for a, b in zip(got_l, want_l, strict=True)
-    )
+    return all_close(got, ref(*inputs), tol)
 
 
 def _check_outputs(placed: fx.GraphModule, gm: fx.GraphModule, inputs: Sequence[Any]) -> None:

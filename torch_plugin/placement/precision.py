@@ -12,6 +12,7 @@ graph's eager outputs. A graph that already computes in bf16 (a bf16 model, or a
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -58,8 +59,7 @@ def resolve(requested: str | None, gm: fx.GraphModule) -> str:
 def output_error(got: Any, want: Any) -> float:
     """The largest relative L2 error over floating outputs (inf where shapes, dtypes or
     non-floating outputs differ; 0 for outputs that are all zero in both)."""
-    got_l = list(got) if isinstance(got, (tuple, list)) else [got]
-    want_l = list(want) if isinstance(want, (tuple, list)) else [want]
+    got_l, want_l = _as_list(got), _as_list(want)
     if len(got_l) != len(want_l):
         return math.inf
     worst = 0.0
@@ -99,17 +99,23 @@ def close(a: Any, b: Any, rtol: float, atol: float) -> bool:
     return a == b
 
 
+def all_close(got: Any, want: Any, tol: float) -> bool:
+    """`close` on every output, as many outputs as eager's."""
+    got_l, want_l = _as_list(got), _as_list(want)
+    return len(got_l) == len(want_l) and all(
+        close(a, b, tol, tol) for a, b in zip(got_l, want_l, strict=True)
+    )
+
+
+def _as_list(outputs: Any) -> list[Any]:
+    return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+
+
 def within(got: Any, want: Any, precision: str) -> tuple[bool, float]:
     """Whether a candidate's outputs meet the precision's stated bound, and its error."""
     err = output_error(got, want)
     if precision == "f32":
-        got_l = list(got) if isinstance(got, (tuple, list)) else [got]
-        want_l = list(want) if isinstance(want, (tuple, list)) else [want]
-        tol = TOLERANCE["f32"]
-        ok = len(got_l) == len(want_l) and all(
-            close(a, b, tol, tol) for a, b in zip(got_l, want_l, strict=True)
-        )
-        return ok, err
+        return all_close(got, want, TOLERANCE["f32"]), err
     return err <= TOLERANCE[precision], err
 
 
@@ -140,10 +146,8 @@ def lower_precision_graph(
     from torch.fx.experimental.proxy_tensor import make_fx
 
     dtype = _DTYPES[precision]
-    device = next(
-        (x.device.type for x in inputs if isinstance(x, torch.Tensor)),
-        next((t.device.type for t in gm.state_dict().values()), "cpu"),
-    )
+    tensors = itertools.chain((x for x in inputs if isinstance(x, torch.Tensor)), gm.buffers())
+    device = next((t.device.type for t in tensors), "cpu")
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     out_dtypes = [getattr(a.meta.get("val"), "dtype", None) for a in out_node.args[0]]
 
@@ -221,10 +225,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
         kwargs = fx.node.map_arg(n.kwargs, lambda a: const[a])
         with torch.no_grad():
             value = n.target(*args, **kwargs)
-        name = f"_folded_{made}"
-        while hasattr(gm, name):
-            made += 1
-            name = f"_folded_{made}"
+        name = next(f"_folded_{i}" for i in itertools.count() if not hasattr(gm, f"_folded_{i}"))
         # A buffer, as GraphModule keeps its tensor constants: tracers (Inductor's) lift it.
         gm.register_buffer(name, value)
         with gm.graph.inserting_before(n):
