@@ -320,6 +320,67 @@ def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * max(1.0, float(b.abs().max())))
 
 
+@pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
+def test_openvino_takes_a_decoder_at_its_default_use_cache(monkeypatch) -> None:
+    """A library-default HF decoder (use_cache=True) concatenates its first keys and values
+    onto the cache layer's empty 1-D tensor; aten.cat skips it, OpenVINO's Concat refused it,
+    and no such decoder converted (GPT-2 at real size among them). The backend drops those
+    inputs: the whole graph converts with the FX frontend and matches eager, and the graph it
+    was given keeps them."""
+    import openvino as ov
+    import transformers
+
+    from torch_plugin.placement import planner
+
+    class Logits(torch.nn.Module):
+        def __init__(self, lm: torch.nn.Module) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.lm(input_ids=ids).logits
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32)
+    assert cfg.use_cache  # the library default, left as it is
+    model = Logits(transformers.GPT2LMHeadModel(cfg)).eval()
+    seen: dict[str, Any] = {}
+
+    def capture(gm, example_inputs, opts, kinds=None):  # noqa: ANN001, ANN202
+        seen["gm"], seen["inputs"] = gm, list(example_inputs)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(planner, "place_graph", capture)
+    with pytest.raises(Exception, match="captured"):
+        torch_plugin.place(
+            model, (torch.randint(0, 64, (1, 8)),), backends=["aten"], cache_path=":memory:"
+        )
+    gm, args = seen["gm"], seen["inputs"]
+
+    def legacy_cats(g: torch.fx.GraphModule) -> int:
+        return sum(
+            1
+            for n in g.graph.nodes
+            if n.target is torch.ops.aten.cat.default
+            and any(tuple(a.meta["val"].shape) == (0,) for a in n.args[0])
+        )
+
+    assert legacy_cats(gm) == 2 * cfg.n_layer, "the model no longer concatenates onto []"
+
+    def no_torchscript(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the TorchScript frontend was used")
+
+    monkeypatch.setattr(ov, "convert_model", no_torchscript)
+    fn = get_backends(["openvino"])[-1].compile(gm, args, "graph")
+    assert legacy_cats(gm) == 2 * cfg.n_layer  # the caller's graph is untouched
+    with torch.no_grad():
+        want = gm(*args)
+        got = fn(*args)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * max(1.0, float(b.abs().max())))
+
+
 def test_group_outputs_keep_eager_strides_for_the_aten_ops_after_them() -> None:
     """SDPA's output is laid out so that its transpose is contiguous and GPT-2's `view` after
     it works; a backend returns it contiguous. The host graph gives such outputs their eager

@@ -154,7 +154,7 @@ class OpenVINOBackend(_NumpyBackend):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                model = self._convert_fx(gm, inputs)
+                model = self._convert_fx(_without_legacy_empty_cat_inputs(gm), inputs)
             except Exception:  # noqa: BLE001 - TorchScript's frontend may take what FX's cannot
                 model = ov.convert_model(gm, example_input=tuple(inputs))
         # f32 unless the precision option allows bf16: OpenVINO would otherwise pick bf16 on
@@ -210,6 +210,36 @@ class OpenVINOBackend(_NumpyBackend):
             port.get_node().set_partial_shape(ov.PartialShape(list(x.shape)))
         model.validate_nodes_and_infer_types()
         return model
+
+
+def _without_legacy_empty_cat_inputs(gm: fx.GraphModule) -> fx.GraphModule:
+    """`gm` (a copy where it changes) without the 1-D empty tensors among aten.cat's inputs.
+    aten.cat skips such legacy inputs whatever the other inputs' rank; OpenVINO's Concat does
+    not ("Axis -2 out of the tensor rank range"). Every HF decoder at its default
+    `use_cache=True` concatenates its first keys and values onto one (the cache layer's
+    `torch.tensor([])`), so OpenVINO converted none of them (GPT-2 at real size included)."""
+
+    def legacy_empty(a: Any) -> bool:
+        v = a.meta.get("val") if isinstance(a, fx.Node) else None
+        return isinstance(v, torch.Tensor) and v.dim() == 1 and v.shape[0] == 0
+
+    def droppable(n: fx.Node) -> bool:
+        if n.op != "call_function" or n.target is not torch.ops.aten.cat.default:
+            return False
+        ins = list(n.args[0])
+        return any(legacy_empty(a) for a in ins) and not all(legacy_empty(a) for a in ins)
+
+    if not any(droppable(n) for n in gm.graph.nodes):
+        return gm
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in gm.graph.nodes:
+        env[n] = graph.node_copy(n, lambda a: env[a])
+        if droppable(n):
+            keep = [a for a in n.args[0] if not legacy_empty(a)]
+            env[n].args = ([env[a] for a in keep], *env[n].args[1:])
+    graph.eliminate_dead_code()
+    return fx.GraphModule(gm, graph)
 
 
 class OnnxRuntimeBackend(_NumpyBackend):
