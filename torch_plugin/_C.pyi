@@ -1081,12 +1081,6 @@ class WholeGraphSearchOptions:
     def to_dict(self) -> dict:
         ...
     @property
-    def drop_ratio(self) -> float:
-        ...
-    @drop_ratio.setter
-    def drop_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
-        ...
-    @property
     def budget_factor(self) -> float:
         ...
     @budget_factor.setter
@@ -1099,6 +1093,18 @@ class WholeGraphSearchOptions:
     def budget_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
+    def drop_ratio(self) -> float:
+        ...
+    @drop_ratio.setter
+    def drop_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def expected_compile_s(self) -> dict[str, float]:
+        ...
+    @expected_compile_s.setter
+    def expected_compile_s(self, arg0: collections.abc.Mapping[str, typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        ...
+    @property
     def fallback_budget_s(self) -> float:
         ...
     @fallback_budget_s.setter
@@ -1109,6 +1115,12 @@ class WholeGraphSearchOptions:
         ...
     @keep_eager_margin.setter
     def keep_eager_margin(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def lower_bound_s(self) -> dict[str, float]:
+        ...
+    @lower_bound_s.setter
+    def lower_bound_s(self, arg0: collections.abc.Mapping[str, typing.SupportsFloat | typing.SupportsIndex]) -> None:
         ...
     @property
     def min_gain(self) -> float:
@@ -1972,6 +1984,10 @@ def estimate_training_step(spec: TransformerSpec, job: TrainingJob, layout: Trai
 def graph_signature(arg0: Graph) -> str:
     """
     Canonical text of the whole graph (ops, constants, wiring, input types): the key under which placement decisions are cached.
+    """
+def measure_f32_peak(threads: typing.SupportsInt | typing.SupportsIndex, seconds: typing.SupportsFloat | typing.SupportsIndex = 0.02, tries: typing.SupportsInt | typing.SupportsIndex = 3) -> float:
+    """
+    The machine's f32 multiply-add peak in FLOP/s on `threads` threads, measured (csrc/cost/cpu_peak.h).
     """
 def model_decode_layer(layer: dict, world: typing.SupportsInt | typing.SupportsIndex, strategy: str, device: str) -> dict:
     """

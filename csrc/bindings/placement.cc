@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings/typed.h"
+#include "cost/cpu_peak.h"
 #include "passes/pass_manager.h"
 #include "passes/placement_dp.h"
 #include "passes/placement_evolve.h"
@@ -217,7 +218,14 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("min_gain", &WholeGraphSearchOptions::min_gain)
       .field("refine_candidates", &WholeGraphSearchOptions::refine_candidates)
       .field("seconds_per_candidate", &WholeGraphSearchOptions::seconds_per_candidate)
-      .field("allow_refine", &WholeGraphSearchOptions::allow_refine);
+      .field("allow_refine", &WholeGraphSearchOptions::allow_refine)
+      .field("lower_bound_s", &WholeGraphSearchOptions::lower_bound_s)
+      .field("expected_compile_s", &WholeGraphSearchOptions::expected_compile_s);
+  m.def("measure_f32_peak", &cost::MeasureF32Peak, py::arg("threads"), py::arg("seconds") = 0.02,
+        py::arg("tries") = 3,
+        "The machine's f32 multiply-add peak in FLOP/s on `threads` threads, measured "
+        "(csrc/cost/cpu_peak.h).",
+        py::call_guard<py::gil_scoped_release>());
   using passes::WholeGraphTrial;
   Struct<WholeGraphTrial>(m, "WholeGraphTrial", "One compiler's whole-graph trial.")
       .field("backend", &WholeGraphTrial::backend)

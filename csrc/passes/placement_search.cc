@@ -1,11 +1,17 @@
 #include "passes/placement_search.h"
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
 namespace tp::passes {
 namespace {
+
+double Get(const std::map<std::string, double>& m, const std::string& k) {
+  auto it = m.find(k);
+  return it == m.end() ? 0.0 : it->second;
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -17,14 +23,24 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 std::vector<std::string> WholeGraphOrder(const std::vector<std::string>& backends,
-                                         const std::string& reference) {
+                                         const std::string& reference,
+                                         const std::map<std::string, double>& expected_compile_s) {
   std::vector<std::string> out;
   for (const auto& b : backends) {
     if (b == reference) out.push_back(b);
   }
+  std::vector<std::string> others;
   for (const auto& b : backends) {
-    if (b != reference && b != "eager" && b != "aten") out.push_back(b);
+    if (b != reference && b != "eager" && b != "aten") others.push_back(b);
   }
+  // Unknown (absent or <= 0) sorts after every known cost, keeping the given order among them.
+  auto cost = [&](const std::string& b) {
+    double c = Get(expected_compile_s, b);
+    return c > 0 ? c : std::numeric_limits<double>::infinity();
+  };
+  std::stable_sort(others.begin(), others.end(),
+                   [&](const std::string& a, const std::string& b) { return cost(a) < cost(b); });
+  out.insert(out.end(), others.begin(), others.end());
   return out;
 }
 
@@ -38,17 +54,37 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
   WholeGraphSearchPlan plan;
   plan.trials.push_back({"eager", true, 0.0, 0.0, ""});
   plan.budget_s = options.budget_s;
+  // The first turn is taken as the graphs become available: eager now, each compiler's graph
+  // right after its compile. The fastest so far is what a lower bound is checked against.
+  std::vector<std::vector<double>> times(1);
+  times[0].push_back(measurer.time("eager"));
+  double fastest = times[0][0];
   bool failed_compiler = false;
-  for (const auto& b : WholeGraphOrder(backends, options.reference)) {
+  auto fixed = [](double v) {
+    std::ostringstream os;
+    os.setf(std::ios::fixed);
+    os.precision(1);
+    os << v;
+    return os.str();
+  };
+  for (const auto& b : WholeGraphOrder(backends, options.reference, options.expected_compile_s)) {
     WholeGraphTrial t{b, false, 0.0, 0.0, ""};
     double spent = measurer.elapsed();
+    double bound = Get(options.lower_bound_s, b);
+    double expected = Get(options.expected_compile_s, b);
     if (plan.budget_s > 0 && spent >= plan.budget_s) {
-      std::ostringstream os;
-      os.setf(std::ios::fixed);
-      os.precision(1);
-      os << "compile budget of " << plan.budget_s << " s spent";
-      t.skipped = os.str();
+      t.skipped = "compile budget of " + fixed(plan.budget_s) + " s spent";
+    } else if (bound > 0 && fastest > 0 && bound >= fastest) {
+      t.skipped = "cannot win: at least " + fixed(bound * 1e3) + " ms at its peak, " +
+                  fixed(fastest * 1e3) + " ms measured";
+    } else if (plan.budget_s > 0 && expected > plan.budget_s - spent) {
+      t.skipped = "would take ~" + fixed(expected) + " s to compile, " +
+                  fixed(plan.budget_s - spent) + " s of the " + fixed(plan.budget_s) +
+                  " s budget left";
+    }
+    if (!t.skipped.empty()) {
       plan.trials.push_back(t);
+      times.emplace_back();
       continue;
     }
     double t0 = measurer.elapsed();
@@ -59,25 +95,27 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
       plan.budget_s = options.budget_factor * t.compile_s;
     }
     plan.trials.push_back(t);
+    times.emplace_back();
+    if (t.compiled) {
+      times.back().push_back(measurer.time(b));
+      if (times.back()[0] > 0 && times.back()[0] < fastest) fastest = times.back()[0];
+    }
   }
   if (plan.budget_s <= 0) plan.budget_s = options.fallback_budget_s;
 
-  // Measured in turns, so drift and other runtimes' idle threads fall on all of them alike.
-  std::vector<std::vector<double>> times(plan.trials.size());
+  // The other turns round-robin, so drift and other runtimes' idle threads fall on all alike.
   std::vector<bool> racing(plan.trials.size());
   for (size_t i = 0; i < plan.trials.size(); ++i) racing[i] = plan.trials[i].compiled;
-  for (int r = 0; r < options.turns; ++r) {
+  if (options.drop_ratio > 1.0) {
+    for (size_t i = 0; i < times.size(); ++i) {
+      if (racing[i] && fastest > 0 && times[i][0] > options.drop_ratio * fastest) {
+        racing[i] = false;
+      }
+    }
+  }
+  for (int r = 1; r < options.turns; ++r) {
     for (size_t i = 0; i < plan.trials.size(); ++i) {
       if (racing[i]) times[i].push_back(measurer.time(plan.trials[i].backend));
-    }
-    if (r == 0 && options.drop_ratio > 1.0) {
-      double best = 0.0;
-      for (size_t i = 0; i < times.size(); ++i) {
-        if (racing[i] && times[i][0] > 0 && (best == 0.0 || times[i][0] < best)) best = times[i][0];
-      }
-      for (size_t i = 0; i < times.size(); ++i) {
-        if (racing[i] && best > 0 && times[i][0] > options.drop_ratio * best) racing[i] = false;
-      }
     }
   }
   for (size_t i = 0; i < plan.trials.size(); ++i) {

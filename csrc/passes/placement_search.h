@@ -22,6 +22,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,8 +46,9 @@ struct WholeGraphSearchOptions {
   double drop_ratio = 1.5;
   // Total compile time allowed. <= 0: budget_factor times the compile time of `reference`
   // (the compiler a user would otherwise pick), or fallback_budget_s when it did not compile.
+  // 1.5: the whole search at most half again what the user's own compiler would take.
   double budget_s = 0.0;
-  double budget_factor = 2.5;
+  double budget_factor = 1.5;
   std::string reference = "inductor";
   double fallback_budget_s = 30.0;
   // A compiler is picked over eager only when it is faster by this fraction.
@@ -57,6 +59,14 @@ struct WholeGraphSearchOptions {
   int refine_candidates = 0;
   double seconds_per_candidate = 0.03;
   bool allow_refine = true;
+  // Per compiler, a lower bound on its run time in seconds (its FLOPs at the machine's peak for
+  // the precision it computes in): one that cannot beat the fastest graph timed so far is not
+  // compiled. Absent or 0: no bound.
+  std::map<std::string, double> lower_bound_s;
+  // Per compiler, its expected compile time in seconds: once the budget is known (the
+  // reference compiled), a compiler expected to overrun what is left of it is not compiled.
+  // Absent or 0: unknown, compiled while any budget is left.
+  std::map<std::string, double> expected_compile_s;
 };
 
 struct WholeGraphTrial {
@@ -80,15 +90,19 @@ struct WholeGraphSearchPlan {
   std::string reason;  // one line: why refine is (not) run
 };
 
-// Compiles in the given order (the caller puts the reference first, then cheaper compilers),
-// stopping once the budget is spent; measures in turns; picks; decides whether to refine.
+// Times eager, then compiles in WholeGraphOrder, timing each compiled graph once right away
+// (the first turn) so that later compilers are checked against the fastest so far; skips a
+// compiler that cannot win (lower_bound_s) or cannot finish in the budget; measures the
+// remaining turns round-robin; picks; decides whether to refine.
 WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backends,
                                            const WholeGraphMeasurer& measurer,
                                            const WholeGraphSearchOptions& options);
 
 // The order whole graphs are compiled in: `reference` first (it fixes the budget), then the
-// others as given.
-std::vector<std::string> WholeGraphOrder(const std::vector<std::string>& backends,
-                                         const std::string& reference);
+// others by expected compile time, cheapest first (ties and unknowns as given): more of them
+// fit in the budget, and a fast cheap one lets the bound rule out an expensive one.
+std::vector<std::string> WholeGraphOrder(
+    const std::vector<std::string>& backends, const std::string& reference,
+    const std::map<std::string, double>& expected_compile_s = {});
 
 }  // namespace tp::passes

@@ -130,6 +130,51 @@ def test_a_compiler_that_fails_or_is_missing_is_a_logged_fallback(
     assert any("openvino cannot compile the whole" in r.getMessage() for r in caplog.records)
 
 
+def test_bf16_skips_an_f32_compiler_that_cannot_beat_the_fastest_so_far(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """With bf16 allowed, ONNX Runtime still computes in f32: once a bf16 graph measures faster
+    than the graph's FLOPs take at the machine's f32 peak, ONNX Runtime cannot win and is not
+    compiled (its export was most of a cold compile). The peak is stubbed: a tiny one makes the
+    bound exceed any timing."""
+    from torch_plugin.placement import whole_graph
+
+    fixed_profile({"openvino": 1e-5, "inductor": 5e-4, "onnxruntime": 1e-6})
+    monkeypatch.setattr(whole_graph, "_f32_peak", lambda threads: 1.0)
+    exported: list[int] = []
+    real = placement_backends.OnnxRuntimeBackend.compile
+    monkeypatch.setattr(
+        placement_backends.OnnxRuntimeBackend,
+        "compile",
+        lambda self, *a: exported.append(1) or real(self, *a),
+    )
+    model, x = _vit()
+    opts = {**_opts(tmp_path), "precision": "bf16"}
+    f = torch.compile(model, backend="torch_plugin", options=opts)
+    with collect_stats() as stats, torch.no_grad():
+        _close(f(**x), model(**x), tol=5e-2)
+    (line,) = _summaries(stats)
+    assert ": openvino (" in line, line
+    assert "onnxruntime skipped (cannot win: at least" in line, line
+    assert "inductor skipped" not in line and "openvino skipped" not in line, line
+    assert exported == []
+
+
+def test_a_compiler_expected_to_overrun_the_budget_is_skipped(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """The budget is a multiple of Inductor's compile, compiled first; a compiler expected to
+    take longer than what is left of it is skipped, named in the summary with its estimate."""
+    fixed_profile({"openvino": 1e-5, "inductor": 5e-4, "onnxruntime": 1e-6})
+    monkeypatch.setattr(placement_backends.OnnxRuntimeBackend, "compile_s_per_node", 1e3)
+    model, x = _vit()
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
+    with collect_stats() as stats, torch.no_grad():
+        _close(f(**x), model(**x))
+    (line,) = _summaries(stats)
+    assert ": openvino (" in line and "onnxruntime skipped (would take ~" in line, line
+
+
 def test_a_warm_compile_builds_only_the_pick(tmp_path, fixed_profile, monkeypatch) -> None:
     fixed_profile({"onnxruntime": 1e-5})
     model, x = _vit()

@@ -39,6 +39,10 @@ class Backend:
     # What the compiled graph computes in: "bf16" where the precision option allows it and
     # the backend can (placement/precision.py); "f32" keeps the graph's own dtypes.
     compute = "f32"
+    # Expected seconds per graph node to compile a whole graph (0: unknown), from real-size
+    # compiles on a 2-core machine (bert-base, GPT-2, ResNet-50, ViT-B/16, T5-base): the search
+    # skips a compiler that would overrun its budget (placement_search.h).
+    compile_s_per_node = 0.0
 
     def unavailable(self) -> str | None:
         """Why the backend cannot run here, or None."""
@@ -65,6 +69,7 @@ class InductorBackend(Backend):
     name = rule_set = "inductor"
     graph_level = True
     rtol = atol = 1e-3
+    compile_s_per_node = 0.025  # 17-73 ms (ResNet-50's convolutions the most)
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
         from torch._guards import TracingContext, tracing
@@ -146,6 +151,7 @@ class OpenVINOBackend(_NumpyBackend):
     module = "openvino"
     graph_level = True
     rtol = atol = 1e-3
+    compile_s_per_node = 0.001  # 0.3-0.8 s per real-size graph
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
         import openvino as ov
@@ -247,6 +253,7 @@ class OnnxRuntimeBackend(_NumpyBackend):
     module = "onnxruntime"
     graph_level = True
     rtol = atol = 1e-3
+    compile_s_per_node = 0.015  # 13-18 ms: the export (torch.export, translation) dominates
     # Where exported whole graphs are kept (artifacts.artifact_dir); None keeps nothing.
     artifacts: str | None = None
 

@@ -73,7 +73,7 @@ class PlacementResult:
         trials = ", ".join(
             f"{t['backend']} {_ms(t['median_s'])}"
             if t["compiled"]
-            else f"{t['backend']} {'skipped' if t['skipped'] else 'failed'}"
+            else f"{t['backend']} {'skipped (' + t['skipped'] + ')' if t['skipped'] else 'failed'}"
             for t in w["trials"]
         )
         return (

@@ -12,6 +12,7 @@ the profile cache, so a warm compile builds only the pick.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import statistics
 import time
@@ -176,6 +177,12 @@ def place_whole_graph_first(
                             fallback_budget_s=float(opts.time_budget_s),
                             allow_refine=bool(opts.allow_refine and opts.evolve),
                             refine_candidates=len(nodes),
+                            lower_bound_s=lower_bounds(graph, backends, inputs),
+                            expected_compile_s={
+                                b.name: b.compile_s_per_node * len(nodes)
+                                for b in backends
+                                if b.graph_level
+                            },
                         ),
                     )
                     .to_dict()
@@ -217,6 +224,32 @@ def place_whole_graph_first(
             cache.close()
     result.search_s = time.perf_counter() - t_start
     return placed, result
+
+
+# The measured peak times this: a boost clock or a noisy measurement must not make a bound
+# unsound (a compiler wrongly ruled out).
+PEAK_SLACK = 1.25
+
+
+@functools.cache
+def _f32_peak(threads: int) -> float:
+    return float(_C.measure_f32_peak(threads))
+
+
+def lower_bounds(graph: Any, backends: Sequence[Any], inputs: Sequence[Any]) -> dict[str, float]:
+    """Per graph compiler that computes in f32 on the CPU: the seconds its graph takes at least,
+    the graph's multiply-add FLOPs (those the cost model knows) at the machine's f32 peak. With
+    bf16 allowed, one that stays in f32 (ONNX Runtime) cannot beat a bf16 graph faster than
+    that, and its compile is saved; in f32 the bound rarely rules anything out."""
+    on_cpu = all(x.device.type == "cpu" for x in inputs if isinstance(x, torch.Tensor))
+    names = [b.name for b in backends if b.graph_level and b.compute == "f32"]
+    if not on_cpu or not names:
+        return {}
+    flops = sum(e[3] for e in graph.estimate() if e[5])
+    peak = _f32_peak(torch.get_num_threads()) * PEAK_SLACK
+    if flops <= 0 or peak <= 0:
+        return {}
+    return {n: flops / peak for n in names}
 
 
 def _groups(gm: fx.GraphModule, nodes: list[str], pick: str, seconds: float) -> list[Group]:

@@ -36,6 +36,59 @@ TEST(PlacementSearch, ReferenceFirstThenTheOthersEagerNeverCompiled) {
             (std::vector<std::string>{"inductor", "onnxruntime", "openvino"}));
 }
 
+TEST(PlacementSearch, TheOthersGoCheapestCompileFirstUnknownsLastInTheGivenOrder) {
+  EXPECT_EQ(WholeGraphOrder({"onnxruntime", "tvm", "openvino", "inductor", "fused"}, "inductor",
+                            {{"onnxruntime", 8.0}, {"openvino", 0.5}, {"inductor", 12.0}}),
+            (std::vector<std::string>{"inductor", "openvino", "onnxruntime", "tvm", "fused"}));
+}
+
+TEST(PlacementSearch, ACompilerThatCannotBeatTheFastestSoFarIsNotCompiled) {
+  // bf16 asked: OpenVINO computes in bf16 (28 ms); ONNX Runtime in f32, whose FLOPs at the
+  // machine's f32 peak take at least 40 ms: it cannot win, and its compile is saved.
+  Stub s;
+  s.run_s = {{"eager", 120e-3}, {"inductor", 30e-3}, {"openvino", 28e-3}, {"onnxruntime", 55e-3}};
+  s.compile_s = {{"inductor", 12.0}, {"openvino", 0.5}, {"onnxruntime", 8.0}};
+  WholeGraphSearchOptions o;
+  o.budget_s = 100.0;
+  o.lower_bound_s = {{"onnxruntime", 40e-3}};
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "openvino");
+  ASSERT_EQ(plan.trials.size(), 4u);
+  EXPECT_FALSE(plan.trials[3].compiled);
+  EXPECT_EQ(plan.trials[3].skipped, "cannot win: at least 40.0 ms at its peak, 28.0 ms measured");
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "compile onnxruntime"), 0);
+  // A bound under the fastest so far decides nothing: it is compiled and timed.
+  o.lower_bound_s = {{"onnxruntime", 20e-3}};
+  s.calls.clear();
+  s.clock = 0.0;
+  plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
+  EXPECT_TRUE(plan.trials[3].compiled);
+  EXPECT_NEAR(plan.trials[3].median_s, 55e-3, 1e-12);
+}
+
+TEST(PlacementSearch, ACompilerExpectedToOverrunTheBudgetIsNotCompiled) {
+  Stub s;
+  s.run_s = {{"eager", 100e-3}, {"inductor", 90e-3}, {"openvino", 50e-3}, {"onnxruntime", 48e-3}};
+  s.compile_s = {{"inductor", 12.0}, {"openvino", 0.5}, {"onnxruntime", 8.0}};
+  WholeGraphSearchOptions o;  // budget 1.5 x 12 s = 18 s; 12.5 s spent after OpenVINO
+  o.expected_compile_s = {{"openvino", 0.6}, {"onnxruntime", 7.0}};
+  auto plan = SearchWholeGraphFirst({"onnxruntime", "openvino", "inductor"}, s.Measurer(), o);
+  ASSERT_EQ(plan.trials.size(), 4u);
+  EXPECT_EQ(plan.trials[1].backend, "inductor");
+  EXPECT_EQ(plan.trials[2].backend, "openvino");
+  EXPECT_TRUE(plan.trials[2].compiled);
+  EXPECT_EQ(plan.trials[3].backend, "onnxruntime");
+  EXPECT_EQ(plan.trials[3].skipped,
+            "would take ~7.0 s to compile, 5.5 s of the 18.0 s budget left");
+  EXPECT_EQ(plan.pick, "openvino");
+  // With room for it, it is compiled (and wins).
+  o.budget_factor = 2.0;
+  s.clock = 0.0;
+  plan = SearchWholeGraphFirst({"onnxruntime", "openvino", "inductor"}, s.Measurer(), o);
+  EXPECT_TRUE(plan.trials[3].compiled);
+  EXPECT_EQ(plan.pick, "onnxruntime");
+}
+
 TEST(PlacementSearch, PicksTheFastestWholeGraphMeasuredInTurns) {
   Stub s;
   s.run_s = {{"eager", 10e-3}, {"inductor", 8e-3}, {"openvino", 5e-3}};
@@ -46,11 +99,12 @@ TEST(PlacementSearch, PicksTheFastestWholeGraphMeasuredInTurns) {
   EXPECT_EQ(plan.pick, "openvino");
   EXPECT_DOUBLE_EQ(plan.pick_s, 5e-3);
   EXPECT_DOUBLE_EQ(plan.eager_s, 10e-3);
-  EXPECT_DOUBLE_EQ(plan.budget_s, 10.0);  // 2.5 x Inductor's 4 s
-  // Compiles first (reference first), then turns: the first times all three; eager (2x) and
-  // Inductor (1.6x the fastest) cannot win and are not timed again.
-  std::vector<std::string> want = {"compile inductor", "compile openvino", "time eager",
-                                   "time inductor",    "time openvino",    "time openvino"};
+  EXPECT_DOUBLE_EQ(plan.budget_s, 6.0);  // 1.5 x Inductor's 4 s
+  // The first turn as graphs become available (eager, then each right after its compile,
+  // reference first); eager (2x) and Inductor (1.6x the fastest) cannot win and are not timed
+  // again.
+  std::vector<std::string> want = {"time eager",       "compile inductor", "time inductor",
+                                   "compile openvino", "time openvino",    "time openvino"};
   EXPECT_EQ(s.calls, want);
   ASSERT_EQ(plan.trials.size(), 3u);
   EXPECT_DOUBLE_EQ(plan.trials[1].compile_s, 4.0);
@@ -103,7 +157,7 @@ TEST(PlacementSearch, AFailedCompilerIsNeverPickedAndItsFailurePredictsAGain) {
   EXPECT_EQ(plan.pick, "inductor");
   EXPECT_FALSE(plan.trials[2].compiled);
   EXPECT_DOUBLE_EQ(plan.predicted_gain, o.mixing_prior);
-  // 10 candidates x 0.03 s + 5 s of recompiles fit in 10 - 5 s? No: 5.3 > 5.
+  // 10 candidates x 0.03 s + 5 s of recompiles fit in 6 - 5 s? No: 5.3 > 1.
   EXPECT_FALSE(plan.refine);
   EXPECT_NE(plan.reason.find("budget"), std::string::npos);
   o.budget_s = 20.0;
@@ -133,7 +187,7 @@ TEST(PlacementSearch, StopsCompilingOnceTheBudgetIsSpent) {
   Stub s;
   s.run_s = {{"eager", 10e-3}, {"inductor", 8e-3}, {"openvino", 5e-3}, {"onnxruntime", 4e-3}};
   s.compile_s = {{"inductor", 2.0}, {"openvino", 4.0}, {"onnxruntime", 1.0}};
-  WholeGraphSearchOptions o;  // budget 2.5 x 2 s = 5 s: spent after openvino
+  WholeGraphSearchOptions o;  // budget 1.5 x 2 s = 3 s: spent after openvino
   auto plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
   ASSERT_EQ(plan.trials.size(), 4u);
   EXPECT_FALSE(plan.trials[3].compiled);
