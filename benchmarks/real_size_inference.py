@@ -299,7 +299,7 @@ def _plan(placed: Any) -> dict[str, Any]:
         "pick": w.get("pick"),
         "search_s": placed.search_s,
         "trials": [
-            {k: t.get(k) for k in ("backend", "compiled", "compile_s", "median_s")}
+            {k: t.get(k) for k in ("backend", "compiled", "compile_s", "median_s", "skipped")}
             for t in w.get("trials", [])
         ],
         "errors": w.get("errors"),
@@ -348,6 +348,8 @@ def run(models: list[str], batches: list[int], rounds: int) -> list[dict[str, An
                 row["compile_ratio_warm"] = ours["warm_s"] / ind
                 second_s = compile_s["ours_second_process"].get("cold_s")
                 row["compile_ratio_second_process"] = second_s / ind if second_s else None
+                bf16_s = compile_s["ours_bf16"].get("cold_s")
+                row["compile_ratio_cold_bf16"] = bf16_s / ind if bf16_s else None
             print(json.dumps({k: row.get(k) for k in ("model", "batch", "ms", "error")}))
             rows.append(row)
     return rows
@@ -362,6 +364,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "geomean_ratio_f32": geomean([r.get("ratio_f32") for r in rows]),
         "geomean_ratio_bf16": geomean([r.get("ratio_bf16") for r in rows]),
         "geomean_compile_ratio_cold": geomean([r.get("compile_ratio_cold") for r in rows]),
+        "geomean_compile_ratio_cold_bf16": geomean(
+            [r.get("compile_ratio_cold_bf16") for r in rows]
+        ),
         "geomean_compile_ratio_warm": geomean([r.get("compile_ratio_warm") for r in rows]),
         "geomean_compile_ratio_second_process": geomean(
             [r.get("compile_ratio_second_process") for r in rows]
@@ -394,12 +399,15 @@ def tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
                 "ours, second process": c.get("ours_second_process", {}).get("cold_s"),
                 "ours bf16 cold": c.get("ours_bf16", {}).get("cold_s"),
                 "cold / inductor": r.get("compile_ratio_cold"),
+                "bf16 cold / inductor": r.get("compile_ratio_cold_bf16"),
                 "warm / inductor": r.get("compile_ratio_warm"),
                 "where ours' cold compile went": "; ".join(
                     ", ".join(
                         f"{t['backend']} {t['compile_s']:.1f} s"
-                        for t in p.get("trials", [])
                         if t.get("compile_s")
+                        else f"{t['backend']} skipped ({t['skipped']})"
+                        for t in p.get("trials", [])
+                        if t.get("compile_s") or t.get("skipped")
                     )
                     + f"; search {p.get('search_s', 0):.1f} s in all"
                     for p in plans
