@@ -1071,6 +1071,7 @@ class WholeGraphSearchOptions:
     Options of the default placement's driver (csrc/passes/placement_search.h).
     """
     allow_refine: bool
+    always_refine: bool
     reference: str
     def __init__(self, **kwargs) -> None:
         """
@@ -1091,6 +1092,12 @@ class WholeGraphSearchOptions:
         ...
     @budget_s.setter
     def budget_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def cheap_fraction(self) -> float:
+        ...
+    @cheap_fraction.setter
+    def cheap_fraction(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
     def drop_ratio(self) -> float:

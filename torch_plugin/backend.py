@@ -229,13 +229,21 @@ def _place(
     # AOTAutograd calls its compilers under its fake mode and the Python dispatcher; measuring
     # needs real tensors and ops at their normal speed (the dispatcher costs ~5 us per op).
     search = place_graph
+    # Tensors made under inference_mode have no version counter for the guard to read.
+    freezable = real is not None and not any(
+        isinstance(x, torch.Tensor) and x.is_inference() for x in real
+    )
     if placement_opts.search == "whole_graph_first":
         search = functools.partial(place_whole_graph_first, kind=kind)
-    if opts.auto:
-        # Tensors made under inference_mode have no version counter for the guard to read.
-        freezable = real is not None and not any(
-            isinstance(x, torch.Tensor) and x.is_inference() for x in real
+    elif kind == "inference":
+        # The explicit pass on an inference graph starts from the default compile's pick
+        # (whole graphs, weights frozen) and keeps the finer search's placement only where it
+        # measures faster: never slower than the default.
+        placement_opts = dataclasses.replace(
+            placement_opts, freeze=placement_opts.freeze or freezable
         )
+        search = functools.partial(place_whole_graph_first, kind=kind, always_refine=True)
+    if opts.auto:
         placement_opts = _auto_placement_options(placement_opts, kind, freezable)
         search = functools.partial(place_whole_graph_first, kind=kind)
     with unset_fake_temporarily(), no_python_dispatcher():
@@ -473,7 +481,7 @@ def torch_plugin_backend(
             placed = rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real)
         fn = boxed_nop(placed, inputs)
         if (
-            opts.auto
+            (opts.auto or opts.runs("placement"))
             and real is not None
             and kinds is not None
             and stats

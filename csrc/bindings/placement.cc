@@ -219,8 +219,10 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("refine_candidates", &WholeGraphSearchOptions::refine_candidates)
       .field("seconds_per_candidate", &WholeGraphSearchOptions::seconds_per_candidate)
       .field("allow_refine", &WholeGraphSearchOptions::allow_refine)
+      .field("always_refine", &WholeGraphSearchOptions::always_refine)
       .field("lower_bound_s", &WholeGraphSearchOptions::lower_bound_s)
-      .field("expected_compile_s", &WholeGraphSearchOptions::expected_compile_s);
+      .field("expected_compile_s", &WholeGraphSearchOptions::expected_compile_s)
+      .field("cheap_fraction", &WholeGraphSearchOptions::cheap_fraction);
   m.def("measure_f32_peak", &cost::MeasureF32Peak, py::arg("threads"), py::arg("seconds") = 0.02,
         py::arg("tries") = 3,
         "The machine's f32 multiply-add peak in FLOP/s on `threads` threads, measured "

@@ -24,23 +24,31 @@ double Median(std::vector<double> v) {
 
 std::vector<std::string> WholeGraphOrder(const std::vector<std::string>& backends,
                                          const std::string& reference,
-                                         const std::map<std::string, double>& expected_compile_s) {
-  std::vector<std::string> out;
-  for (const auto& b : backends) {
-    if (b == reference) out.push_back(b);
-  }
-  std::vector<std::string> others;
-  for (const auto& b : backends) {
-    if (b != reference && b != "eager" && b != "aten") others.push_back(b);
-  }
-  // Unknown (absent or <= 0) sorts after every known cost, keeping the given order among them.
+                                         const std::map<std::string, double>& expected_compile_s,
+                                         double cheap_fraction) {
+  // Unknown (absent or <= 0) costs sort after every known one, keeping the given order.
   auto cost = [&](const std::string& b) {
     double c = Get(expected_compile_s, b);
     return c > 0 ? c : std::numeric_limits<double>::infinity();
   };
-  std::stable_sort(others.begin(), others.end(),
-                   [&](const std::string& a, const std::string& b) { return cost(a) < cost(b); });
-  out.insert(out.end(), others.begin(), others.end());
+  double ref_cost = Get(expected_compile_s, reference);
+  std::vector<std::string> cheap, ref, rest;
+  for (const auto& b : backends) {
+    if (b == "eager" || b == "aten") continue;
+    if (b == reference) {
+      ref.push_back(b);
+    } else if (ref_cost > 0 && cost(b) <= cheap_fraction * ref_cost) {
+      cheap.push_back(b);
+    } else {
+      rest.push_back(b);
+    }
+  }
+  auto by_cost = [&](const std::string& a, const std::string& b) { return cost(a) < cost(b); };
+  std::stable_sort(cheap.begin(), cheap.end(), by_cost);
+  std::stable_sort(rest.begin(), rest.end(), by_cost);
+  std::vector<std::string> out = cheap;
+  out.insert(out.end(), ref.begin(), ref.end());
+  out.insert(out.end(), rest.begin(), rest.end());
   return out;
 }
 
@@ -67,7 +75,8 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     os << v;
     return os.str();
   };
-  for (const auto& b : WholeGraphOrder(backends, options.reference, options.expected_compile_s)) {
+  for (const auto& b : WholeGraphOrder(backends, options.reference, options.expected_compile_s,
+                                       options.cheap_fraction)) {
     WholeGraphTrial t{b, false, 0.0, 0.0, ""};
     double spent = measurer.elapsed();
     double bound = Get(options.lower_bound_s, b);
@@ -153,6 +162,9 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
   why.precision(1);
   if (!options.allow_refine) {
     why << "finer search off";
+  } else if (options.always_refine) {
+    plan.refine = true;
+    why << "finer search: asked for (predicted gain " << plan.predicted_gain * 100 << "%)";
   } else if (plan.predicted_gain < options.min_gain) {
     why << "finer search skipped: predicted gain " << plan.predicted_gain * 100 << "% < "
         << options.min_gain * 100 << "%";

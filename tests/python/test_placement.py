@@ -287,15 +287,15 @@ def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None
     inference graph compiles as one OpenVINO region, and matches eager."""
     import openvino as ov
 
-    from torch_plugin.placement import planner
+    from torch_plugin.placement import whole_graph
 
     seen: dict[str, Any] = {}
 
-    def capture(gm, example_inputs, opts, kinds=None):  # noqa: ANN001, ANN202
+    def capture(gm, example_inputs, opts, kinds=None, **_kw):  # noqa: ANN001, ANN202
         seen["gm"], seen["inputs"] = gm, list(example_inputs)
         raise RuntimeError("captured")
 
-    monkeypatch.setattr(planner, "place_graph", capture)
+    monkeypatch.setattr(whole_graph, "place_whole_graph_first", capture)
     model, inputs = small_model(name)
     model.eval()
     with pytest.raises(Exception, match="captured"):
@@ -330,7 +330,7 @@ def test_openvino_takes_a_decoder_at_its_default_use_cache(monkeypatch) -> None:
     import openvino as ov
     import transformers
 
-    from torch_plugin.placement import planner
+    from torch_plugin.placement import whole_graph
 
     class Logits(torch.nn.Module):
         def __init__(self, lm: torch.nn.Module) -> None:
@@ -346,11 +346,11 @@ def test_openvino_takes_a_decoder_at_its_default_use_cache(monkeypatch) -> None:
     model = Logits(transformers.GPT2LMHeadModel(cfg)).eval()
     seen: dict[str, Any] = {}
 
-    def capture(gm, example_inputs, opts, kinds=None):  # noqa: ANN001, ANN202
+    def capture(gm, example_inputs, opts, kinds=None, **_kw):  # noqa: ANN001, ANN202
         seen["gm"], seen["inputs"] = gm, list(example_inputs)
         raise RuntimeError("captured")
 
-    monkeypatch.setattr(planner, "place_graph", capture)
+    monkeypatch.setattr(whole_graph, "place_whole_graph_first", capture)
     with pytest.raises(Exception, match="captured"):
         torch_plugin.place(
             model, (torch.randint(0, 64, (1, 8)),), backends=["aten"], cache_path=":memory:"
@@ -485,6 +485,65 @@ def test_training_graphs_are_placed_forward_and_backward(tmp_path, fixed_profile
             compiled(*inputs)[0].sum().backward()
     assert "forward graph left as is: it draws random numbers" in caplog.text
     assert [r.kind for r in results] == ["backward"]
+
+
+def test_the_placement_pass_starts_from_the_default_pick(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """The explicit pass on an inference graph first runs the default compile's whole-graph
+    search (weights frozen), then the finer search from its pick whatever the predicted gain,
+    and keeps the finer placement only where it measures faster: never slower than the
+    default. Timings are stubbed; the finer search's result is stubbed too."""
+    from torch_plugin.placement import whole_graph
+
+    fixed_profile({"openvino": 1e-5})
+    model, inputs = small_model("mlp")
+    model.eval()
+    with torch.no_grad():
+        want = model(*inputs)
+    finer_runs: list[str] = []
+
+    def slower_finer(gm, example_inputs, opts, kinds=None):  # noqa: ANN001, ANN202
+        # The graph as it is (ATen): the stub times it as eager, 100x the whole graph.
+        finer_runs.append(opts.search)
+        return gm, whole_graph.PlacementResult([], 0.0, True, 0)
+
+    monkeypatch.setattr(whole_graph, "place_graph", slower_finer)
+    opts = {
+        "passes": ["placement"],
+        "placement": {
+            "backends": ["aten", "openvino"],
+            "cache_path": str(tmp_path / "p.db"),
+            "samples": 1,
+        },
+    }
+    compiled = torch.compile(model, backend="torch_plugin", options=opts)
+    with torch_plugin.placement.record() as results, torch.no_grad():
+        got = compiled(*inputs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    (r,) = results
+    assert finer_runs == ["exhaustive"]  # it ran, though one compiler was far ahead
+    assert r.whole_graph is not None and r.whole_graph["pick"] == "openvino"
+    assert r.whole_graph["reason"].startswith("finer search: asked for"), r.whole_graph
+    assert not r.whole_graph.get("refined") and r.frozen > 0
+    assert set(r.backend_counts()) == {"openvino"}
+
+    # A finer placement that measures faster replaces the pick.
+    def faster(gm, *_a, **_k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        # The stub times a module by its first group's backend: "stub", 100x faster.
+        placed = torch.fx.GraphModule(gm, gm.graph)
+        placed.add_module("group0_stub", torch.nn.Module())
+        return placed, whole_graph.PlacementResult([], 0.0, True, 0)
+
+    fixed_profile({"openvino": 1e-5, "stub": 1e-7})
+    monkeypatch.setattr(whole_graph, "place_graph", faster)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="torch_plugin", options=opts)
+    with torch_plugin.placement.record() as results, torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), want, rtol=1e-4, atol=1e-4)
+    (r,) = results
+    assert r.whole_graph is not None and r.whole_graph.get("refined")
+    assert r.measured_final_s == 1e-7
 
 
 def test_whole_graph_first_is_the_search_asked_for(tmp_path, fixed_profile, monkeypatch) -> None:

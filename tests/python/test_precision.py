@@ -194,14 +194,16 @@ def test_an_unknown_precision_is_refused(bad: Any) -> None:
         f(torch.randn(2, 4))
 
 
-def test_place_says_that_its_search_builds_f32_regions(tmp_path, caplog) -> None:
+def test_place_says_that_its_finer_search_builds_f32_regions(tmp_path, caplog) -> None:
+    """place() starts from the whole-graph search, whose compilers compute in bf16 when asked;
+    the finer search after it builds f32 regions, and says so."""
     import logging
 
     import torch_plugin
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
     x = torch.randn(2, 8)
-    with caplog.at_level(logging.WARNING, "torch_plugin"):
+    with caplog.at_level(logging.INFO, "torch_plugin"):
         placed = torch_plugin.place(
             model,
             (x,),
@@ -211,4 +213,4 @@ def test_place_says_that_its_search_builds_f32_regions(tmp_path, caplog) -> None
             samples=1,
         )
     torch.testing.assert_close(placed(x), model(x))
-    assert any("builds f32 regions" in r.getMessage() for r in caplog.records)
+    assert any("finer search builds f32 regions" in r.getMessage() for r in caplog.records)

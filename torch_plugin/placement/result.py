@@ -89,7 +89,15 @@ class PlacementResult:
     def table(self) -> str:
         """One line per group run outside ATen, and totals per backend."""
         if self.whole_graph is not None and not self.whole_graph.get("refined"):
-            return self.summary()
+            if "finer_s" not in self.whole_graph:
+                return self.summary()
+            # The finer search ran (the explicit pass) and measured slower: what it saw.
+            return (
+                f"{self.summary()}\nfiner search: {_ms(self.whole_graph['finer_s'])}, kept "
+                f"the whole graph; candidates {self.candidates}, measured {self.measured}, "
+                f"cache hits {self.cache_hits}"
+                + ("; groups timed with the cache cold" if self.cold_cache else "")
+            )
         lines = [f"{'backend':<12} {'rule':<16} {'nodes':>5} {'us':>9}  ops"]
         for g in self.groups:
             if g.backend == "aten":

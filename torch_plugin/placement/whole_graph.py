@@ -54,9 +54,12 @@ def place_whole_graph_first(
     opts: PlacementOptions,
     input_kinds: Sequence[tuple[str, str]] | None = None,
     kind: str = "inference",
+    always_refine: bool = False,
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """Places one ATen graph as a whole on the compiler that runs it fastest (or leaves it to
-    eager); returns the module to run and the decision."""
+    eager); returns the module to run and the decision. always_refine (the explicit placement
+    pass): the finer search runs from that pick, in the user's time_budget_s, and replaces it
+    only where it measures faster."""
     t_start = time.perf_counter()
     # Tolerance: the lower of what was asked and what the graph computes in. Compute: bf16
     # only where asked, for inference graphs (a training graph's gradients stay the user's).
@@ -89,6 +92,7 @@ def place_whole_graph_first(
                 sorted(frozen),
                 opts.budget_factor,
                 opts.allow_refine,
+                always_refine,
                 precision,
                 compute,
             )
@@ -176,6 +180,7 @@ def place_whole_graph_first(
                             budget_factor=float(opts.budget_factor),
                             fallback_budget_s=float(opts.time_budget_s),
                             allow_refine=bool(opts.allow_refine and opts.evolve),
+                            always_refine=always_refine,
                             refine_candidates=len(nodes),
                             lower_bound_s=lower_bounds(graph, backends, inputs),
                             expected_compile_s={
@@ -212,8 +217,13 @@ def place_whole_graph_first(
         whole_graph=plan,
         frozen=len(frozen) if pick != "eager" else 0,
     )
-    if plan["refine"] and not plan["cached"]:
-        placed, result = _refine(gm, example_inputs, opts, input_kinds, placed, result, plan)
+    # The explicit pass searches again from a cached pick (the finer search has a cache of its
+    # own); the default compile replays the cached decision.
+    if plan["refine"] and (always_refine or not plan["cached"]):
+        budget = opts.time_budget_s if always_refine else float(plan["refine_budget_s"])
+        placed, result = _refine(
+            gm, example_inputs, opts, input_kinds, placed, result, plan, budget
+        )
     if not plan["cached"]:
         cache = ProfileCache(opts.cache_path)
         try:
@@ -270,14 +280,20 @@ def _refine(
     placed: fx.GraphModule,
     result: PlacementResult,
     plan: dict[str, Any],
+    budget_s: float,
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """The finer search in what is left of the budget; kept only if it measures faster than
     the whole-graph pick, the two timed in turns."""
     # f32 regions (the summary says so when the precision is bf16).
+    if opts.precision == "bf16":
+        log.info(
+            "torch_plugin placement: the finer search builds f32 regions; its placement "
+            "replaces the bf16 whole-graph pick only where it measures faster"
+        )
     finer_opts = dataclasses.replace(
         opts,
         search="exhaustive",
-        time_budget_s=max(1.0, float(plan["refine_budget_s"])),
+        time_budget_s=max(1.0, budget_s),
         precision=None,
     )
     try:
@@ -302,4 +318,10 @@ def _refine(
         finer_result.frozen = result.frozen
         finer_result.measured_final_s = finer_s
         return finer, finer_result
+    # The pick stands; what the finer search saw (candidates per rule, their failures) is
+    # reported with it.
+    fields = ("candidates", "candidates_by_rule", "measured", "cache_hits", "cold_cache")
+    for field in (*fields, "evolution", "phase_s", "measured_dp_s", "dp_states", "dp_exact"):
+        setattr(result, field, getattr(finer_result, field))
+    result.failures = [*result.failures, *finer_result.failures]
     return placed, result

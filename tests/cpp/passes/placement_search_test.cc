@@ -36,10 +36,31 @@ TEST(PlacementSearch, ReferenceFirstThenTheOthersEagerNeverCompiled) {
             (std::vector<std::string>{"inductor", "onnxruntime", "openvino"}));
 }
 
-TEST(PlacementSearch, TheOthersGoCheapestCompileFirstUnknownsLastInTheGivenOrder) {
+TEST(PlacementSearch, CheapCompilersThenTheReferenceThenTheRestCheapestFirst) {
   EXPECT_EQ(WholeGraphOrder({"onnxruntime", "tvm", "openvino", "inductor", "fused"}, "inductor",
                             {{"onnxruntime", 8.0}, {"openvino", 0.5}, {"inductor", 12.0}}),
-            (std::vector<std::string>{"inductor", "openvino", "onnxruntime", "tvm", "fused"}));
+            (std::vector<std::string>{"openvino", "inductor", "onnxruntime", "tvm", "fused"}));
+  // Without expectations: the reference first, then as given.
+  EXPECT_EQ(WholeGraphOrder({"onnxruntime", "openvino", "inductor"}, "inductor"),
+            (std::vector<std::string>{"inductor", "onnxruntime", "openvino"}));
+}
+
+TEST(PlacementSearch, ACheapCompilerIsTriedBeforeAReferenceServedFromItsCache) {
+  // Inductor's graph came from its cache (1 s): a 1.5 s budget, spent once it is timed.
+  // OpenVINO, expected at 0.5 s, went first and wins; ONNX Runtime is skipped.
+  Stub s;
+  s.run_s = {{"eager", 150e-3}, {"inductor", 140e-3}, {"openvino", 50e-3}, {"onnxruntime", 55e-3}};
+  s.compile_s = {{"inductor", 1.0}, {"openvino", 0.4}, {"onnxruntime", 8.0}};
+  WholeGraphSearchOptions o;
+  o.expected_compile_s = {{"inductor", 15.0}, {"openvino", 0.5}, {"onnxruntime", 8.0}};
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "openvino");
+  ASSERT_EQ(plan.trials.size(), 4u);
+  EXPECT_EQ(plan.trials[1].backend, "openvino");
+  EXPECT_EQ(plan.trials[2].backend, "inductor");
+  EXPECT_EQ(plan.trials[3].backend, "onnxruntime");
+  EXPECT_FALSE(plan.trials[3].compiled);
+  EXPECT_NE(plan.trials[3].skipped.find("budget"), std::string::npos);
 }
 
 TEST(PlacementSearch, ACompilerThatCannotBeatTheFastestSoFarIsNotCompiled) {
@@ -74,6 +95,7 @@ TEST(PlacementSearch, ACompilerExpectedToOverrunTheBudgetIsNotCompiled) {
   o.expected_compile_s = {{"openvino", 0.6}, {"onnxruntime", 7.0}};
   auto plan = SearchWholeGraphFirst({"onnxruntime", "openvino", "inductor"}, s.Measurer(), o);
   ASSERT_EQ(plan.trials.size(), 4u);
+  // No expectation for Inductor: nothing counts as cheap, the reference goes first.
   EXPECT_EQ(plan.trials[1].backend, "inductor");
   EXPECT_EQ(plan.trials[2].backend, "openvino");
   EXPECT_TRUE(plan.trials[2].compiled);
@@ -178,6 +200,26 @@ TEST(PlacementSearch, CloseCompilersPredictAGainFromMixing) {
   EXPECT_EQ(plan.pick, "openvino");
   EXPECT_NEAR(plan.predicted_gain, 0.15 - 0.04, 1e-9);
   EXPECT_TRUE(plan.refine);
+  o.allow_refine = false;
+  s.clock = 0.0;
+  EXPECT_FALSE(SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o).refine);
+}
+
+TEST(PlacementSearch, ThePlacementPassAlwaysRefinesUnlessRefiningIsOff) {
+  // One compiler far ahead (no predicted gain) and no budget left: the default compile stops
+  // at the whole graph; the explicit pass runs the finer search from it all the same.
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 9e-3}, {"openvino", 2e-3}};
+  s.compile_s = {{"inductor", 4.0}, {"openvino", 3.0}};
+  WholeGraphSearchOptions o;
+  o.refine_candidates = 1000;
+  EXPECT_FALSE(SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o).refine);
+  o.always_refine = true;
+  s.clock = 0.0;
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "openvino");
+  EXPECT_TRUE(plan.refine);
+  EXPECT_EQ(plan.reason, "finer search: asked for (predicted gain 0.0%)");
   o.allow_refine = false;
   s.clock = 0.0;
   EXPECT_FALSE(SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o).refine);
