@@ -74,28 +74,38 @@ class InductorBackend(Backend):
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
         from torch._guards import TracingContext, tracing
         from torch._inductor.compile_fx import compile_fx
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         # Outside the enclosing Dynamo frame's tracing context: the subgraph's guards and fake
         # mode are its own, not the user's frame's. A context of its own with a shape env,
         # which Inductor's FX graph cache needs ("Bypassing FX Graph Cache because 'No shape
         # env'"): with it a warm compile loads the compiled graph instead of rebuilding it.
+        # The inputs are given as fake tensors of static shapes: real ones, AOTAutograd would
+        # make every size a symbol of that shape env, and Inductor then spent a third of its
+        # compile on symbolic size arithmetic (ResNet-50: 17.4 s against 11.2 s).
         if self.compute != "f32":
             from .precision import lower_precision_graph
 
             gm = lower_precision_graph(gm, inputs, self.compute)
-        context = TracingContext(FakeTensorMode(shape_env=ShapeEnv()))
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        fake_inputs = [
+            mode.from_tensor(x, static_shapes=True)
+            if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor)
+            else x
+            for x in inputs
+        ]
         # Frozen weights (module constants): Inductor's freezing folds and prepacks them, as
-        # PyTorch recommends for CPU inference (torch._inductor.config.freezing).
+        # PyTorch recommends for CPU inference (torch._inductor.config.freezing). It bypasses
+        # the FX graph cache.
         freeze = any(True for _ in gm.buffers()) and not torch.is_grad_enabled()
         with (
             warnings.catch_warnings(),
-            tracing(context),
+            tracing(TracingContext(mode)),
             torch._inductor.config.patch(freezing=freeze),
         ):
             warnings.simplefilter("ignore")
-            compiled = compile_fx(gm, list(inputs))
+            compiled = compile_fx(gm, fake_inputs)
         return _with_strides(compiled, inputs)
 
 

@@ -81,7 +81,7 @@ class PlacementOptions:
     progress: bool = False
     cold_cache: bool | None = None
     search: str = "exhaustive"
-    budget_factor: float = 1.5
+    budget_factor: float = 1.25
     allow_refine: bool = True
     precision: str | None = None
 
