@@ -66,10 +66,12 @@ def install_whole_graph(seconds: dict[str, float], setattr_: Callable[..., Any] 
         return seconds.get(backend, 1e-3)
 
     setattr_(whole_graph, "time_end_to_end", fake)
-    # Nothing skipped for this machine's speed either: no compile-time expectation (the search
-    # then skips only once the budget is spent) and a peak no FLOP count reaches (no bound).
+    # Nothing skipped for this machine's speed either: no compile-time expectation, neither the
+    # priors nor the rates learned from earlier compiles (the search then skips only once the
+    # budget is spent), and a peak no FLOP count reaches (no bound).
     from torch_plugin.placement import backends
 
     for cls in (backends.InductorBackend, backends.OpenVINOBackend, backends.OnnxRuntimeBackend):
         setattr_(cls, "compile_s_per_node", 0.0)
     setattr_(whole_graph, "_f32_peak", lambda threads: float("inf"))
+    setattr_(whole_graph, "compile_rates", lambda cache, machine, compilers: {})

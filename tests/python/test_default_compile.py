@@ -175,6 +175,50 @@ def test_a_compiler_expected_to_overrun_the_budget_is_skipped(
     assert ": openvino (" in line and "onnxruntime skipped (would take ~" in line, line
 
 
+def test_compile_rates_are_learned_per_compiler_and_machine() -> None:
+    """Each compiled whole graph's seconds per node join its compiler's history on this machine
+    (the last 8); the median replaces the fixed prior. Eager and failed trials add nothing."""
+    from torch_plugin.placement import whole_graph
+    from torch_plugin.placement.cache import ProfileCache
+
+    cache = ProfileCache(":memory:")
+    assert whole_graph.compile_rates(cache, "m1", ["inductor"]) == {}
+    for s in (1.0, 2.0, 9.0, *[3.0] * 8):
+        whole_graph.record_compile_rates(
+            cache,
+            "m1",
+            [
+                {"backend": "eager", "compiled": True, "compile_s": 0.0},
+                {"backend": "inductor", "compiled": True, "compile_s": s * 100},
+                {"backend": "openvino", "compiled": False, "compile_s": 5.0},
+            ],
+            nodes=100,
+        )
+        if s == 9.0:
+            assert whole_graph.compile_rates(cache, "m1", ["inductor", "openvino"]) == {
+                "inductor": 2.0
+            }
+    assert whole_graph.compile_rates(cache, "m1", ["inductor"]) == {"inductor": 3.0}  # last 8
+    assert whole_graph.compile_rates(cache, "m2", ["inductor"]) == {}  # another machine
+
+
+def test_a_learned_compile_rate_sets_the_expectation(tmp_path, fixed_profile, monkeypatch) -> None:
+    """The search's compile expectation comes from the learned rate where there is one: a
+    compiler that took 1000 s per node before is expected to overrun the budget, and skipped."""
+    from torch_plugin.placement import whole_graph
+
+    fixed_profile({"openvino": 1e-5, "inductor": 5e-4, "onnxruntime": 1e-6})
+    monkeypatch.setattr(
+        whole_graph, "compile_rates", lambda cache, machine, compilers: {"onnxruntime": 1e3}
+    )
+    model, x = _vit()
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
+    with collect_stats() as stats, torch.no_grad():
+        _close(f(**x), model(**x))
+    (line,) = _summaries(stats)
+    assert "onnxruntime skipped (would take ~" in line, line
+
+
 def test_a_warm_compile_builds_only_the_pick(tmp_path, fixed_profile, monkeypatch) -> None:
     fixed_profile({"onnxruntime": 1e-5})
     model, x = _vit()

@@ -139,6 +139,7 @@ def place_whole_graph_first(
 
     cache = ProfileCache(opts.cache_path)
     try:
+        rates = compile_rates(cache, machine, compilers)
         cached = cache.get_decision(decision_key)
         plan: dict[str, Any] | None = None
         if isinstance(cached, dict) and "pick" in cached and not cached.get("refined"):
@@ -184,7 +185,7 @@ def place_whole_graph_first(
                             refine_candidates=len(nodes),
                             lower_bound_s=lower_bounds(graph, backends, inputs),
                             expected_compile_s={
-                                b.name: b.compile_s_per_node * len(nodes)
+                                b.name: rates.get(b.name, b.compile_s_per_node) * len(nodes)
                                 for b in backends
                                 if b.graph_level
                             },
@@ -230,10 +231,48 @@ def place_whole_graph_first(
             keep = {k: v for k, v in plan.items() if k != "cached"}
             keep["refined"] = bool(result.whole_graph and result.whole_graph.get("refined"))
             cache.put_decision(decision_key, keep)
+            if frozen:  # full compiles: frozen graphs bypass Inductor's FX graph cache
+                record_compile_rates(cache, machine, plan["trials"], len(nodes))
         finally:
             cache.close()
     result.search_s = time.perf_counter() - t_start
     return placed, result
+
+
+# Compile seconds per node kept per compiler and machine: the last few whole-graph compiles.
+RATE_VERSION = "compile-rate-v1"
+RATE_HISTORY = 8
+
+
+def compile_rates(cache: ProfileCache, machine: str, compilers: Sequence[str]) -> dict[str, float]:
+    """Per compiler, the median seconds per node of its last whole-graph compiles on this
+    machine (with these library versions); absent where none was recorded. They replace the
+    backends' fixed priors (Backend.compile_s_per_node) in the search's compile expectations."""
+    out: dict[str, float] = {}
+    for name in compilers:
+        got = cache.get_decision(ProfileCache.key(RATE_VERSION, name, machine))
+        seen = got.get("s_per_node") if isinstance(got, dict) else None
+        if isinstance(seen, list) and seen:
+            out[name] = float(statistics.median(seen))
+    return out
+
+
+def record_compile_rates(
+    cache: ProfileCache, machine: str, trials: Sequence[dict[str, Any]], nodes: int
+) -> None:
+    """Adds each compiled trial's seconds per node to its compiler's history. Called for
+    graphs with frozen weights only: a graph Inductor serves from its FX graph cache would
+    record a rate far below a real compile's."""
+    if nodes <= 0:
+        return
+    for t in trials:
+        if t["backend"] == "eager" or not t["compiled"] or t["compile_s"] <= 0:
+            continue
+        key = ProfileCache.key(RATE_VERSION, t["backend"], machine)
+        got = cache.get_decision(key)
+        seen = got.get("s_per_node") if isinstance(got, dict) else None
+        seen = [*(seen if isinstance(seen, list) else []), t["compile_s"] / nodes]
+        cache.put_decision(key, {"s_per_node": seen[-RATE_HISTORY:]})
 
 
 # The measured peak times this: a boost clock or a noisy measurement must not make a bound
