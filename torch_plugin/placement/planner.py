@@ -70,8 +70,9 @@ def place_graph(
     t_start = time.perf_counter()
     if opts.precision == "bf16":
         log.warning(
-            "torch_plugin placement: precision='bf16' applies to the default compile's "
-            "whole-graph search; this search (place(), the 'placement' pass) builds f32 regions"
+            "torch_plugin placement: precision='bf16' applies to the whole-graph search of "
+            "inference graphs; this search (a training graph's, or the finer search) builds "
+            "f32 regions"
         )
     backends = get_backends(opts.backends)
     by_name: dict[str, Backend] = {b.name: b for b in backends}

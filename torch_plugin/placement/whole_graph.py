@@ -139,7 +139,6 @@ def place_whole_graph_first(
 
     cache = ProfileCache(opts.cache_path)
     try:
-        rates = compile_rates(cache, machine, compilers)
         cached = cache.get_decision(decision_key)
         plan: dict[str, Any] | None = None
         if isinstance(cached, dict) and "pick" in cached and not cached.get("refined"):
@@ -165,6 +164,7 @@ def place_whole_graph_first(
                 return ok
 
             try:
+                rates = compile_rates(cache, machine, compilers)
                 measurer = SimpleNamespace(
                     compile=compile_step,
                     time=time_whole,
@@ -248,13 +248,8 @@ def compile_rates(cache: ProfileCache, machine: str, compilers: Sequence[str]) -
     """Per compiler, the median seconds per node of its last whole-graph compiles on this
     machine (with these library versions); absent where none was recorded. They replace the
     backends' fixed priors (Backend.compile_s_per_node) in the search's compile expectations."""
-    out: dict[str, float] = {}
-    for name in compilers:
-        got = cache.get_decision(ProfileCache.key(RATE_VERSION, name, machine))
-        seen = got.get("s_per_node") if isinstance(got, dict) else None
-        if isinstance(seen, list) and seen:
-            out[name] = float(statistics.median(seen))
-    return out
+    histories = {name: _rate_history(cache, machine, name) for name in compilers}
+    return {name: float(statistics.median(h)) for name, h in histories.items() if h}
 
 
 def record_compile_rates(
@@ -268,11 +263,18 @@ def record_compile_rates(
     for t in trials:
         if t["backend"] == "eager" or not t["compiled"] or t["compile_s"] <= 0:
             continue
-        key = ProfileCache.key(RATE_VERSION, t["backend"], machine)
-        got = cache.get_decision(key)
-        seen = got.get("s_per_node") if isinstance(got, dict) else None
-        seen = [*(seen if isinstance(seen, list) else []), t["compile_s"] / nodes]
-        cache.put_decision(key, {"s_per_node": seen[-RATE_HISTORY:]})
+        seen = [*_rate_history(cache, machine, t["backend"]), t["compile_s"] / nodes]
+        cache.put_decision(_rate_key(machine, t["backend"]), {"s_per_node": seen[-RATE_HISTORY:]})
+
+
+def _rate_key(machine: str, compiler: str) -> str:
+    return ProfileCache.key(RATE_VERSION, compiler, machine)
+
+
+def _rate_history(cache: ProfileCache, machine: str, compiler: str) -> list[float]:
+    got = cache.get_decision(_rate_key(machine, compiler))
+    seen = got.get("s_per_node") if isinstance(got, dict) else None
+    return list(seen) if isinstance(seen, list) else []
 
 
 # The measured peak times this: a boost clock or a noisy measurement must not make a bound
@@ -309,6 +311,21 @@ def _groups(gm: fx.GraphModule, nodes: list[str], pick: str, seconds: float) -> 
     if pick == "eager":
         return [Group("aten", "op", [n], [], [], 0.0, [ops[n]]) for n in nodes]
     return [Group(pick, "graph", list(nodes), [], [], seconds, [ops[n] for n in nodes])]
+
+
+# What the finer search saw, reported with a whole-graph pick it did not beat.
+_FINER_STATS = (
+    "candidates",
+    "candidates_by_rule",
+    "measured",
+    "cache_hits",
+    "cold_cache",
+    "evolution",
+    "phase_s",
+    "measured_dp_s",
+    "dp_states",
+    "dp_exact",
+)
 
 
 def _refine(
@@ -359,8 +376,7 @@ def _refine(
         return finer, finer_result
     # The pick stands; what the finer search saw (candidates per rule, their failures) is
     # reported with it.
-    fields = ("candidates", "candidates_by_rule", "measured", "cache_hits", "cold_cache")
-    for field in (*fields, "evolution", "phase_s", "measured_dp_s", "dp_states", "dp_exact"):
+    for field in _FINER_STATS:
         setattr(result, field, getattr(finer_result, field))
     result.failures = [*result.failures, *finer_result.failures]
     return placed, result
