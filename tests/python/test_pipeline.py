@@ -103,6 +103,10 @@ def test_four_rank_step_equals_single_process(
     owned = sorted(n for names in by_stage.values() for n in names)
     assert owned == sorted(n for n, _ in model.named_parameters())
     assert max(r["max_grad_diff"] for r in reports) <= 1e-5
+    # Twice the example's batch: two chunks of the schedule, one process's gradients.
+    assert max(r["chunked_grad_diff"] for r in reports) <= 1e-5
+    # 1.5x the example's batch: a stage split at module level refuses it, naming the fix.
+    assert all("a multiple of it" in r["refused"] for r in reports), reports[0]["refused"]
 
 
 @pytest.mark.parametrize("scenario", ["dead", "stall", "mismatch"])

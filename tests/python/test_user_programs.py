@@ -61,7 +61,8 @@ def test_bad_calls_name_their_cause(gloo) -> None:
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])  # rotary tables; dropout 0.1
 def test_pipeline_takes_a_default_config_and_batches_of_every_length(gloo, kind) -> None:
-    for r in gloo(2).run(user_programs.pipeline_default_config, 0, kind):
+    results = gloo(2).run(user_programs.pipeline_default_config, 0, kind)
+    for r in results:
         for ours, expect in zip(r["losses"], r["expect"], strict=True):
             assert abs(ours - expect) < 1e-5, (r["losses"], r["expect"])
         assert r["grads"] > 0 and r["grad_diff"] < 1e-5, r["grad_diff"]
@@ -71,11 +72,17 @@ def test_pipeline_takes_a_default_config_and_batches_of_every_length(gloo, kind)
         # Each new length is captured once per micro-batch size the stage runs (2 samples;
         # 6 rows at 16 tokens are 3 micro-batches of 2), none seen again.
         assert len(r["captures"]) == 2, r["captures"]
-        assert r["refused"] is not None
+        # 9 rows run as chunks of 8 and 1: the model's graph at one sample differs, so a
+        # rank refuses, naming the chunking, and its peers name it.
+        refused = r["refused"]
+        assert refused is not None
         assert (
-            "has 9 samples; the pipeline was planned for mini-batches of 8 or fewer"
-            in (r["refused"])
-        )
+            "this batch of 9 leaves 1 sample(s) to a micro-batch (it runs as chunks of the "
+            "example's 8)"
+            in refused
+            or "cannot run its stage on this batch (9 samples" in refused
+        ), refused
+    assert any("chunks of the example's 8" in r["refused"] for r in results)
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])  # rotary buffers; tied embeddings

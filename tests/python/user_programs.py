@@ -170,15 +170,17 @@ def pipeline_default_config(rank: int, world: int, port: int, kind: str) -> dict
     strategy="pipeline", then padded batches of other lengths (a stage captured again at each,
     the plan kept) and short last batches (partial or empty micro-batches): with one seed each
     step's loss, this rank's gradients and the generator's state after the step equal one
-    process's. A bigger batch than the example's is refused on every rank before anything runs,
-    naming the input, and the ranks stay in step for the next batch."""
+    process's. Bigger batches than the example's (12 and 16 rows) run as chunks of the
+    example's and equal one process's too. A batch whose last chunk leaves a micro-batch of one
+    sample, where the model's graph differs, is refused on every rank before anything runs and
+    the ranks stay in step for the next batch."""
     import torch_plugin
 
     dist_workers._init(rank, world, port)
     try:
         model = default_config_model(kind)
         reference = copy.deepcopy(model)
-        shapes = [(8, 12), (8, 16), (8, 9), (6, 16), (8, 12), (2, 9)]
+        shapes = [(8, 12), (8, 16), (8, 9), (6, 16), (12, 12), (16, 16), (8, 12), (2, 9)]
         batches = [padded_batch(rows, t, i) for i, (rows, t) in enumerate(shapes)]
         pp = torch_plugin.parallelize(
             model, world, batches[0], strategy="pipeline", num_microbatches=4
@@ -202,7 +204,7 @@ def pipeline_default_config(rank: int, world: int, port: int, kind: str) -> dict
         try:
             pp.step(padded_batch(9, 12, 1))
             refused = None
-        except ValueError as e:
+        except RuntimeError as e:
             refused = str(e)
         again = padded_batch(8, 12, 2)
         torch.manual_seed(7)

@@ -201,9 +201,10 @@ class PipelineParallel:
     """Runs this rank's share of a pipeline plan: its stage, on its replica's samples.
 
     Call `step(inputs, target)` with the whole mini-batch on every rank (each rank slices what
-    it needs); it runs the static schedule, all-reduces gradients among the ranks that hold a
-    parameter (a stage's replicas; the stages that share a tied weight) and returns the
-    mini-batch loss (the same on every rank). Then step your optimizer over `parameters()`.
+    it needs; a batch bigger than the example's runs as chunks of the example's); it runs the
+    static schedule, all-reduces gradients among the ranks that hold a parameter (a stage's
+    replicas; the stages that share a tied weight) and returns the mini-batch loss (the same
+    on every rank). Then step your optimizer over `parameters()`.
 
     `example_inputs` is the model's call: positional arguments, or a dict of keyword
     arguments (an HF model's `input_ids`, `attention_mask`, `labels`, ...). `loss_fn(output,
@@ -309,6 +310,7 @@ class PipelineParallel:
         self.gm = traced.gm
         self.batch = traced.batch
         self._step_rows = self.batch  # this step's samples (a last batch may have fewer)
+        self._chunk = (0, self.batch)  # the step's samples the schedule is running (see step)
         self._prepared = {(self._sig0, self.batch)}
         self._build(traced)
         # Which draws run along the batch and which this rank's stage reads, before any step.
@@ -643,9 +645,15 @@ class PipelineParallel:
                         "size changes what an op decomposes into); "
                         + (
                             f"this batch of {self._step_rows} leaves {n} sample(s) to a "
-                            "micro-batch: drop a last batch this short "
-                            "(DataLoader(drop_last=True)) or pad it to the example's batch"
-                            if self._step_rows < self.batch
+                            "micro-batch"
+                            + (
+                                f" (it runs as chunks of the example's {self.batch})"
+                                if self._step_rows > self.batch
+                                else ""
+                            )
+                            + ": drop a last batch this short (DataLoader(drop_last=True)) or "
+                            "pad it to a multiple of the example's batch"
+                            if self._chunk[1] < self.batch
                             else "pass micro_batch_sizes (or num_microbatches) so every stage "
                             "runs one size, or pad each batch to the example's length"
                         )
@@ -784,12 +792,14 @@ class PipelineParallel:
     # ---- sample ranges -----------------------------------------------------------------------
 
     def _range(self, s: int, j: int, r: int) -> tuple[int, int]:
-        """Samples [lo, hi) of micro-batch j that stage s's replica r runs: the plan's, cut at
-        the step's batch (a short last batch leaves micro-batches partial or empty)."""
+        """Samples [lo, hi) of micro-batch j that stage s's replica r runs, counted from the
+        running chunk's first: the plan's, cut at the chunk's samples (a short last batch leaves
+        micro-batches partial or empty)."""
         st = self.stages[s]
         sizes = _split(st.micro_batch, st.replicas)
         start = j * st.micro_batch + sum(sizes[:r])
-        return min(start, self._step_rows), min(start + sizes[r], self._step_rows)
+        rows = self._chunk[1]
+        return min(start, rows), min(start + sizes[r], rows)
 
     def _pieces(self, s: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """(rank, start, end) of stage s's replica shares overlapping samples [lo, hi)."""
@@ -867,13 +877,14 @@ class PipelineParallel:
                         f"input {name} has {x.shape[0]} samples but {rows[0]} has {rows[1]}: "
                         "every batch-major input of a step needs the same batch"
                     )
-                if x.shape[0] > self.batch or (self.aten is None and x.shape[0] != self.batch):
-                    # A bigger batch needs more micro-batches than the planned schedule has.
-                    fewer = " or fewer" if self.aten is not None else ""
+                if self.aten is None and x.shape[0] % self.batch:
+                    # A module-level stage runs the example's micro-batches only; a bigger
+                    # batch runs as whole chunks of the example's (see step).
                     raise ValueError(
-                        f"input {name} has {x.shape[0]} samples; the pipeline was planned "
-                        f"for mini-batches of {self.batch}{fewer} (the example inputs' batch): "
-                        "build it with an example of the largest batch you run"
+                        f"input {name} has {x.shape[0]} samples; a pipeline split at module "
+                        f"level runs batches of {self.batch} samples (the example inputs') "
+                        "or a multiple of it: drop a last batch this short "
+                        "(DataLoader(drop_last=True)) or pad it"
                     )
             meta = p.meta.get("tensor_meta")
             traced = tuple(meta.shape[1:]) if meta is not None else None
@@ -916,24 +927,26 @@ class PipelineParallel:
         self._prepare()
         if self._draw_plan is not None:
             self._replay_draws()
-        sends: list[Any] = []
         loss_total = torch.zeros((), device=self._device)
         if self.my_stage >= 0:
-            s = self.my_stage
-            saved: dict[int, tuple[list[Any], list[Any], torch.Tensor | None]] = {}
-            for j, backward in self.plan.raw.schedule[s]:
-                lo, hi = self._range(s, j, self.my_replica)
-                if lo >= hi:  # past a short last batch's samples: nothing to run or send
-                    continue
-                if not backward:
-                    saved[j] = self._forward(s, j, lo, hi, local, target, sends)
-                    if saved[j][2] is not None:
-                        loss_total += saved[j][2].detach()
-                else:
-                    self._backward(s, lo, hi, *saved.pop(j), sends)
-            for work in sends:
-                work.wait()
-            self._draws.kept = {}  # this step's masks, held until its last backward
+            # A batch bigger than the example's runs as chunks of the example's, each the
+            # plan's schedule, gradients accumulated (summed over ranks once, after the last):
+            # each micro-batch's loss is weighed by its share of the whole batch, HF's label
+            # count is the whole batch's and the draws are one process's over the whole batch,
+            # so the step equals one process's on the whole batch.
+            try:
+                for off, rows in self._chunks():
+                    self._chunk = (off, rows)
+                    part = local if rows == self._step_rows else self._slice(local, off, rows)
+                    piece = (
+                        target[off : off + rows]
+                        if isinstance(target, torch.Tensor) and rows != self._step_rows
+                        else target
+                    )
+                    loss_total += self._run_schedule(part, piece)
+            finally:
+                self._chunk = (0, self.batch)
+                self._draws.kept = {}  # this step's masks, held until its last backward
             mine = dict(self.named_parameters())
             for g, names in self.grad_groups:
                 for name in names:
@@ -946,6 +959,43 @@ class PipelineParallel:
         dist.all_reduce(loss_total, group=self.group)
         return float(loss_total)
 
+    def _chunks(self) -> list[tuple[int, int]]:
+        """(first sample, samples) of each chunk of the step's batch the schedule runs."""
+        return [
+            (off, min(self.batch, self._step_rows - off))
+            for off in range(0, max(self._step_rows, 1), self.batch)
+        ]
+
+    def _slice(self, local: dict[fx.Node, Any], off: int, rows: int) -> dict[fx.Node, Any]:
+        """The placeholders' values for samples [off, off + rows) of the step."""
+        return {
+            p: x[off : off + rows]
+            if self._batch_major[p] and isinstance(x, torch.Tensor) and x.dim()
+            else x
+            for p, x in local.items()
+        }
+
+    def _run_schedule(self, local: dict[fx.Node, Any], target: Any) -> torch.Tensor:
+        """This rank's part of the plan's schedule on one chunk; returns its loss share."""
+        s = self.my_stage
+        sends: list[Any] = []
+        loss_total = torch.zeros((), device=self._device)
+        saved: dict[int, tuple[list[Any], list[Any], torch.Tensor | None]] = {}
+        for j, backward in self.plan.raw.schedule[s]:
+            lo, hi = self._range(s, j, self.my_replica)
+            if lo >= hi:  # past a short last batch's samples: nothing to run or send
+                continue
+            if not backward:
+                saved[j] = self._forward(s, j, lo, hi, local, target, sends)
+                if saved[j][2] is not None:
+                    loss_total += saved[j][2].detach()
+            else:
+                self._backward(s, lo, hi, *saved.pop(j), sends)
+        # Before the next chunk, whose messages reuse these tags.
+        for work in sends:
+            work.wait()
+        return loss_total
+
     def _prepare(self) -> None:
         """Before the first message of a step at new shapes or a new batch: this rank's stage
         for every micro-batch size it runs, and every rank told whether all ranks have theirs.
@@ -957,21 +1007,26 @@ class PipelineParallel:
         error: Exception | None = None
         if self.my_stage >= 0:
             try:
-                for j, backward in self.plan.raw.schedule[self.my_stage]:
-                    lo, hi = self._range(self.my_stage, j, self.my_replica)
-                    if not backward and hi > lo:
-                        self._stage_module(hi - lo)
+                # A full chunk and the last, if shorter (their offsets do not matter here).
+                for rows in sorted({rows for _, rows in self._chunks()}, reverse=True):
+                    self._chunk = (0, rows)
+                    for j, backward in self.plan.raw.schedule[self.my_stage]:
+                        lo, hi = self._range(self.my_stage, j, self.my_replica)
+                        if not backward and hi > lo:
+                            self._stage_module(hi - lo)
                 if self._draw_plan is not None:
                     if not any(k[0] == self._sig for k in self._traces):
                         # No micro-batch for this replica in a short batch; it still replays
                         # the step's draws, at these shapes.
-                        self._trace(self._step_rows, self._sig)
+                        self._trace(min(self._step_rows, self.batch), self._sig)
                     graph, n = self._draw_graph()
                     self._draw_plan.check(
                         graph, n, f"at {n} samples of per-sample shapes {_shapes(self._sig)}"
                     )
             except Exception as e:  # told to the others first, raised below
                 error = e
+            finally:
+                self._chunk = (0, self.batch)
         failed = torch.tensor([0 if error is None else self.rank + 1], device=self._device)
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
         if error is not None:
@@ -1032,7 +1087,8 @@ class PipelineParallel:
             if buf.is_floating_point():
                 buf.requires_grad_(True)
             args.append(buf)
-        self._draws.rows = (lo, hi)
+        off = self._chunk[0]
+        self._draws.rows = (off + lo, off + hi)
         outs = list(module(*args))
         n_cross = len(self.stage_outputs[s])
         outs, model_out = outs[:n_cross], outs[n_cross:]
