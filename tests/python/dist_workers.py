@@ -1362,3 +1362,57 @@ def dp_batch_refusal(rank: int, world: int, port: int) -> tuple[str, str]:
         return errors[0], errors[1]
     finally:
         _finish()
+
+
+class DropoutMLP(torch.nn.Module):
+    """A positional model torch.fx traces at module level, with dropout between its layers."""
+
+    def __init__(self, width: int = 16, depth: int = 4) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = self.drop(torch.relu(layer(x)))
+        return x
+
+
+def pipeline_module_dropout(rank: int, world: int, port: int) -> dict:
+    """A positional model with nn.Dropout through strategy="pipeline": split at ATen level
+    (capture='auto'), so with one seed each step's loss and gradients equal one process's."""
+    import torch_plugin
+
+    _init(rank, world, port)
+    try:
+        torch.manual_seed(0)
+        model = DropoutMLP()
+        reference = copy.deepcopy(model)
+        x = torch.randn(8, 16)
+        pp = torch_plugin.parallelize(
+            model, world, (x,), strategy="pipeline", loss_fn=F.mse_loss, num_microbatches=4
+        )
+        losses, expect, grad_diff = [], [], 0.0
+        for i, rows in enumerate([8, 8, 16]):
+            xs, target = torch.randn(rows, 16), torch.randn(rows, 16)
+            for p in [*pp.parameters(), *reference.parameters()]:
+                p.grad = None
+            torch.manual_seed(10 + i)
+            losses.append(pp.step((xs,), target))
+            torch.manual_seed(10 + i)
+            loss = F.mse_loss(reference(xs), target)
+            loss.backward()
+            expect.append(float(loss))
+            ref = dict(reference.named_parameters())
+            for name, p in pp.named_parameters():
+                if p.grad is not None:
+                    grad_diff = max(grad_diff, float((p.grad - ref[name].grad).abs().max()))
+        return {
+            "aten": pp.aten is not None,
+            "draws": pp.replayed_draws,
+            "losses": losses,
+            "expect": expect,
+            "grad_diff": grad_diff,
+        }
+    finally:
+        _finish()

@@ -167,3 +167,40 @@ def test_replayed_draws_know_which_run_along_the_batch() -> None:
     plan.check(longer.gm.graph, 2, "at 6 positions")
     with pytest.raises(RuntimeError, match="draws 2 random tensors at 6 positions but 3"):
         DrawPlan((False, True, True), ((0, 1),) * 3).check(longer.gm.graph, 2, "at 6 positions")
+
+
+def test_module_level_dropout_is_drawn_as_one_process(gloo) -> None:
+    """A model torch.fx traces, with nn.Dropout: at module level each stage would draw its
+    masks per micro-batch; capture='auto' splits its ATen graph instead, whose draws are
+    replayed as one process draws them (also on a batch twice the example's)."""
+    for r in dist_workers.pooled(gloo(2), dist_workers.pipeline_module_dropout):
+        assert r["aten"] and r["draws"] == 4, r
+        for ours, expect in zip(r["losses"], r["expect"], strict=True):
+            assert abs(ours - expect) < 1e-5, (r["losses"], r["expect"])
+        assert r["grad_diff"] < 1e-5
+
+
+def test_module_level_draws_are_found() -> None:
+    import torch.nn.functional as F
+
+    from torch_plugin.pipeline.draws import module_level_draws
+
+    class Mixed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.off = torch.nn.Dropout(0.0)
+            self.on = torch.nn.Dropout(0.1)
+            self.block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.off(x) + F.dropout(x, 0.1, training=False) + F.alpha_dropout(x, 0.1)
+            x = self.on(x) + F.dropout(x, 0.2) + torch.rand_like(x)
+            return self.block(x)
+
+    gm = torch.fx.symbolic_trace(Mixed())
+    found = module_level_draws(gm)
+    assert found == ["on", "dropout_1", "rand_like", "block_1"], found
+    assert module_level_draws(torch.fx.symbolic_trace(Mixed().eval())) == [
+        "dropout_1",
+        "rand_like",
+    ]

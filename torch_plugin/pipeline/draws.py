@@ -46,6 +46,63 @@ _RANDOM = (
 )
 
 
+# Random calls a module-level graph can hold (torch.fx keeps torch.nn modules and functions
+# as they are called): what one stage's run draws per micro-batch.
+_RANDOM_CALLS = frozenset(
+    {
+        torch.bernoulli,
+        torch.rand,
+        torch.rand_like,
+        torch.randn,
+        torch.randn_like,
+        torch.randint,
+        torch.randint_like,
+        torch.randperm,
+        torch.normal,
+        torch.dropout,
+        torch.nn.functional.dropout,
+        torch.nn.functional.dropout1d,
+        torch.nn.functional.dropout2d,
+        torch.nn.functional.dropout3d,
+        torch.nn.functional.alpha_dropout,
+        torch.nn.functional.feature_alpha_dropout,
+        torch.nn.functional.gumbel_softmax,
+    }
+)
+_RANDOM_METHODS = frozenset(
+    {"bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_"}
+)
+_DROPOUTS = {torch.dropout, *(f for f in _RANDOM_CALLS if "dropout" in f.__name__)}
+
+
+def module_level_draws(gm: fx.GraphModule) -> list[str]:
+    """The nodes of a module-level graph that draw random numbers when the model trains: a
+    dropout module (or one inside a leaf module) with p > 0 in training mode, a dropout call
+    with p > 0 and training on, a random function or method. A stage split at module level
+    runs them per micro-batch."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            mod = gm.get_submodule(str(node.target))
+            if any(
+                isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
+                for m in mod.modules()
+            ):
+                found.append(node.name)
+        elif node.op == "call_function" and node.target in _RANDOM_CALLS:
+            if node.target in _DROPOUTS:
+                p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+                training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training")
+                if training is None:  # F.dropout{,1d,2d,3d} default to training, alpha not
+                    training = "alpha" not in node.target.__name__
+                if p == 0 or training is False:
+                    continue
+            found.append(node.name)
+        elif node.op == "call_method" and node.target in _RANDOM_METHODS:
+            found.append(node.name)
+    return found
+
+
 def _shape(node: fx.Node) -> torch.Tensor:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):

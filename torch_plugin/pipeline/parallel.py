@@ -35,7 +35,7 @@ from ..runtime.collectives import hold_groups
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
-from .draws import DRAWS, DrawPlan, StepDraws, draws_of, replace_draws
+from .draws import DRAWS, DrawPlan, StepDraws, draws_of, module_level_draws, replace_draws
 
 log = logging.getLogger("torch_plugin.pipeline")
 
@@ -281,6 +281,28 @@ class PipelineParallel:
                     type(model).__name__,
                     type(e).__name__,
                     str(e).splitlines()[0] if str(e) else "",
+                )
+        if traced is not None:
+            drawn = module_level_draws(traced.gm)
+            if drawn and capture == "auto" and placement is None:
+                # Split at ATen level, each step replays one process's draws (draws.py); at
+                # module level each stage would draw per micro-batch.
+                log.info(
+                    "torch_plugin pipeline: %s draws random numbers in training (%s); "
+                    "splitting its ATen graph, where each step draws what one process draws",
+                    type(model).__name__,
+                    ", ".join(drawn[:4]) + (" ..." if len(drawn) > 4 else ""),
+                )
+                traced = None
+            elif drawn:
+                log.warning(
+                    "torch_plugin pipeline: %s is split at module level (%s) and draws random "
+                    "numbers in training (%s): each stage draws them per micro-batch, so "
+                    "losses differ from one process's with the same seed; capture='auto' "
+                    "without `placement` splits its ATen graph and replays one process's draws",
+                    type(model).__name__,
+                    "capture='module'" if capture == "module" else "for `placement`",
+                    ", ".join(drawn[:4]) + (" ..." if len(drawn) > 4 else ""),
                 )
         if traced is None:
             if placement is not None:
