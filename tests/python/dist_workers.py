@@ -1297,7 +1297,10 @@ class ParameterDropout(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = F.dropout(self.w, 0.5, training=self.training)
-        y = F.dropout(x @ w, 0.3, training=self.training).pow(2)
+        if self.reduce == "native":  # ATen's fused dropout, what F.dropout is on CUDA
+            y = torch.native_dropout(x @ w, 0.3, self.training)[0].pow(2)
+        else:
+            y = F.dropout(x @ w, 0.3, training=self.training).pow(2)
         return y.sum() if self.reduce == "sum" else y.mean()
 
 
@@ -1367,26 +1370,31 @@ def dp_batch_refusal(rank: int, world: int, port: int) -> tuple[str, str]:
 class DropoutMLP(torch.nn.Module):
     """A positional model torch.fx traces at module level, with dropout between its layers."""
 
-    def __init__(self, width: int = 16, depth: int = 4) -> None:
+    def __init__(self, width: int = 16, depth: int = 4, fused: bool = False) -> None:
         super().__init__()
         self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
         self.drop = torch.nn.Dropout(0.2)
+        self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = self.drop(torch.relu(layer(x)))
+            x = torch.relu(layer(x))
+            # fused: ATen's native_dropout, the one kernel nn.Dropout becomes on CUDA (on CPU
+            # it decomposes into bernoulli_), called directly so the CPU runs that path.
+            x = torch.native_dropout(x, 0.2, self.training)[0] if self.fused else self.drop(x)
         return x
 
 
-def pipeline_module_dropout(rank: int, world: int, port: int) -> dict:
-    """A positional model with nn.Dropout through strategy="pipeline": split at ATen level
-    (capture='auto'), so with one seed each step's loss and gradients equal one process's."""
+def pipeline_module_dropout(rank: int, world: int, port: int, fused: bool = False) -> dict:
+    """A positional model with nn.Dropout (or native_dropout) through strategy="pipeline":
+    split at ATen level (capture='auto'), so with one seed each step's loss and gradients equal
+    one process's."""
     import torch_plugin
 
     _init(rank, world, port)
     try:
         torch.manual_seed(0)
-        model = DropoutMLP()
+        model = DropoutMLP(fused=fused)
         reference = copy.deepcopy(model)
         x = torch.randn(8, 16)
         pp = torch_plugin.parallelize(

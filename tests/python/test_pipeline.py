@@ -169,11 +169,14 @@ def test_replayed_draws_know_which_run_along_the_batch() -> None:
         DrawPlan((False, True, True), ((0, 1),) * 3).check(longer.gm.graph, 2, "at 6 positions")
 
 
-def test_module_level_dropout_is_drawn_as_one_process(gloo) -> None:
+@pytest.mark.parametrize("fused", [False, True])
+def test_module_level_dropout_is_drawn_as_one_process(gloo, fused: bool) -> None:
     """A model torch.fx traces, with nn.Dropout: at module level each stage would draw its
     masks per micro-batch; capture='auto' splits its ATen graph instead, whose draws are
-    replayed as one process draws them (also on a batch twice the example's)."""
-    for r in dist_workers.pooled(gloo(2), dist_workers.pipeline_module_dropout):
+    replayed as one process draws them (also on a batch twice the example's). fused: the
+    dropout is ATen's native_dropout, as on CUDA: the replay draws the whole batch's mask with
+    it and each micro-batch applies its rows."""
+    for r in dist_workers.pooled(gloo(2), dist_workers.pipeline_module_dropout, fused):
         assert r["aten"] and r["draws"] == 4, r
         for ours, expect in zip(r["losses"], r["expect"], strict=True):
             assert abs(ours - expect) < 1e-5, (r["losses"], r["expect"])

@@ -350,12 +350,13 @@ def test_draws_along_the_batch_are_read_off_two_traces() -> None:
     assert draws_along_batch(whole.gm, local.gm) == [False, True]
 
 
-@pytest.mark.parametrize("reduce", ["mean", "sum"])
+@pytest.mark.parametrize("reduce", ["mean", "sum", "native"])
 def test_dp_replicas_draw_a_weight_dropout_as_one_process(gloo, reduce: str) -> None:
     """On a (2, 1) mesh, dropout on a weight (8 rows, not along the batch of 2 per replica) and
     on activations: loss, gradient and the generator afterwards equal one process's. With a
     loss that is a sum over the batch the replicas add theirs up (taken for a mean, the loss
-    was half of one process's)."""
+    was half of one process's). native: the activations' dropout is ATen's native_dropout (as
+    on CUDA), whose replica takes its rows of the whole batch's mask."""
     for r in dist_workers.pooled(gloo(2), dist_workers.dp_parameter_dropout_matches, reduce):
         assert r["loss"] > 0
         assert r["loss_diff"] < 1e-4 * r["loss"], r

@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from ..runtime.spmd_ops import DRAWS, draws_of
+from ..runtime.spmd_ops import apply_dropout_mask, drawn_value, draws_of
 
 log = logging.getLogger("torch_plugin.pipeline")
 
@@ -35,7 +35,6 @@ _RANDOM = (
     _ATEN.bernoulli.default,
     _ATEN.bernoulli.p,
     _ATEN.bernoulli_.Tensor,
-    _ATEN.native_dropout.default,
     _ATEN.randn.default,
     _ATEN.randint.default,
     _ATEN.randint.low,
@@ -60,6 +59,7 @@ _RANDOM_CALLS = frozenset(
         torch.randperm,
         torch.normal,
         torch.dropout,
+        torch.native_dropout,
         torch.nn.functional.dropout,
         torch.nn.functional.dropout1d,
         torch.nn.functional.dropout2d,
@@ -104,7 +104,7 @@ def module_level_draws(gm: fx.GraphModule) -> list[str]:
 
 
 def _shape(node: fx.Node) -> torch.Tensor:
-    val = node.meta.get("val")
+    val = drawn_value(node)
     if not isinstance(val, torch.Tensor):
         raise RuntimeError(f"torch_plugin pipeline: random draw {node.name!r} has no traced shape")
     return val
@@ -196,6 +196,12 @@ class StepDraws:
             if node.target is _ATEN.rand.default:
                 kw = {key: node.kwargs[key] for key in ("dtype", "layout") if key in node.kwargs}
                 whole = torch.rand(shape, device=device, **kw)
+            elif node.target is _ATEN.native_dropout.default:
+                # The fused kernel's mask depends on the shape, layout and generator only: over
+                # an empty tensor laid out as the input, it is one process's mask.
+                p = node.args[1]
+                base = torch.empty_permuted(shape, order, dtype=val.dtype, device=device)
+                whole = _ATEN.native_dropout.default(base, p, True)[1]
             else:
                 p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
                 whole = torch.empty_permuted(shape, order, dtype=val.dtype, device=device)
@@ -210,18 +216,22 @@ class StepDraws:
 
 
 class _Draw(nn.Module):
-    """A stage's draw node: the running micro-batch's rows of the step's replayed draw."""
+    """A stage's draw node: the running micro-batch's rows of the step's replayed draw.
+    `kind`: "fill" (bernoulli_ fills the tensor it is given), "new" (rand), or a dropout
+    probability (native_dropout: the input times the replayed mask, and the mask)."""
 
-    def __init__(self, draws: StepDraws, name: str, inplace: bool) -> None:
+    def __init__(self, draws: StepDraws, name: str, kind: str | float) -> None:
         super().__init__()
-        self.draws, self.name, self.inplace = draws, name, inplace
+        self.draws, self.name, self.kind = draws, name, kind
 
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         piece = self.draws.take(self.name)
-        if self.inplace:  # bernoulli_: fills the tensor it is given
+        if self.kind == "fill":
             with torch.no_grad():
                 return args[0].copy_(piece)
-        return piece.clone()
+        if self.kind == "new":
+            return piece.clone()
+        return apply_dropout_mask(args[0], piece, float(self.kind)), piece
 
 
 def replace_draws(module: fx.GraphModule, names: dict[fx.Node, str], draws: StepDraws) -> int:
@@ -232,12 +242,16 @@ def replace_draws(module: fx.GraphModule, names: dict[fx.Node, str], draws: Step
     for node in list(module.graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target in DRAWS:
+        if node in names:
             attr = f"_draw_{count}"
-            inplace = node.target is _ATEN.bernoulli_.float
-            module.add_submodule(attr, _Draw(draws, names[node], inplace))
+            kind: str | float = "new"
+            if node.target is _ATEN.bernoulli_.float:
+                kind = "fill"
+            elif node.target is _ATEN.native_dropout.default:
+                kind = float(node.args[1])
+            module.add_submodule(attr, _Draw(draws, names[node], kind))
             node.op, node.target = "call_module", attr
-            node.args, node.kwargs = (node.args[:1] if inplace else ()), {}
+            node.args, node.kwargs = (() if kind == "new" else node.args[:1]), {}
             count += 1
         elif node.target in _RANDOM:
             log.warning(

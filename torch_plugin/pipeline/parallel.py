@@ -33,9 +33,10 @@ from ..runtime.agreement import check_same
 from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from ..runtime.collectives import hold_groups
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
+from ..runtime.spmd_ops import is_draw
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
-from .draws import DRAWS, DrawPlan, StepDraws, draws_of, module_level_draws, replace_draws
+from .draws import DrawPlan, StepDraws, draws_of, module_level_draws, replace_draws
 
 log = logging.getLogger("torch_plugin.pipeline")
 
@@ -338,7 +339,7 @@ class PipelineParallel:
         # Which draws run along the batch and which this rank's stage reads, before any step.
         self._draw_plan = self._plan_draws() if self.replayed_draws else None
         self._my_draws = (
-            frozenset(node.name for node in self.members[self.my_stage] if node.target in DRAWS)
+            frozenset(node.name for node in self.members[self.my_stage] if is_draw(node))
             if self._draw_plan is not None and self.my_stage >= 0
             else frozenset()
         )
@@ -696,7 +697,7 @@ class PipelineParallel:
         g.output(tuple(outs))
         module = fx.GraphModule(source, g)
         if self.aten is not None:
-            drawn = {env[twin(node)]: node.name for node in self.members[s] if node.target in DRAWS}
+            drawn = {env[twin(node)]: node.name for node in self.members[s] if is_draw(node)}
             replace_draws(module, drawn, self._draws)
         self._modules[key] = module
         return module

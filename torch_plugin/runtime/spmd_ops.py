@@ -311,14 +311,69 @@ def replica_rand(
     return whole[offset * k : (offset + batch) * k].clone()
 
 
+def native_dropout_rows(
+    x: torch.Tensor,
+    p: float,
+    train: bool | None,
+    *,
+    total: int,
+    offset: int,
+    batch: int,
+    along: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """native_dropout (dropout as ATen keeps it on CUDA: one fused kernel) in a dp replica's
+    program, as one process draws it: the replica's rows of the mask native_dropout draws over
+    the whole batch, laid out as x is (the mask depends on the shape, the layout and the
+    generator, not on the values), then x * mask * scale as the kernel computes it."""
+    if train is False or x.dim() == 0 or not _runs_along(int(x.shape[0]), batch, along):
+        return torch.ops.aten.native_dropout.default(x, p, train)
+    k = x.shape[0] // batch
+    whole = _empty_in_order_of(x, (total * k, *x.shape[1:]))
+    mask = torch.ops.aten.native_dropout.default(whole, p, True)[1][
+        offset * k : (offset + batch) * k
+    ]
+    return apply_dropout_mask(x, mask, p), mask
+
+
+def apply_dropout_mask(x: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
+    """native_dropout's output for a mask it drew: x * mask * 1 / (1 - p), multiplied in that
+    order as its CPU and CUDA kernels do."""
+    return x * mask * (0.0 if p == 1 else 1.0 / (1.0 - p))
+
+
 # The random draws replayed as one process draws them (dp replicas here, pipelines in
-# pipeline/draws.py): dropout masks and per-sample draws.
-DRAWS = (torch.ops.aten.bernoulli_.float, torch.ops.aten.rand.default)
+# pipeline/draws.py): dropout masks (bernoulli_ on an empty tensor where dropout decomposes, as
+# on CPU; native_dropout where ATen keeps it whole, as on CUDA) and per-sample draws.
+DRAWS = (
+    torch.ops.aten.bernoulli_.float,
+    torch.ops.aten.rand.default,
+    torch.ops.aten.native_dropout.default,
+)
 
 
 def draws_of(graph: torch.fx.Graph) -> list[torch.fx.Node]:
-    """The draws of a graph (DRAWS), in its order."""
-    return [n for n in graph.nodes if n.op == "call_function" and n.target in DRAWS]
+    """The draws of a graph (DRAWS), in its order; a native_dropout outside training (which
+    draws nothing) is not one."""
+    return [n for n in graph.nodes if is_draw(n)]
+
+
+def is_draw(node: torch.fx.Node) -> bool:
+    """Whether a node is one of DRAWS that draws (native_dropout outside training does not)."""
+    if node.op != "call_function" or node.target not in DRAWS:
+        return False
+    if node.target is torch.ops.aten.native_dropout.default:
+        train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+        return train is not False  # None: ATen trains
+    return True
+
+
+def drawn_value(node: torch.fx.Node) -> Any:
+    """What a draw node draws over, as traced: native_dropout's input shape (its value is the
+    pair of output and mask), the tensor itself for the others."""
+    val = node.meta.get("val")
+    if node.target is torch.ops.aten.native_dropout.default and isinstance(val, (tuple, list)):
+        return val[0]
+    return val
 
 
 def draws_along_batch(
@@ -329,7 +384,7 @@ def draws_along_batch(
     two traces draw differently (another program at another batch)."""
 
     def rows(gm: torch.fx.GraphModule) -> list[int]:
-        vals = [n.meta.get("val") for n in draws_of(gm.graph)]
+        vals = [drawn_value(n) for n in draws_of(gm.graph)]
         return [int(v.shape[0]) if isinstance(v, torch.Tensor) and v.dim() else -1 for v in vals]
 
     a, b = rows(whole), rows(local)
@@ -355,6 +410,7 @@ def global_dropout_masks(
     replica = {
         torch.ops.aten.bernoulli_.float: replica_bernoulli_,
         torch.ops.aten.rand.default: replica_rand,
+        torch.ops.aten.native_dropout.default: native_dropout_rows,
     }
     draws = draws_of(gm.graph)
     if along is not None and len(along) != len(draws):
