@@ -193,6 +193,33 @@ def check_generate(mesh: Any) -> dict[str, Any]:
     return {"same_tokens": same, "ok": same}
 
 
+def check_dropout_replay() -> dict[str, Any]:
+    """What the pipeline and dp-replica replay of dropout assumes on this device: a traced
+    nn.Dropout is one native_dropout here, and the rows native_dropout_rows gives two replicas
+    (each from the same generator state) are one process's F.dropout over the whole batch."""
+    import torch.nn.functional as F
+
+    from torch_plugin.runtime.capture import trace_call
+    from torch_plugin.runtime.spmd_ops import native_dropout_rows
+
+    drop = torch.nn.Dropout(0.1).to(DEV)
+    traced = trace_call(drop, ((torch.randn(4, 16, device=DEV),), {}))
+    ops = sorted({str(n.target) for n in traced.gm.graph.nodes if n.op == "call_function"})
+    x = torch.randn(8, 128, 768, device=DEV)
+    torch.manual_seed(1)
+    want = F.dropout(x, 0.1, training=True)
+    parts = []
+    for offset in (0, 4):
+        torch.manual_seed(1)
+        part = native_dropout_rows(
+            x[offset : offset + 4].clone(), 0.1, True, total=8, offset=offset, batch=4
+        )
+        parts.append(part[0])
+    diff = float((torch.cat(parts) - want).abs().max())
+    fused = any("native_dropout" in op for op in ops)
+    return {"traced_ops": ops, "max_abs_diff": diff, "ok": diff < 1e-6 and (fused or DEV == "cpu")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/gpu")
@@ -214,6 +241,7 @@ def main() -> None:
         ("default_compile", check_default_compile),
         ("parallelize_nccl", lambda: check_parallelize(mesh)),
         ("generate_nccl", lambda: check_generate(mesh)),
+        ("dropout_replay", check_dropout_replay),
     ]
     for name, fn in checks:
         if args.only is not None and name != args.only:

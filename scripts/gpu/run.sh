@@ -26,7 +26,7 @@ cuobjdump --dump-sass torch_plugin/_C*.so 2>/dev/null | grep -oE "UTMALDG|LDGSTS
   | grep -v "^W1" | tee "$OUT/default_compile.log"
 [ "${SKIP_CHECKS:-0}" = 1 ] && { echo "total: $(( $(date +%s) - t0 )) s"; exit 0; }
 # Each check alone: a crash in one leaves the others their say.
-for check in ${CHECKS:-placement placement_refine placement_bert default_compile parallelize_nccl generate_nccl}; do
+for check in ${CHECKS:-placement placement_refine placement_bert default_compile parallelize_nccl generate_nccl dropout_replay}; do
   PYTHONFAULTHANDLER=1 timeout "${CHECK_S:-90}" python3 -m torch.distributed.run \
     --nproc-per-node 1 scripts/gpu/check_paths.py --out "$OUT" --only "$check" 2>&1 \
     | grep -v "^W1\|Warning\|^ *File \"/opt\|^Extension modules" | tail -25 >> "$OUT/paths.log"
