@@ -1338,6 +1338,58 @@ class EvolveResult:
     @seed_fitness.setter
     def seed_fitness(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
+class PlacementRoundOptions:
+    """
+    Options of the finer search's rounds (csrc/passes/placement_rounds.h).
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def keep_eager_margin(self) -> float:
+        ...
+    @keep_eager_margin.setter
+    def keep_eager_margin(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def only(self) -> str:
+        """
+        one compiler's round only; empty: all
+        """
+    @only.setter
+    def only(self, arg0: str) -> None:
+        ...
+class FinalistPick:
+    """
+    The finalist kept and each finalist's median.
+    """
+    def __init__(self, **kwargs) -> None:
+        """
+        Keyword arguments set fields by name; the rest keep their defaults.
+        """
+    def __repr__(self) -> str:
+        ...
+    def to_dict(self) -> dict:
+        ...
+    @property
+    def index(self) -> int:
+        ...
+    @index.setter
+    def index(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def medians_s(self) -> list[float]:
+        """
+        -1 where not measured
+        """
+    @medians_s.setter
+    def medians_s(self, arg0: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        ...
 class TuneOptions:
     """
     Options of schedule_tune.
@@ -1992,6 +2044,10 @@ def graph_signature(arg0: Graph) -> str:
     """
     Canonical text of the whole graph (ops, constants, wiring, input types): the key under which placement decisions are cached.
     """
+def keeps_eager(placed_s: typing.SupportsFloat | typing.SupportsIndex, eager_s: typing.SupportsFloat | typing.SupportsIndex, options: PlacementRoundOptions) -> bool:
+    """
+    Whether eager is kept over the placed graph (measured side by side).
+    """
 def measure_f32_peak(threads: typing.SupportsInt | typing.SupportsIndex, seconds: typing.SupportsFloat | typing.SupportsIndex = 0.02, tries: typing.SupportsInt | typing.SupportsIndex = 3) -> float:
     """
     The machine's f32 multiply-add peak in FLOP/s on `threads` threads, measured (csrc/cost/cpu_peak.h).
@@ -2000,13 +2056,25 @@ def model_decode_layer(layer: dict, world: typing.SupportsInt | typing.SupportsI
     """
     Modelled decode step of one layer: times, bytes sent per rank, memory (dict).
     """
+def offloaded_runs(bits: collections.abc.Sequence[bool]) -> list[tuple[int, int]]:
+    """
+    Runs [begin, end) of set bits: each becomes one region of the round's compiler.
+    """
 def parse_spec(spec: str) -> tuple[str, int, int]:
     """
     (kind, dim, sections) of 'R', 'P', 'S(d)' or the strided 'S(d)xN' (dim -1 unless kind is 'S'). Raises ValueError for anything else.
     """
+def pick_finalist(turns_s: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]]) -> FinalistPick:
+    """
+    The fastest finalist by median over its turns; empty turns are not measured.
+    """
 def placement_candidates(graph: Graph, backends: collections.abc.Sequence[str], extra_rules: collections.abc.Mapping[str, collections.abc.Sequence[tuple[str, typing.Any]]] = {}, max_candidates: typing.SupportsInt | typing.SupportsIndex = 200000) -> dict:
     """
     Candidate groups per backend: dicts with id, backend, rule, node names/ids, input and output value names, and the canonical signature.
+    """
+def placement_round_order(compilers: collections.abc.Sequence[tuple[str, typing.SupportsFloat | typing.SupportsIndex]], options: PlacementRoundOptions) -> list[str]:
+    """
+    The graph compilers that get an evolutionary round, in order, from (name, expected compile seconds) pairs: cheapest first.
     """
 def plan_training_layout(spec: TransformerSpec, job: TrainingJob, cluster: ClusterProfile, search: LayoutSearch) -> LayoutPlan:
     """
@@ -2015,6 +2083,10 @@ def plan_training_layout(spec: TransformerSpec, job: TrainingJob, cluster: Clust
 def registered_passes() -> list[PassInfo]:
     """
     Every pass: name, summary, options type, result type, whether PassManager.run takes it.
+    """
+def round_budget(remaining_s: typing.SupportsFloat | typing.SupportsIndex, rounds_left: typing.SupportsInt | typing.SupportsIndex) -> float:
+    """
+    A round's budget: an equal share of what is left.
     """
 def solve_ilp(variables: collections.abc.Sequence[tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex, bool]], constraints: collections.abc.Sequence[tuple[collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]], str, typing.SupportsFloat | typing.SupportsIndex]], maximize: bool = False, time_limit_s: typing.SupportsFloat | typing.SupportsIndex = 60.0) -> tuple[str, float, list[float]]:
     ...

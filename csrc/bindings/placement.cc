@@ -13,6 +13,7 @@
 #include "passes/pass_manager.h"
 #include "passes/placement_dp.h"
 #include "passes/placement_evolve.h"
+#include "passes/placement_rounds.h"
 #include "passes/placement_search.h"
 #include "pattern/backend_rules.h"
 #include "pattern/candidates.h"
@@ -311,6 +312,38 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       py::arg("progress") = nullptr,
       "Evolutionary search over offload bits; fitness(bits) -> seconds (lower is better); stops "
       "at the manager's time budget.");
+
+  using passes::PlacementRoundOptions;
+  Struct<PlacementRoundOptions>(m, "PlacementRoundOptions",
+                                "Options of the finer search's rounds "
+                                "(csrc/passes/placement_rounds.h).")
+      .field("only", &PlacementRoundOptions::only, "one compiler's round only; empty: all")
+      .field("keep_eager_margin", &PlacementRoundOptions::keep_eager_margin);
+  using passes::FinalistPick;
+  Struct<FinalistPick>(
+      m, "FinalistPick", "The finalist kept and each finalist's median.",
+      [](const FinalistPick& p) { return "FinalistPick(index=" + std::to_string(p.index) + ")"; })
+      .field("index", &FinalistPick::index)
+      .field("medians_s", &FinalistPick::medians_s, "-1 where not measured");
+  m.def(
+      "placement_round_order",
+      [](const std::vector<std::pair<std::string, double>>& compilers,
+         const PlacementRoundOptions& options) {
+        std::vector<passes::RoundCompiler> in;
+        for (const auto& [name, s] : compilers) in.push_back({name, s});
+        return passes::PlacementRoundOrder(in, options);
+      },
+      py::arg("compilers"), py::arg("options"),
+      "The graph compilers that get an evolutionary round, in order, from (name, expected "
+      "compile seconds) pairs: cheapest first.");
+  m.def("round_budget", &passes::RoundBudget, py::arg("remaining_s"), py::arg("rounds_left"),
+        "A round's budget: an equal share of what is left.");
+  m.def("offloaded_runs", &passes::OffloadedRuns, py::arg("bits"),
+        "Runs [begin, end) of set bits: each becomes one region of the round's compiler.");
+  m.def("pick_finalist", &passes::PickFinalist, py::arg("turns_s"),
+        "The fastest finalist by median over its turns; empty turns are not measured.");
+  m.def("keeps_eager", &passes::KeepsEager, py::arg("placed_s"), py::arg("eager_s"),
+        py::arg("options"), "Whether eager is kept over the placed graph (measured side by side).");
 }
 
 }  // namespace tp::bindings

@@ -3,7 +3,9 @@ measured on real-shaped inputs with a persistent cache, placed by the C++ dynami
 refined by the C++ evolutionary search over graph-level compilers, then materialised as an
 `fx.GraphModule` whose groups call their backends' compiled callables.
 
-Python measures and compiles (it has the backends); every decision is made in C++.
+Python measures and compiles (it has the backends); every decision is made in C++: the
+candidates, the DP, the evolution, and the rounds around it (which compilers, in what order,
+each round's budget, the finalist kept, eager kept or not: csrc/passes/placement_rounds.h).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -263,7 +264,7 @@ def place_graph(
     # Compiled on first use: a warm compile builds only the groups its replayed rounds and
     # pick use (the pick is often one whole-graph region; a wide graph's DP has hundreds).
     compiled = _LazyCompiled(gm, groups, by_name, values, frozen)
-    evolve_backends = _pick_evolve_backends(opts, backends)
+    evolve_backends = _pick_evolve_backends(opts, backends, len(gm.graph.nodes))
     evolving = opts.evolve and bool(evolve_backends)
     try:
         cached = None
@@ -324,7 +325,7 @@ def place_graph(
         final_s = float(verdict["final_s"])
     finally:
         cache.close()
-    if final_s > result.measured_eager_s * 1.02:
+    if _C.keeps_eager(final_s, result.measured_eager_s, _C.PlacementRoundOptions()):
         log.info(
             "torch_plugin placement: the placed graph measured %.3f ms, eager %.3f ms; "
             "keeping eager",
@@ -350,24 +351,24 @@ def _placement_key(groups: Sequence[Group], frozen: dict[str, torch.Tensor]) -> 
     return [(g.backend, g.rule, g.nodes) for g in groups], sorted(frozen)
 
 
-def _pick_evolve_backends(opts: PlacementOptions, backends: Sequence[Backend]) -> list[Backend]:
-    """The graph-level compilers the search offloads to, one round each, in order."""
-    # Cheapest compilers first: each round gets an equal share of the remaining budget, and
-    # a fast compiler's round leaves time for the slow one's whole-graph individual.
-    order = {"onnxruntime": 0, "openvino": 1, "inductor": 2}
-    graph_level = sorted(
-        (b for b in backends if b.graph_level), key=lambda b: order.get(b.name, len(order))
+def _pick_evolve_backends(
+    opts: PlacementOptions, backends: Sequence[Backend], nodes: int
+) -> list[Backend]:
+    """The graph-level compilers the search offloads to, one round each, in the order C++
+    decides (csrc/passes/placement_rounds.h: cheapest expected compile first, from each
+    compiler's seconds per node)."""
+    graph_level = {b.name: b for b in backends if b.graph_level}
+    order = _C.placement_round_order(
+        [(b.name, b.compile_s_per_node * nodes) for b in graph_level.values()],
+        _C.PlacementRoundOptions(only=opts.evolve_backend or ""),
     )
-    if opts.evolve_backend is not None:
-        chosen = [b for b in graph_level if b.name == opts.evolve_backend]
-        if not chosen:
-            log.warning(
-                "torch_plugin placement: evolve_backend %r is not an available graph-level "
-                "backend; skipping the evolutionary search",
-                opts.evolve_backend,
-            )
-        return chosen
-    return graph_level
+    if opts.evolve_backend is not None and not order:
+        log.warning(
+            "torch_plugin placement: evolve_backend %r is not an available graph-level "
+            "backend; skipping the evolutionary search",
+            opts.evolve_backend,
+        )
+    return [graph_level[name] for name in order]
 
 
 def _evolve(
@@ -402,7 +403,7 @@ def _evolve(
             inputs,
             opts,
             hit,
-            max(0.0, deadline - time.perf_counter()) / (len(evolve_backends) - k),
+            _C.round_budget(deadline - time.perf_counter(), len(evolve_backends) - k),
             _frozen_for(backend, frozen),
         )
         rounds.append(info)
@@ -445,30 +446,25 @@ def _pick_finalist(
     for k, (gs, _) in enumerate(built):
         first.setdefault(tuple((g.backend, tuple(g.nodes)) for g in gs), k)
     distinct = sorted(first.values())
-    medians = [math.inf] * len(built)
-    if len(distinct) > 1:
+    times: list[list[float]] = [[] for _ in built]
+    if len(distinct) > 1:  # one distinct placement (the seed) needs no timing to be kept
         modules = {k: materialize(gm, *built[k]) for k in distinct}
-        times: dict[int, list[float]] = {k: [] for k in distinct}
         with torch.no_grad():
             # Numbers checked once per finalist, not on every turn.
             modules = {k: m for k, m in modules.items() if _outputs_match(m, gm, inputs, 1e-3)}
             for _ in range(turns):
                 for k, mod in modules.items():
                     times[k].append(time_end_to_end(mod, inputs, samples))
-        for k, t in times.items():
-            medians[k] = statistics.median(t) if t else math.inf
-    else:
-        medians[distinct[0]] = 0.0
-    best = min(distinct, key=medians.__getitem__)
-    if not math.isfinite(medians[best]):
-        best = 0  # nothing measurable: the seed, which the caller checks against eager
+    # C++ keeps the fastest median, or the seed when nothing was measured (the caller checks
+    # it against eager).
+    pick = _C.pick_finalist(times)
     log.info(
         "torch_plugin placement: finalists (seed, then whole graph and result per round) "
         "%s ms; picked %d",
-        ", ".join("-" if not math.isfinite(m) else f"{m * 1e3:.3f}" for m in medians),
-        best,
+        ", ".join("-" if m < 0 else f"{m * 1e3:.3f}" for m in pick.medians_s),
+        pick.index,
     )
-    return best, [m if math.isfinite(m) else -1.0 for m in medians], built[best]
+    return pick.index, list(pick.medians_s), built[pick.index]
 
 
 def _evolve_round(
@@ -493,9 +489,10 @@ def _evolve_round(
     def build(bits: Sequence[bool]) -> Built:
         out_groups: list[Group] = []
         out_fns: list[Callable[..., Any] | None] = []
+        runs = dict(_C.offloaded_runs(list(bits)))  # C++ decodes the bits into regions
         i = 0
         while i < len(groups):
-            if not bits[i]:
+            if i not in runs:
                 g = groups[i]
                 if g.backend == backend.name:  # turned off: back to ATen
                     out_groups.append(dataclasses.replace(g, backend="aten", rule="op"))
@@ -505,9 +502,7 @@ def _evolve_round(
                     out_fns.append(compiled[i])
                 i += 1
                 continue
-            j = i
-            while j < len(groups) and bits[j]:
-                j += 1
+            j = runs[i]
             nodes = [n for g in groups[i:j] for n in g.nodes]
             key = tuple(nodes)
             if key not in region_cache:
