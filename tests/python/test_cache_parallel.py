@@ -300,6 +300,7 @@ def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
         ("gemma2", "helix4"),
         ("phi3", "helix4"),
         ("gpt2", "helix4"),
+        ("mixtral", "helix4"),
     ],
 )
 def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entry: str) -> None:
@@ -310,9 +311,9 @@ def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entr
     prompt: its layers drop what leaves the window, and the kernel starts after it. Falcon
     calls SDPA itself, not through transformers' registry: that call is intercepted. Helix
     (helix4): the attention's output projection and the MLP (Gemma-2's gate/up/down, Phi-3's
-    fused gate_up, GPT-2's Conv1D c_fc/c_proj) split over the 4 ranks, one all-to-all of
-    partials per layer and step (the cell checks both), with Gemma-2's softcapping and sliding
-    windows."""
+    fused gate_up, GPT-2's Conv1D c_fc/c_proj, Mixtral's MoE experts inside each expert)
+    split over the 4 ranks, one all-to-all of partials per layer and step (the cell checks
+    both), with Gemma-2's softcapping and sliding windows."""
     from benchmarks import hf_suite as runner
 
     figures = runner.run_on_pool(gloo(runner.DISTRIBUTED[entry][0]), entry, name)
@@ -374,15 +375,21 @@ def transformers_config_with_layers(n: int):  # type: ignore[no-untyped-def]
 
 
 def test_helix_refuses_what_it_cannot_split() -> None:
-    """Helix splits Llama-style layers: MoE experts are refused, as are heads or MLP widths
-    that do not divide over the ranks, naming what to change; nothing is replaced then."""
+    """Helix splits Llama-style layers and MoE experts stored as 3-D tensors: experts of
+    another layout (biases, as GPT-OSS has) are refused, as are heads or MLP widths that do
+    not divide over the ranks, naming what to change; nothing is replaced then."""
     from torch_plugin.cache_parallelism.helix import shard_helix
     from torch_plugin.models import hf_suite
     from torch_plugin.runtime.collectives import Collectives
 
     mixtral, _ = hf_suite.build("mixtral")
-    with pytest.raises(NotImplementedError, match="MoE experts are not split.*without helix"):
+    experts = mixtral.model.layers[0].mlp.experts
+    experts.gate_up_proj_bias = torch.nn.Parameter(torch.zeros(experts.gate_up_proj.shape[:2]))
+    with pytest.raises(
+        NotImplementedError, match="0 dense MLPs and 1 MoE expert sets.*without helix"
+    ):
         shard_helix(mixtral, Collectives(None, 2, 0))
+    assert experts.gate_up_proj.shape == (4, 256, 64)  # nothing replaced
     llama, _ = hf_suite.build("llama")
     with pytest.raises(ValueError, match="4 query heads, which do not split over 3 ranks"):
         shard_helix(llama, Collectives(None, 3, 0))

@@ -15,7 +15,9 @@ Per decoder layer and decode step:
      that head group, the MLP's up projections (gate/up, gate_up, c_fc, fc_in, dense_h_to_4h,
      fc1) column-parallel and its down projection row-parallel: each rank holds 1/world of
      these weights, and the two row-parallel ones end in one all-reduce each (Megatron's),
-     where plain cache parallelism keeps every weight on every rank.
+     where plain cache parallelism keeps every weight on every rank. MoE experts (3-D
+     gate_up_proj / down_proj: Mixtral, Qwen3-MoE, OLMoE) split the same way inside every
+     expert, the router whole, one all-reduce after the experts.
 
 The model's projections are replaced by this rank's slices (the full weights are released):
 the model given is taken over, as `parallelize` takes over the model it shards.
@@ -128,6 +130,39 @@ def _mlp_kind(m: nn.Module) -> tuple[str, ...] | None:
     return None
 
 
+def _is_experts(m: nn.Module) -> bool:
+    """transformers' MoE experts stored as 3-D tensors (Mixtral, Qwen3-MoE, OLMoE):
+    gate_up_proj [E, 2I, H] (gate and up stacked) and down_proj [E, H, I], no biases."""
+    gate_up, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+    return (
+        isinstance(gate_up, nn.Parameter)
+        and isinstance(down, nn.Parameter)
+        and gate_up.dim() == 3
+        and down.dim() == 3
+        and gate_up.shape[0] == down.shape[0]
+        and gate_up.shape[1] == 2 * down.shape[2]
+        and gate_up.shape[2] == down.shape[1]
+        and not any("bias" in n for n, _ in m.named_parameters(recurse=False))
+    )
+
+
+def _split_experts(m: nn.Module, comm: Collectives) -> None:
+    """Every expert's MLP tensor-parallel like a dense one: this rank's slice of the
+    intermediate features (of gate and of up alike, and the matching inputs of down), the
+    experts' output (each expert's partial products, weighted by its router weight and added
+    up by token) summed over the ranks. The router stays whole: every rank routes alike."""
+    inner = int(m.down_proj.shape[2])
+    m.gate_up_proj = nn.Parameter(_block(m.gate_up_proj.detach(), 1, 2, comm.world, comm.rank))
+    m.down_proj = nn.Parameter(_block(m.down_proj.detach(), 2, 1, comm.world, comm.rank))
+    if hasattr(m, "intermediate_dim"):
+        m.intermediate_dim = inner // comm.world
+
+    def reduce(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        return comm.all_reduce(out, "helix_row")
+
+    m.register_forward_hook(reduce)
+
+
 def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
     """Replaces every attention's output projection and every MLP's projections by this rank's
     slices. Returns what it replaced; a model without them, or whose sizes do not divide over
@@ -136,6 +171,7 @@ def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
     world = comm.world
     attention: list[tuple[str, nn.Module, str]] = []
     mlps: list[tuple[str, nn.Module, tuple[str, ...]]] = []
+    experts: list[tuple[str, nn.Module]] = []
     for path, m in model.named_modules():
         if hasattr(m, "layer_idx"):
             out = next((n for n in _OUT_PROJ if _is_proj(getattr(m, n, None))), None)
@@ -144,21 +180,22 @@ def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
         kind = _mlp_kind(m)
         if kind is not None:
             mlps.append((path, m, kind))
+        elif _is_experts(m):
+            experts.append((path, m))
     text = (
         model.config.get_text_config(decoder=True)
         if hasattr(model.config, "get_text_config")
         else model.config
     )
     layers = getattr(text, "num_hidden_layers", None)
-    if (
-        not attention
-        or not mlps
-        or (layers is not None and (len(attention), len(mlps)) != (layers, layers))
-    ):
+    ffns = len(mlps) + len(experts)
+    counts_match = layers is None or (len(attention), ffns) == (layers, layers)
+    if not attention or not ffns or not counts_match:
         raise NotImplementedError(
             f"torch_plugin cache_parallel(helix=True): {name} has {len(attention)} attention "
-            f"modules with an output projection ({', '.join(_OUT_PROJ)}) and {len(mlps)} dense "
-            f"MLPs for {layers} layers; MoE experts are not split. Use "
+            f"modules with an output projection ({', '.join(_OUT_PROJ)}), {len(mlps)} dense "
+            f"MLPs and {len(experts)} MoE expert sets (3-D gate_up_proj and down_proj) for "
+            f"{layers} layers; Helix splits one MLP or expert set per layer. Use "
             "cache_parallel(model, mesh) without helix for this model"
         )
     heads = getattr(text, "num_attention_heads", None)
@@ -182,6 +219,14 @@ def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
                 f"torch_plugin cache_parallel(helix=True): {path}'s intermediate size {inner} "
                 f"does not split over {world} ranks; use a world size dividing it, or helix=False"
             )
+    for path, m in experts:
+        inner = int(m.down_proj.shape[2])
+        if inner % world:
+            raise ValueError(
+                f"torch_plugin cache_parallel(helix=True): {path}'s expert intermediate size "
+                f"{inner} does not split over {world} ranks; use a world size dividing it, or "
+                "helix=False"
+            )
     # Checked: replace.
     for _, m, out in attention:
         setattr(m, out, RowSlice(getattr(m, out), comm))
@@ -189,7 +234,14 @@ def shard_helix(model: nn.Module, comm: Collectives) -> dict[str, int]:
         for n in kind[:-1]:  # gate_up_proj: [gate; up] stacked, each half split alike
             setattr(m, n, ColumnSlice(getattr(m, n), world, comm.rank, _stacked(n)))
         setattr(m, kind[-1], RowSlice(getattr(m, kind[-1]), comm))
-    return {"attention": len(attention), "mlp": len(mlps), "heads_per_rank": heads // world}
+    for _, m in experts:
+        _split_experts(m, comm)
+    return {
+        "attention": len(attention),
+        "mlp": len(mlps),
+        "experts": len(experts),
+        "heads_per_rank": heads // world,
+    }
 
 
 def merge_head_group(comm: Collectives, out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
