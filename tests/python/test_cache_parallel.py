@@ -301,6 +301,7 @@ def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
         ("phi3", "helix4"),
         ("gpt2", "helix4"),
         ("mixtral", "helix4"),
+        ("falcon", "helix4"),
     ],
 )
 def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entry: str) -> None:
@@ -313,7 +314,8 @@ def test_hf_generate_splits_the_cache_and_keeps_the_tokens(gloo, name: str, entr
     (helix4): the attention's output projection and the MLP (Gemma-2's gate/up/down, Phi-3's
     fused gate_up, GPT-2's Conv1D c_fc/c_proj, Mixtral's MoE experts inside each expert)
     split over the 4 ranks, one all-to-all of partials per layer and step (the cell checks
-    both), with Gemma-2's softcapping and sliding windows."""
+    both), with Gemma-2's softcapping and sliding windows, and through Falcon's own SDPA
+    call."""
     from benchmarks import hf_suite as runner
 
     figures = runner.run_on_pool(gloo(runner.DISTRIBUTED[entry][0]), entry, name)
@@ -394,9 +396,6 @@ def test_helix_refuses_what_it_cannot_split() -> None:
     with pytest.raises(ValueError, match="4 query heads, which do not split over 3 ranks"):
         shard_helix(llama, Collectives(None, 3, 0))
     assert isinstance(llama.model.layers[0].self_attn.o_proj, torch.nn.Linear)
-    falcon, _ = hf_suite.build("falcon")
-    with pytest.raises(NotImplementedError, match="calls SDPA itself"):
-        torch_plugin.cache_parallel(falcon, None, helix=True)
 
 
 def test_hf_generate_refuses_what_it_cannot_split() -> None:

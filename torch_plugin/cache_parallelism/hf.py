@@ -304,12 +304,6 @@ class HFCacheParallel(nn.Module):
         # all-gather.
         self.helix: dict[str, int] | None = None
         if helix:
-            if self.intercept:
-                raise NotImplementedError(
-                    f"torch_plugin cache_parallel(helix=True): {type(model).__name__} calls SDPA "
-                    "itself; Helix needs attention through transformers' AttentionInterface. "
-                    "Use helix=False"
-                )
             self.helix = shard_helix(model, self.comm) if world > 1 else {}
 
     @property
