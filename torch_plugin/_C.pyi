@@ -2040,6 +2040,10 @@ def estimate_training_step(spec: TransformerSpec, job: TrainingJob, layout: Trai
     """
     Models one training step of `layout` (csrc/passes/layout_plan.h).
     """
+def gradient_spec(spec: str) -> str:
+    """
+    The spec of a value's gradient: R <-> P, a shard stays itself.
+    """
 def graph_signature(arg0: Graph) -> str:
     """
     Canonical text of the whole graph (ops, constants, wiring, input types): the key under which placement decisions are cached.
@@ -2083,6 +2087,10 @@ def plan_training_layout(spec: TransformerSpec, job: TrainingJob, cluster: Clust
 def registered_passes() -> list[PassInfo]:
     """
     Every pass: name, summary, options type, result type, whether PassManager.run takes it.
+    """
+def reshard_op(src: str, dst: str) -> str:
+    """
+    The step turning spec `src` into `dst` (ir::ReshardOpFor): none, slice, zero_pad, keep_on_rank_zero, all_gather, all_gather_slice, all_to_all, all_reduce, reduce_scatter.
     """
 def round_budget(remaining_s: typing.SupportsFloat | typing.SupportsIndex, rounds_left: typing.SupportsInt | typing.SupportsIndex) -> float:
     """

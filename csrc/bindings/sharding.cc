@@ -101,6 +101,20 @@ void BindSharding(py::module_& m, py::class_<passes::PassManager>& pm) {
       "(kind, dim, sections) of 'R', 'P', 'S(d)' or the strided 'S(d)xN' (dim -1 unless "
       "kind is 'S'). Raises ValueError for anything else.");
 
+  m.def(
+      "reshard_op",
+      [](const std::string& from, const std::string& to) {
+        return std::string(
+            ir::ReshardOpName(ir::ReshardOpFor(SpecFromString(from), SpecFromString(to))));
+      },
+      py::arg("src"), py::arg("dst"),
+      "The step turning spec `src` into `dst` (ir::ReshardOpFor): none, slice, zero_pad, "
+      "keep_on_rank_zero, all_gather, all_gather_slice, all_to_all, all_reduce, reduce_scatter.");
+  m.def(
+      "gradient_spec",
+      [](const std::string& s) { return ir::GradientSpec(SpecFromString(s)).ToString(); },
+      py::arg("spec"), "The spec of a value's gradient: R <-> P, a shard stays itself.");
+
   Struct<passes::Collective>(m, "Collective", "One forward resharding the plan priced.")
       .field("kind", &passes::Collective::kind)
       .field("value", &passes::Collective::value)

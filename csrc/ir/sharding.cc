@@ -380,6 +380,49 @@ std::string ShardSpec::ToString() const {
   return "?";
 }
 
+ReshardOp ReshardOpFor(const ShardSpec& from, const ShardSpec& to) {
+  using K = ShardSpec::Kind;
+  if (from == to) return ReshardOp::kNone;
+  if (from.kind == K::kReplicate)
+    return to.kind == K::kPartial ? ReshardOp::kKeepOnRankZero : ReshardOp::kSlice;
+  if (from.kind == K::kShard) {
+    if (to.kind == K::kPartial) return ReshardOp::kZeroPad;
+    if (to.kind == K::kReplicate) return ReshardOp::kAllGather;
+    return from.dim == to.dim ? ReshardOp::kGatherSlice : ReshardOp::kAllToAll;
+  }
+  return to.kind == K::kReplicate ? ReshardOp::kAllReduce : ReshardOp::kReduceScatter;
+}
+
+const char* ReshardOpName(ReshardOp op) {
+  switch (op) {
+    case ReshardOp::kNone:
+      return "none";
+    case ReshardOp::kSlice:
+      return "slice";
+    case ReshardOp::kZeroPad:
+      return "zero_pad";
+    case ReshardOp::kKeepOnRankZero:
+      return "keep_on_rank_zero";
+    case ReshardOp::kAllGather:
+      return "all_gather";
+    case ReshardOp::kGatherSlice:
+      return "all_gather_slice";
+    case ReshardOp::kAllToAll:
+      return "all_to_all";
+    case ReshardOp::kAllReduce:
+      return "all_reduce";
+    case ReshardOp::kReduceScatter:
+      return "reduce_scatter";
+  }
+  return "?";
+}
+
+ShardSpec GradientSpec(const ShardSpec& spec) {
+  if (spec.kind == ShardSpec::Kind::kReplicate) return ShardSpec::P();
+  if (spec.kind == ShardSpec::Kind::kPartial) return ShardSpec::R();
+  return spec;
+}
+
 std::vector<ValueId> TensorInputs(const Graph& graph, const Node& node) {
   std::vector<ValueId> out;
   std::function<void(const Arg&)> visit = [&](const Arg& a) {

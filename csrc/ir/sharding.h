@@ -35,6 +35,25 @@ struct ShardSpec {
   std::string ToString() const;  // "R", "S(1)", "S(1)x3", "P"
 };
 
+// How a value held as `from` becomes `to` on every rank: the one step the cost model prices
+// (sharding_ilp.cc), the materialiser names in each reshard node, and the runtime
+// (torch_plugin/runtime/spmd_ops.py) runs as named.
+enum class ReshardOp {
+  kNone,            // the same spec
+  kSlice,           // R -> S: this rank's block (local)
+  kZeroPad,         // S -> P: the block in place, zeros elsewhere (local)
+  kKeepOnRankZero,  // R -> P: rank 0 keeps the value, the others hold zero summands (local)
+  kAllGather,       // S -> R
+  kGatherSlice,     // S(d) -> S(d) of other sections: all-gather, then this rank's block
+  kAllToAll,        // S(d) -> S(e), e != d
+  kAllReduce,       // P -> R
+  kReduceScatter,   // P -> S (a backend without one runs an all-reduce and keeps its block)
+};
+ReshardOp ReshardOpFor(const ShardSpec& from, const ShardSpec& to);
+const char* ReshardOpName(ReshardOp op);
+// The spec of a value's gradient: R <-> P, a shard stays itself (sharding_materialize.h).
+ShardSpec GradientSpec(const ShardSpec& spec);
+
 // Section counts offered for strided sharding (packed q/k/v, packed gate/up).
 constexpr int kStridedSections[] = {2, 3};
 

@@ -39,34 +39,28 @@ double Bytes(const ir::Graph& g, ir::ValueId v) {
   return b ? static_cast<double>(*b) : 0;
 }
 
-// The collective turning `from` into `to` for a tensor of `bytes`, and its time.
+// The collective turning `from` into `to` for a tensor of `bytes`, and its time: what the
+// runtime runs for the reshard node the materialiser names with ir::ReshardOpFor.
 std::pair<std::string, double> Reshard(const ShardSpec& from, const ShardSpec& to, double bytes,
                                        int world, const cost::DeviceProfile& d,
                                        bool has_reduce_scatter) {
-  if (from == to) return {"", 0};
-  if (from.kind == Kind::kReplicate) return {"", 0};  // a local slice (or zero-padded copy)
-  if (to.kind == Kind::kPartial && from.kind != Kind::kPartial) return {"", 0};  // zero-pad
   // Each collective is one more launch: of two ways with equal ring volume (reduce-scatter +
   // all-gather vs one all-reduce) the one with fewer collectives wins.
   const double launch = d.kernel_overhead;
-  if (from.kind == Kind::kShard && to.kind == Kind::kReplicate)
-    return {"all_gather", launch + cost::AllGatherTime(d, bytes, world)};
-  // Priced as the runtime (torch_plugin/sharding/module.py, _reshard_local) runs it: a
-  // split moved to another dim is one all-to-all; to other sections of the same dim, the whole
-  // is gathered and sliced; a partial sum becomes a block by reduce-scatter where the library
-  // has one, else by all-reduce.
-  if (from.kind == Kind::kShard && to.kind == Kind::kShard) {
-    if (from.dim == to.dim) return {"all_gather", launch + cost::AllGatherTime(d, bytes, world)};
-    return {"all_to_all", launch + cost::AllToAllTime(d, bytes / world, world)};
-  }
-  if (from.kind == Kind::kPartial && to.kind == Kind::kReplicate)
-    return {"all_reduce", launch + cost::AllReduceTime(d, bytes, world)};
-  if (from.kind == Kind::kPartial && to.kind == Kind::kShard) {
-    if (!has_reduce_scatter)
+  switch (ir::ReshardOpFor(from, to)) {
+    case ir::ReshardOp::kAllGather:
+    case ir::ReshardOp::kGatherSlice:  // the whole gathered, then sliced
+      return {"all_gather", launch + cost::AllGatherTime(d, bytes, world)};
+    case ir::ReshardOp::kAllToAll:
+      return {"all_to_all", launch + cost::AllToAllTime(d, bytes / world, world)};
+    case ir::ReshardOp::kAllReduce:
       return {"all_reduce", launch + cost::AllReduceTime(d, bytes, world)};
-    return {"reduce_scatter", launch + cost::AllGatherTime(d, bytes, world)};
+    case ir::ReshardOp::kReduceScatter:
+      if (!has_reduce_scatter) return {"all_reduce", launch + cost::AllReduceTime(d, bytes, world)};
+      return {"reduce_scatter", launch + cost::AllGatherTime(d, bytes, world)};
+    default:  // local: a slice, a zero-padded copy, or zero summands
+      return {"", 0};
   }
-  return {"", 0};
 }
 
 std::string TypeKey(const ir::ValueType& t) {

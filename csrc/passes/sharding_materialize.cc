@@ -137,10 +137,11 @@ class Materializer {
     auto it = reshards_.find(key);
     if (it != reshards_.end()) return it->second;
     const ir::ValueType logical = logical_[static_cast<size_t>(v)];
-    const ValueId out = AddUnary(b_.peek().value(v).name + "_to_" + SpecTag(want), kReshard,
-                                 {Arg::Value(v), Arg::String(have.ToString()),
-                                  Arg::String(want.ToString()), Arg::Int(o_.group)},
-                                 LocalType(logical, want, o_.world), logical, want, scope);
+    const ValueId out =
+        AddUnary(b_.peek().value(v).name + "_to_" + SpecTag(want), kReshard,
+                 {Arg::Value(v), Arg::String(have.ToString()), Arg::String(want.ToString()),
+                  Arg::Int(o_.group), Arg::String(ir::ReshardOpName(ir::ReshardOpFor(have, want)))},
+                 LocalType(logical, want, o_.world), logical, want, scope);
     reshards_[key] = out;
     if (stats_) ++stats_->reshards;
     return out;

@@ -5,7 +5,8 @@
 // and each graph input a spec. This pass:
 //   - gives sharded parameters and buffers their local type (a rank holds only its block);
 //     user inputs arrive whole and are sliced in the graph (a free local reshard);
-//   - inserts `torch_plugin::reshard.default(x, from, to, group)` wherever a consumer needs a
+//   - inserts `torch_plugin::reshard.default(x, from, to, group, op)` (op: ir::ReshardOpFor's
+//     name, the step the runtime runs as priced) wherever a consumer needs a
 //     spec other than its producer's (one per value and target spec, shared by consumers);
 //   - rewrites the size arguments of view/reshape nodes whose output is sharded, and turns
 //     views into reshapes (a local block need not have the strides the view relied on);

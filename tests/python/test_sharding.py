@@ -209,7 +209,8 @@ def reshard_cases(rank: int, world: int, _port: int) -> dict[str, dict[str, obje
                 _, d, n = sharding._parse(src)
                 local = sharding._block(whole, d, n, world, rank)
             calls.clear()
-            got = sharding._reshard_local(local, src, dst, comm)
+            # The step the materialiser names in the node (C++), run as named.
+            got = sharding._reshard_local(local, src, dst, _C.reshard_op(src, dst), comm)
             if dst == "R":
                 want = whole
             else:
@@ -241,6 +242,13 @@ def test_reshards_run_the_collective_the_plan_priced(gloo, world: int) -> None:
         assert res["P->S(1)x2"]["calls"] == ["reduce_scatter_tensor"]
         assert res["P->S(0)"]["calls"] == ["reduce_scatter_tensor"]
         assert res["P->R"]["calls"] == ["all_reduce"]
+    # The step each node names, from C++ (the runtime decides none of them).
+    steps = {(src, dst): _C.reshard_op(src, dst) for src, dst in RESHARDS}
+    assert steps[("S(1)", "S(1)x2")] == "all_gather_slice"
+    assert steps[("S(0)", "S(1)")] == "all_to_all" and steps[("P", "S(0)")] == "reduce_scatter"
+    assert _C.reshard_op("R", "S(1)") == "slice" and _C.reshard_op("R", "P") == "keep_on_rank_zero"
+    assert _C.reshard_op("S(0)", "P") == "zero_pad" and _C.reshard_op("P", "P") == "none"
+    assert [_C.gradient_spec(x) for x in ("R", "P", "S(1)x2")] == ["P", "R", "S(1)x2"]
     # A backend without reduce-scatter: the plan prices (and names) the all-reduce it would
     # run instead, never a reduce-scatter.
     g = _forward_graph("gpt2")

@@ -50,9 +50,16 @@ def _parse(spec: str) -> tuple[str, int, int]:
     return _C.parse_spec(spec)
 
 
+@functools.lru_cache(maxsize=1024)
 def _dual(spec: str) -> str:
-    """The spec of a value's gradient under the convention of sharding_materialize.h."""
-    return {"R": "P", "P": "R"}.get(spec, spec)
+    """The spec of a value's gradient under the convention of sharding_materialize.h (C++)."""
+    return _C.gradient_spec(spec)
+
+
+@functools.lru_cache(maxsize=1024)
+def _reshard_op(src: str, dst: str) -> str:
+    """The step the plan prices for src -> dst (C++ ir::ReshardOpFor)."""
+    return _C.reshard_op(src, dst)
 
 
 def _block(x: torch.Tensor, dim: int, sections: int, world: int, rank: int) -> torch.Tensor:
@@ -71,52 +78,60 @@ def _whole(blocks: list[torch.Tensor], dim: int, sections: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim + 1).flatten(dim, dim + 1)
 
 
-def _reshard_local(x: torch.Tensor, src: str, dst: str, comm: Collectives) -> torch.Tensor:
-    """The value held as `src` on this rank, as `dst` (not differentiable; see _Reshard)."""
-    (sk, sd, sn), (dk, dd, dn) = _parse(src), _parse(dst)
+def _reshard_local(x: torch.Tensor, src: str, dst: str, op: str, comm: Collectives) -> torch.Tensor:
+    """The value held as `src` on this rank, as `dst`, by the step `op` the plan named and priced
+    (C++ ir::ReshardOpFor; not differentiable, see _Reshard). The runtime decides nothing: it
+    runs `op`, the specs giving only its dims."""
+    (_, sd, sn), (_, dd, dn) = _parse(src), _parse(dst)
     w, r = comm.world, comm.rank
-    if src == dst:
+    if op == "none":
         return x
-    if sk == "S" and dk == "P":  # zero-padded to the whole shape (local: no traffic)
+    if op == "zero_pad":  # the block in place in the whole shape (local: no traffic)
         shape = list(x.shape)
         shape[sd] *= w
         out = x.new_zeros(shape)
         own = _block(torch.arange(shape[sd], device=x.device), 0, sn, w, r)
         return out.index_copy_(sd, own, x)
-    if sk == "S" and dk == "S" and sd != dd:  # one all-to-all, as the ILP prices it
+    if op == "all_to_all":
         # Piece k: the part of this rank's block that rank k keeps along dd; what arrives from
         # rank s is rank s's block along sd of this rank's part, joined along sd.
         send = torch.stack([_block(x, dd, dn, w, k) for k in range(w)])
         got = comm.all_to_all(send.flatten(0, 1), "reshard")  # [w, *piece]
         return _whole(list(got.unbind(0)), sd, sn)
-    if sk == "S":  # to R, or to another split of the same dim: gather the whole first
+    if op in ("all_gather", "all_gather_slice"):  # the whole gathered, then (slice) a block
         whole = _whole(list(comm.all_gather(x, "reshard").unbind(0)), sd, sn)
-        return whole if dk == "R" else _block(whole, dd, dn, w, r)
-    if sk == "R" and dk == "S":
+        return whole if op == "all_gather" else _block(whole, dd, dn, w, r)
+    if op == "slice":
         return _block(x, dd, dn, w, r)
-    if sk == "R" and dk == "P":  # one rank holds the value, the others zero summands
+    if op == "keep_on_rank_zero":  # one rank holds the value, the others zero summands
         return x.clone() if r == 0 else torch.zeros_like(x)
-    if sk == "P" and dk == "R":
+    if op == "all_reduce":
         return comm.all_reduce(x, "reshard")
-    if sk == "P" and dk == "S":
+    if op == "reduce_scatter":
         # Strided: the sections made rank-major, so each rank's block is one contiguous chunk
         # and one reduce-scatter (as priced) delivers it.
         if dn > 1:
             x = x.unflatten(dd, (dn, w, -1)).transpose(dd, dd + 1).flatten(dd, dd + 2)
         return comm.reduce_scatter(x, dd, "reshard")
-    raise ValueError(f"no reshard from {src} to {dst}")
+    raise ValueError(f"unknown reshard step {op!r} (from {src} to {dst})")
 
 
 class _Reshard(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, src: str, dst: str, handle: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, src: str, dst: str, handle: int, op: str
+    ) -> torch.Tensor:
         ctx.spec = (src, dst, handle)
-        return _reshard_local(x, src, dst, _group(handle))
+        return _reshard_local(x, src, dst, op, _group(handle))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        # The dual reshard (all_gather <-> reduce_scatter, all_reduce <-> all_reduce, slice <->
+        # zero_pad), its step read off C++ like the forward's.
         src, dst, handle = ctx.spec
-        return _Reshard.apply(grad, _dual(dst), _dual(src), handle), None, None, None
+        back_src, back_dst = _dual(dst), _dual(src)
+        grad = _Reshard.apply(grad, back_src, back_dst, handle, _reshard_op(back_src, back_dst))
+        return grad, None, None, None, None
 
 
 class _GradSync(torch.autograd.Function):
@@ -207,8 +222,10 @@ def uneven_batch_gather(x: torch.Tensor, group: int, sizes: tuple[int, ...]) -> 
     return _UnevenBatchGather.apply(x, group, sizes)
 
 
-def reshard(x: torch.Tensor, src: str, dst: str, group: int) -> torch.Tensor:
-    return _Reshard.apply(x, src, dst, group)
+def reshard(x: torch.Tensor, src: str, dst: str, group: int, op: str | None = None) -> torch.Tensor:
+    """A reshard node: `op` is the step the materialiser named (the plan's); a reshard the
+    runtime adds itself (a dp output's gather) takes C++'s step for its specs."""
+    return _Reshard.apply(x, src, dst, group, op if op is not None else _reshard_op(src, dst))
 
 
 def grad_sync(

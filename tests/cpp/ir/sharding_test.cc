@@ -103,10 +103,10 @@ TEST(ShardingRules, ExpandKeepsOnlyDimsItDoesNotBroadcast) {
   EXPECT_EQ(s.at("dim1"), "S(1) -> S(1)");
   EXPECT_EQ(s.count("dim2"), 0u);
   // A new leading dim shifts the kept ones.
-  auto t = Strategies(OneNode("aten::expand.default", {Tensor({4, 6})},
-                              {Arg::List({Arg::Int(2), Arg::Int(4), Arg::Int(6)})},
-                              Tensor({2, 4, 6})),
-                      2);
+  auto t =
+      Strategies(OneNode("aten::expand.default", {Tensor({4, 6})},
+                         {Arg::List({Arg::Int(2), Arg::Int(4), Arg::Int(6)})}, Tensor({2, 4, 6})),
+                 2);
   EXPECT_EQ(t.at("dim0"), "S(0) -> S(1)");
   EXPECT_EQ(t.at("dim1"), "S(1) -> S(2)");
 }
@@ -238,6 +238,30 @@ TEST(ShardingRules, PackedDimSplitsIntoPlainShards) {
   EXPECT_EQ(mm.at("col_packed3"), "S(0)x3 R S(1)x3 -> S(1)x3");
   EXPECT_EQ(ShardSpec::S(1, 3).ToString(), "S(1)x3");
   EXPECT_NE(ShardSpec::S(1, 3), ShardSpec::S(1));
+}
+
+TEST(ReshardOps, OneStepPerPairOfSpecsAndTheGradientsDual) {
+  auto name = [](const ShardSpec& a, const ShardSpec& b) {
+    return std::string(ReshardOpName(ReshardOpFor(a, b)));
+  };
+  EXPECT_EQ(name(ShardSpec::S(1), ShardSpec::S(1)), "none");
+  EXPECT_EQ(name(ShardSpec::R(), ShardSpec::S(0)), "slice");
+  EXPECT_EQ(name(ShardSpec::R(), ShardSpec::P()), "keep_on_rank_zero");
+  EXPECT_EQ(name(ShardSpec::S(0), ShardSpec::P()), "zero_pad");
+  EXPECT_EQ(name(ShardSpec::S(2), ShardSpec::R()), "all_gather");
+  EXPECT_EQ(name(ShardSpec::S(1), ShardSpec::S(1, 2)), "all_gather_slice");
+  EXPECT_EQ(name(ShardSpec::S(0), ShardSpec::S(1, 3)), "all_to_all");
+  EXPECT_EQ(name(ShardSpec::P(), ShardSpec::R()), "all_reduce");
+  EXPECT_EQ(name(ShardSpec::P(), ShardSpec::S(1, 2)), "reduce_scatter");
+  // The backward of a reshard is the dual one: all_gather <-> reduce_scatter, slice <->
+  // zero_pad, all_reduce <-> all_reduce (gradient specs: R <-> P).
+  auto dual = [&](const ShardSpec& a, const ShardSpec& b) {
+    return name(GradientSpec(b), GradientSpec(a));
+  };
+  EXPECT_EQ(dual(ShardSpec::S(2), ShardSpec::R()), "reduce_scatter");
+  EXPECT_EQ(dual(ShardSpec::P(), ShardSpec::S(0)), "all_gather");
+  EXPECT_EQ(dual(ShardSpec::R(), ShardSpec::S(0)), "zero_pad");
+  EXPECT_EQ(dual(ShardSpec::P(), ShardSpec::R()), "all_reduce");
 }
 
 }  // namespace
