@@ -24,11 +24,15 @@ def round_robin(
     model measured right after another backend's session ran up to 50% slower.
 
     pause_s: a pause before each block; another runtime's pool spins on for a while after its
-    last run (ONNX Runtime's by default) and took a core from whatever ran next."""
+    last run (ONNX Runtime's by default) and took a core from whatever ran next. The order
+    rotates by one each round, so no callable always runs right after the same one."""
     per: dict[str, list[float]] = {k: [] for k in fns}
+    keys = list(fns)
     with torch.no_grad():
-        for _ in range(rounds):
-            for key, fn in fns.items():
+        for r in range(rounds):
+            shift = r % max(len(keys), 1)
+            for key in keys[shift:] + keys[:shift]:
+                fn = fns[key]
                 time.sleep(pause_s)
                 t_end = time.perf_counter() + 0.05
                 while time.perf_counter() < t_end:
