@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import datetime
 import operator
 import os
@@ -35,7 +36,7 @@ import torch.fx as fx
 
 import torch_plugin
 from torch_plugin.models import build
-from torch_plugin.placement import planner
+from torch_plugin.placement import planner, whole_graph
 from torch_plugin.placement.backends import get_backends
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -45,19 +46,23 @@ TURNS = 3
 
 @contextlib.contextmanager
 def _captured() -> Iterator[dict[str, Any]]:
-    """The ATen graph, inputs and input kinds the placement pass receives."""
+    """The ATen graph, inputs and input kinds the placement pass receives (an inference graph
+    goes to the whole-graph-first driver, which calls the finer search itself)."""
     seen: dict[str, Any] = {}
-    place_graph = planner.place_graph
+    first = whole_graph.place_whole_graph_first
 
-    def spy(gm, example_inputs, opts, input_kinds=None):  # noqa: ANN001, ANN202
-        seen.update(gm=gm, inputs=list(example_inputs), kinds=input_kinds)
-        return place_graph(gm, example_inputs, opts, input_kinds)
+    def spy(gm, example_inputs, opts, input_kinds=None, **kw):  # noqa: ANN001, ANN003, ANN202
+        # A copy of the graph: the driver freezes the weights into the one it is given.
+        seen.setdefault("gm", fx.GraphModule(gm, copy.deepcopy(gm.graph)))
+        seen.setdefault("inputs", list(example_inputs))
+        seen.setdefault("kinds", input_kinds)
+        return first(gm, example_inputs, opts, input_kinds, **kw)
 
-    planner.place_graph = spy
+    whole_graph.place_whole_graph_first = spy
     try:
         yield seen
     finally:
-        planner.place_graph = place_graph
+        whole_graph.place_whole_graph_first = first
 
 
 class _Splitter:
