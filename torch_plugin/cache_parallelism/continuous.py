@@ -102,7 +102,10 @@ class PagedShard:
         self.heads, self.dim = int(alloc.num_key_value_heads), int(alloc.head_dim)
         self.dtype = alloc.cache_dtype
         self.layers = list(alloc.layer_indices)
-        self.device = cache.cache_tensor.device
+        self.device = torch.device(getattr(cache, "device", "cpu"))
+        # Where transformers' own cache tensor was made: "meta" when it was never allocated
+        # (see _MetaCacheTensor), the real device otherwise.
+        self.transformers_cache_device = cache.cache_tensor.device.type
         # Slots: owned blocks at most ceil(blocks / world) plus one per request; grown on demand.
         self.capacity = max(4, -(-int(alloc.num_blocks) // world))
         self.slot_of = torch.full((int(alloc.num_blocks) + 64,), -1, dtype=torch.long)
@@ -239,6 +242,19 @@ class PagedShard:
             place = torch.arange(kept.numel()) - (torch.cumsum(counts, 0) - counts)[kept]
             step.decode = (kept, place, counts, max(int(counts.max()), 1))
         return step
+
+
+class _MetaCacheTensor(torch.overrides.TorchFunctionMode):
+    """While transformers builds its paged cache: the one byte tensor it sizes for every block
+    of every layer (`torch.zeros(n, dtype=torch.uint8)`) is made on the meta device. The split
+    cache keeps its pages in its own storage (PagedShard) and releases that tensor unread, so
+    each rank never allocates the whole cache, not even for the moment before the release."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.zeros and kwargs.get("dtype") is torch.uint8:
+            kwargs = {**kwargs, "device": "meta"}
+        return func(*args, **kwargs)
 
 
 class ContinuousCP:
@@ -545,7 +561,8 @@ def init_manager(
     create = manager._create_batch_processor
 
     def created() -> Any:
-        processor = create()
+        with _MetaCacheTensor():
+            processor = create()
         if processor.model_runner.pad_inputs:
             raise NotImplementedError(
                 "torch_plugin cache_parallel.generate_batch: the ContinuousBatchingConfig asks "
