@@ -434,7 +434,7 @@ def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
     transformers' one process fills, so requests are preempted and recomputed) returns on every
     rank the tokens of transformers' generate_batch in one process. Each rank held at most
     1/world of the one process's peak blocks plus one per request of a batch, and never
-    allocated transformers' whole-cache tensor. dp: each rank ran
+    allocated transformers' whole-cache tensor or its packed-batch mask. dp: each rank ran
     the non-attention layers on 1/world of the batch's tokens (the q/k/v all-gather and the
     partials' all-to-all were counted); replicated: every rank ran them all; helix: rows
     replicated, o_proj and the MLP split over the ranks, the partials sent to their head group
@@ -450,6 +450,8 @@ def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
         assert r["peak_blocks"] >= r["one_process_peak_blocks"] / world / 2  # it held pages
         # transformers' whole-cache tensor was made on the meta device: never allocated.
         assert r["transformers_cache_device"] == "meta"
+        # Nor its packed-batch mask, which only sdpa / eager read (the split attention does not).
+        assert not r["mask_allocated"]
         kind = "helix_partials" if requests == "helix" else "cp_partials"
         assert r["bytes"][kind] > 0
         # Decode batches (most steps of a stream) ran torch_plugin's split-KV kernel per layer.

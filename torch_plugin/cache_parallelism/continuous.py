@@ -270,6 +270,7 @@ class ContinuousCP:
         self.steps = 0
         self.kernel_calls = 0  # decode attentions run by the split-KV kernel
         self.tokens = 0  # the batches' tokens, all steps (the thesis's volumes scale with it)
+        self.mask_allocated = False  # whether transformers built its packed-batch mask
 
     # ---- the cache -----------------------------------------------------------------------
 
@@ -561,6 +562,10 @@ def init_manager(
     create = manager._create_batch_processor
 
     def created() -> Any:
+        # Our attention before the processor is built: transformers allocates a packed-batch
+        # mask of max_batch_tokens x (cache reads + max_batch_tokens) only for sdpa / eager
+        # (2.8 GB at its default cache size here), which the split attention never reads.
+        owner._swap(owner.name)
         with _MetaCacheTensor():
             processor = create()
         if processor.model_runner.pad_inputs:
@@ -572,9 +577,8 @@ def init_manager(
             )
         if getattr(processor.cache, "update", None) != hooks.update:
             hooks.install(processor.cache, getattr(processor, "offloading_manager", None))
-        # Only now: transformers sizes its packed-batch mask by the implementation's name
-        # (sdpa / eager need one) when it builds the batch processor.
-        owner._swap(owner.name)
+        io = getattr(processor, "inputs_and_outputs", None)
+        hooks.mask_allocated = getattr(io, "attention_mask", None) is not None
         return processor
 
     manager._create_batch_processor = created
