@@ -1424,3 +1424,66 @@ def pipeline_module_dropout(rank: int, world: int, port: int, fused: bool = Fals
         }
     finally:
         _finish()
+
+
+def pipeline_fails_fast(rank: int, world: int, port: int) -> dict:
+    """A loss_fn that raises on the loss stage's rank at the second step: the failed rank
+    sends zeros where its results are due, so every rank finishes the schedule and raises at
+    once (the failed one its own error, the others naming it) instead of waiting out the
+    process-group timeout; the step's gradients are discarded and the next step equals one
+    process's."""
+    import time
+
+    import torch_plugin
+
+    _init(rank, world, port)
+    try:
+        torch.manual_seed(0)
+        model = DropoutMLP()
+        reference = copy.deepcopy(model)
+        x = torch.randn(8, 16)
+        calls = [-1]  # armed for the second step: its second micro-batch raises
+
+        def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            if calls[0] >= 0:
+                calls[0] += 1
+                if calls[0] == 2:
+                    raise ValueError("bad target in the user's loss")
+            return F.mse_loss(out, target)
+
+        pp = torch_plugin.parallelize(
+            model, world, (x,), strategy="spp", loss_fn=loss_fn, num_microbatches=4
+        )
+        target = torch.randn(8, 16)
+        pp.step((x,), target)
+        calls[0] = 0
+        t0 = time.perf_counter()
+        try:
+            pp.step((x,), target)
+            error = ""
+        except Exception as e:  # noqa: BLE001 - the test reads the error
+            error = f"{type(e).__name__}: {e}"
+        seconds = time.perf_counter() - t0
+        grads_cleared = all(p.grad is None for p in pp.parameters())
+        calls[0] = -1
+        torch.manual_seed(3)
+        loss = pp.step((x,), target)
+        torch.manual_seed(3)
+        expect = F.mse_loss(reference(x), target)
+        expect.backward()
+        ref = dict(reference.named_parameters())
+        grad_diff = max(
+            (float((p.grad - ref[n].grad).abs().max()) for n, p in pp.named_parameters()),
+            default=0.0,
+        )
+        return {
+            "error": error,
+            "seconds": seconds,
+            "grads_cleared": grads_cleared,
+            "loss": (loss, float(expect)),
+            "grad_diff": grad_diff,
+            "loss_rank": pp.my_stage == pp.loss_stage,
+            "stages": pp.plan.num_stages,
+        }
+    finally:
+        _finish()

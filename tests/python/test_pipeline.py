@@ -207,3 +207,20 @@ def test_module_level_draws_are_found() -> None:
         "dropout_1",
         "rand_like",
     ]
+
+
+def test_a_rank_failing_mid_schedule_fails_every_rank_at_once(gloo) -> None:
+    """The user's loss_fn raises on one rank in the middle of a step: that rank raises its own
+    error, the others name it, all within seconds (the process group's timeout is 60 s); the
+    step's gradients are discarded and the next step equals one process's."""
+    results = dist_workers.pooled(gloo(2), dist_workers.pipeline_fails_fast)
+    for r in results:
+        assert r["seconds"] < 10, r
+        assert r["grads_cleared"], r
+        if r["loss_rank"]:
+            assert r["error"] == "ValueError: bad target in the user's loss", r
+        else:
+            assert "failed during this step" in r["error"], r
+        ours, expect = r["loss"]
+        assert abs(ours - expect) < 1e-5 and r["grad_diff"] < 1e-5, r
+    assert sum(r["loss_rank"] for r in results) == 1 and results[0]["stages"] == 2

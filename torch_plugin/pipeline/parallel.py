@@ -334,6 +334,7 @@ class PipelineParallel:
         self.batch = traced.batch
         self._step_rows = self.batch  # this step's samples (a last batch may have fewer)
         self._chunk = (0, self.batch)  # the step's samples the schedule is running (see step)
+        self._failure: Exception | None = None  # this step's, on this rank (see _forward)
         self._prepared = {(self._sig0, self.batch)}
         self._build(traced)
         # Which draws run along the batch and which this rank's stage reads, before any step.
@@ -951,6 +952,7 @@ class PipelineParallel:
         if self._draw_plan is not None:
             self._replay_draws()
         loss_total = torch.zeros((), device=self._device)
+        self._failure: Exception | None = None
         if self.my_stage >= 0:
             # A batch bigger than the example's runs as chunks of the example's, each the
             # plan's schedule, gradients accumulated (summed over ranks once, after the last):
@@ -970,6 +972,8 @@ class PipelineParallel:
             finally:
                 self._chunk = (0, self.batch)
                 self._draws.kept = {}  # this step's masks, held until its last backward
+        self._raise_if_any_failed()
+        if self.my_stage >= 0:
             mine = dict(self.named_parameters())
             for g, names in self.grad_groups:
                 for name in names:
@@ -981,6 +985,27 @@ class PipelineParallel:
                     dist.all_reduce(p.grad, group=g)
         dist.all_reduce(loss_total, group=self.group)
         return float(loss_total)
+
+    def _raise_if_any_failed(self) -> None:
+        """After the schedule: every rank learns whether one failed mid-schedule (its loss_fn
+        or its stage raised). A failed rank kept sending zeros where its results were due and
+        kept receiving (see _forward, _backward), so no peer waited out the process group's
+        timeout; now every rank raises, the failed one its own error. The step's gradients are
+        discarded on every rank (they were computed from zeros)."""
+        failed = torch.tensor([0 if self._failure is None else self.rank + 1], device=self._device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        if not int(failed):
+            return
+        for p in self.parameters():
+            p.grad = None
+        error, self._failure = self._failure, None
+        if error is not None:
+            raise error
+        raise RuntimeError(
+            f"torch_plugin pipeline: rank {int(failed) - 1} failed during this step (its error "
+            "says why); this rank finished the schedule on zeros and discarded the step's "
+            "gradients (those accumulated before it too). Nothing was all-reduced."
+        )
 
     def _chunks(self) -> list[tuple[int, int]]:
         """(first sample, samples) of each chunk of the step's batch the schedule runs."""
@@ -1112,9 +1137,24 @@ class PipelineParallel:
             args.append(buf)
         off = self._chunk[0]
         self._draws.rows = (off + lo, off + hi)
-        outs = list(module(*args))
-        n_cross = len(self.stage_outputs[s])
-        outs, model_out = outs[:n_cross], outs[n_cross:]
+        loss = None
+        if self._failure is None:
+            try:
+                outs = list(module(*args))
+                n_cross = len(self.stage_outputs[s])
+                outs, model_out = outs[:n_cross], outs[n_cross:]
+                if s == self.loss_stage:
+                    output = pytree.tree_unflatten(model_out, self._out_spec)
+                    piece = target[lo:hi] if isinstance(target, torch.Tensor) else target
+                    loss = self.loss_fn(output, piece)
+                    if not self._summed_loss:  # a mean over the micro-batch: its share
+                        loss = loss * ((hi - lo) / self._step_rows)
+            except Exception as e:  # noqa: BLE001 - told to every rank after the schedule
+                self._failure = e
+        if self._failure is not None:
+            # Failed here or earlier: zeros where this stage's results are due, so the
+            # consumers' receives complete and the schedule runs to its end on every rank.
+            outs, loss = [self._buffer(v, hi - lo).zero_() for v in self.stage_outputs[s]], None
         for v, out in zip(self.stage_outputs[s], outs, strict=True):
             for q in self.consumers.get(v, []):
                 for rank, a, e in self._pieces(q, lo, hi):
@@ -1131,13 +1171,6 @@ class PipelineParallel:
                             tag=self._tag(v, q, a, False),
                         )
                     )
-        loss = None
-        if s == self.loss_stage:
-            output = pytree.tree_unflatten(model_out, self._out_spec)
-            piece = target[lo:hi] if isinstance(target, torch.Tensor) else target
-            loss = self.loss_fn(output, piece)
-            if not self._summed_loss:  # a mean over the micro-batch: weigh by its share
-                loss = loss * ((hi - lo) / self._step_rows)
         return args, outs, loss
 
     def _backward(self, s, lo, hi, args, outs, loss, sends):  # type: ignore[no-untyped-def]
@@ -1158,12 +1191,17 @@ class PipelineParallel:
         if loss is not None:
             tensors.append(loss)
             grads.append(None)
-        if tensors:
-            torch.autograd.backward(tensors, grads)
+        if tensors and self._failure is None:
+            try:
+                torch.autograd.backward(tensors, grads)
+            except Exception as e:  # noqa: BLE001 - told to every rank after the schedule
+                self._failure = e
         for v, arg in zip(self.stage_inputs[s], args, strict=True):
             if v.op == "placeholder" or not arg.is_floating_point():
                 continue
-            grad = arg.grad if arg.grad is not None else torch.zeros_like(arg)
+            # Zeros where a failed rank's gradients are due (see _forward).
+            ok = self._failure is None and arg.grad is not None
+            grad = arg.grad if ok else torch.zeros_like(arg)
             for rank, a, e in self._pieces(self.stage_of[v], lo, hi):
                 sends.append(
                     dist.isend(
