@@ -457,6 +457,10 @@ def test_generate_batch_splits_the_paged_cache_and_keeps_the_tokens(
         # Decode batches (most steps of a stream) ran torch_plugin's split-KV kernel per layer.
         assert r["kernel_calls"] > 0 and r["kernel_calls"] % r["layers"] == 0
         assert (r["bytes"].get("cp_logits", 0) > 0) == (requests == "dp")
+        # Greedy, no logits processor: dp rows send their token ids, under one row of logits
+        # (4 x vocab bytes) per step where they sent every row's logits.
+        assert r["ids_only"]
+        assert r["bytes"].get("cp_logits", 0) < 4 * r["vocab"] * r["steps"]
 
 
 def test_generate_batch_refuses_what_it_cannot_split() -> None:

@@ -271,6 +271,8 @@ class ContinuousCP:
         self.kernel_calls = 0  # decode attentions run by the split-KV kernel
         self.tokens = 0  # the batches' tokens, all steps (the thesis's volumes scale with it)
         self.mask_allocated = False  # whether transformers built its packed-batch mask
+        # dp rows send token ids, not logits, when transformers only takes their argmax.
+        self.ids_only = False
 
     # ---- the cache -----------------------------------------------------------------------
 
@@ -476,6 +478,16 @@ class ContinuousCP:
         else:
             call.pop("logits_to_keep", None)
             logits = model(**call).logits[:, mine]
+        if self.ids_only:
+            # Greedy with no logits processor and no log-probabilities: transformers only takes
+            # the argmax of these rows, so each rank sends its rows' token ids, not their
+            # logits (8 bytes a row instead of 4 x vocab), and the rows transformers reads are
+            # 0 at that id and -inf elsewhere (the same argmax: bf16 -> f32 is exact).
+            ids = self.comm.all_gather(logits[0].argmax(-1).contiguous(), "cp_logits")
+            picked = ids[owner, index]  # [len(wanted)]
+            out = logits.new_full((1, picked.numel(), logits.shape[-1]), float("-inf"))
+            out[0, torch.arange(picked.numel()), picked] = 0
+            return types.SimpleNamespace(logits=out)
         every = self.comm.all_gather(logits.contiguous(), "cp_logits")  # [w, 1, width, V]
         logits = every[owner, 0, index].unsqueeze(0)  # [1, len(wanted), V]
         return types.SimpleNamespace(logits=logits)
@@ -579,6 +591,13 @@ def init_manager(
             hooks.install(processor.cache, getattr(processor, "offloading_manager", None))
         io = getattr(processor, "inputs_and_outputs", None)
         hooks.mask_allocated = getattr(io, "attention_mask", None) is not None
+        runner = processor.model_runner
+        processing = getattr(getattr(runner, "logit_processor", None), "do_processing", True)
+        hooks.ids_only = not (
+            processing
+            or getattr(runner, "return_logprobs", True)
+            or getattr(runner, "do_sample", True)
+        )
         return processor
 
     manager._create_batch_processor = created
