@@ -2,33 +2,23 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+
+#include "passes/placement_search.h"
 
 namespace tp::passes {
-namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
 
 std::vector<std::string> PlacementRoundOrder(const std::vector<RoundCompiler>& compilers,
                                              const PlacementRoundOptions& options) {
-  std::vector<RoundCompiler> order = compilers;
-  auto cost = [](const RoundCompiler& c) {
-    return c.expected_compile_s > 0 ? c.expected_compile_s
-                                    : std::numeric_limits<double>::infinity();
-  };
-  std::stable_sort(order.begin(), order.end(), [&](const RoundCompiler& a, const RoundCompiler& b) {
-    return cost(a) < cost(b);
-  });
-  std::vector<std::string> out;
-  for (const auto& c : order) {
-    if (options.only.empty() || c.name == options.only) out.push_back(c.name);
+  std::vector<std::string> order;
+  std::map<std::string, double> expected_s;
+  for (const auto& c : compilers) {
+    if (!options.only.empty() && c.name != options.only) continue;
+    order.push_back(c.name);
+    expected_s[c.name] = c.expected_compile_s;
   }
-  return out;
+  SortByExpectedCost(&order, expected_s);
+  return order;
 }
 
 double RoundBudget(double remaining_s, int rounds_left) {

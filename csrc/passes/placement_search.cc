@@ -13,6 +13,8 @@ double Get(const std::map<std::string, double>& m, const std::string& k) {
   return it == m.end() ? 0.0 : it->second;
 }
 
+}  // namespace
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -20,32 +22,35 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-}  // namespace
+void SortByExpectedCost(std::vector<std::string>* names,
+                        const std::map<std::string, double>& expected_s) {
+  auto cost = [&](const std::string& b) {
+    double c = Get(expected_s, b);
+    return c > 0 ? c : std::numeric_limits<double>::infinity();
+  };
+  std::stable_sort(names->begin(), names->end(),
+                   [&](const std::string& a, const std::string& b) { return cost(a) < cost(b); });
+}
 
 std::vector<std::string> WholeGraphOrder(const std::vector<std::string>& backends,
                                          const std::string& reference,
                                          const std::map<std::string, double>& expected_compile_s,
                                          double cheap_fraction) {
-  // Unknown (absent or <= 0) costs sort after every known one, keeping the given order.
-  auto cost = [&](const std::string& b) {
-    double c = Get(expected_compile_s, b);
-    return c > 0 ? c : std::numeric_limits<double>::infinity();
-  };
   double ref_cost = Get(expected_compile_s, reference);
   std::vector<std::string> cheap, ref, rest;
   for (const auto& b : backends) {
     if (b == "eager" || b == "aten") continue;
+    double c = Get(expected_compile_s, b);
     if (b == reference) {
       ref.push_back(b);
-    } else if (ref_cost > 0 && cost(b) <= cheap_fraction * ref_cost) {
+    } else if (ref_cost > 0 && c > 0 && c <= cheap_fraction * ref_cost) {
       cheap.push_back(b);
     } else {
       rest.push_back(b);
     }
   }
-  auto by_cost = [&](const std::string& a, const std::string& b) { return cost(a) < cost(b); };
-  std::stable_sort(cheap.begin(), cheap.end(), by_cost);
-  std::stable_sort(rest.begin(), rest.end(), by_cost);
+  SortByExpectedCost(&cheap, expected_compile_s);
+  SortByExpectedCost(&rest, expected_compile_s);
   std::vector<std::string> out = cheap;
   out.insert(out.end(), ref.begin(), ref.end());
   out.insert(out.end(), rest.begin(), rest.end());

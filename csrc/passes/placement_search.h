@@ -106,6 +106,15 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
                                            const WholeGraphMeasurer& measurer,
                                            const WholeGraphSearchOptions& options);
 
+// The median of `v`; 0 when it is empty.
+double Median(std::vector<double> v);
+
+// Sorts `names` by their expected seconds, cheapest first; an unknown cost (absent or <= 0)
+// sorts after every known one, and ties keep the given order. The whole-graph order and the
+// finer search's rounds (placement_rounds.h) both order compilers this way.
+void SortByExpectedCost(std::vector<std::string>* names,
+                        const std::map<std::string, double>& expected_s);
+
 // The order whole graphs are compiled in. First the compilers expected to take at most
 // `cheap_fraction` of the reference's expected compile, cheapest first: always tried, since
 // the budget is only known once the reference has compiled (a reference served from
