@@ -72,7 +72,7 @@ _RANDOM_CALLS = frozenset(
 _RANDOM_METHODS = frozenset(
     {"bernoulli", "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_"}
 )
-_DROPOUTS = {torch.dropout, *(f for f in _RANDOM_CALLS if "dropout" in f.__name__)}
+_DROPOUTS = frozenset(f for f in _RANDOM_CALLS if "dropout" in f.__name__)
 
 
 def module_level_draws(gm: fx.GraphModule) -> list[str]:

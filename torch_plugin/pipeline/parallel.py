@@ -952,7 +952,7 @@ class PipelineParallel:
         if self._draw_plan is not None:
             self._replay_draws()
         loss_total = torch.zeros((), device=self._device)
-        self._failure: Exception | None = None
+        self._failure = None
         if self.my_stage >= 0:
             # A batch bigger than the example's runs as chunks of the example's, each the
             # plan's schedule, gradients accumulated (summed over ranks once, after the last):
@@ -992,20 +992,25 @@ class PipelineParallel:
         kept receiving (see _forward, _backward), so no peer waited out the process group's
         timeout; now every rank raises, the failed one its own error. The step's gradients are
         discarded on every rank (they were computed from zeros)."""
-        failed = torch.tensor([0 if self._failure is None else self.rank + 1], device=self._device)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
-        if not int(failed):
+        error, self._failure = self._failure, None
+        failed = self._failed_rank(error)
+        if failed is None:
             return
         for p in self.parameters():
             p.grad = None
-        error, self._failure = self._failure, None
         if error is not None:
             raise error
         raise RuntimeError(
-            f"torch_plugin pipeline: rank {int(failed) - 1} failed during this step (its error "
+            f"torch_plugin pipeline: rank {failed} failed during this step (its error "
             "says why); this rank finished the schedule on zeros and discarded the step's "
             "gradients (those accumulated before it too). Nothing was all-reduced."
         )
+
+    def _failed_rank(self, error: Exception | None) -> int | None:
+        """One all-reduce: the highest rank of the group whose `error` is set, None if none."""
+        failed = torch.tensor([0 if error is None else self.rank + 1], device=self._device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        return int(failed) - 1 if int(failed) else None
 
     def _chunks(self) -> list[tuple[int, int]]:
         """(first sample, samples) of each chunk of the step's batch the schedule runs."""
@@ -1075,13 +1080,12 @@ class PipelineParallel:
                 error = e
             finally:
                 self._chunk = (0, self.batch)
-        failed = torch.tensor([0 if error is None else self.rank + 1], device=self._device)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        failed = self._failed_rank(error)
         if error is not None:
             raise error
-        if int(failed):
+        if failed is not None:
             raise RuntimeError(
-                f"torch_plugin pipeline: rank {int(failed) - 1} cannot run its stage on this "
+                f"torch_plugin pipeline: rank {failed} cannot run its stage on this "
                 f"batch ({self._step_rows} samples of per-sample shapes {_shapes(self._sig)}); "
                 "its error says why. Nothing of this step ran."
             )
