@@ -437,11 +437,13 @@ class TransformersFails(RuntimeError):
     """transformers' own generate_batch fails on the model in one process (nothing to match)."""
 
 
-def one_process(model: Any, inputs: list[list[int]], gen: Any) -> tuple[dict[str, list[int]], int]:
+def one_process(
+    model: Any, inputs: list[list[int]], gen: Any, cb: Any = None
+) -> tuple[dict[str, list[int]], int]:
     """transformers' own generate_batch in this process: tokens by request id, and the most
     cache blocks it held at once."""
     held = {"now": 0, "peak": 0}
-    manager = model.init_continuous_batching(gen, cb_config_small())
+    manager = model.init_continuous_batching(gen, cb if cb is not None else cb_config_small())
     create = manager._create_batch_processor
 
     def created() -> Any:
@@ -484,10 +486,13 @@ def one_process(model: Any, inputs: list[list[int]], gen: Any) -> tuple[dict[str
     return out, held["peak"]
 
 
-def check_decoder(rank: int, world: int, name: str, requests: str) -> dict[str, Any]:
+def check_decoder(
+    rank: int, world: int, name: str, requests: str, page_size: int = 8
+) -> dict[str, Any]:
     """cache_parallel(model, mesh).generate_batch on a stream of 36 requests equals
     transformers' generate_batch in one process; this rank's KV blocks at most 1/world of the
-    single-process peak plus one per request."""
+    single-process peak plus one per request and attention group. The cache holds 384 tokens
+    a layer in pages of `page_size`."""
     from transformers import GenerationConfig
 
     import torch_plugin
@@ -500,23 +505,23 @@ def check_decoder(rank: int, world: int, name: str, requests: str) -> dict[str, 
     inputs = stream_small(vocab)
     greedy = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=hf_suite.PAD)
     # An end-of-sequence token the model emits early for some requests: some finish early.
-    first, _ = one_process(model, inputs, GenerationConfig(**greedy, eos_token_id=-1))
+    cb = cb_config_small(page_size=page_size, num_blocks=384 // page_size)
+    first, _ = one_process(model, inputs, GenerationConfig(**greedy, eos_token_id=-1), cb)
     counts = collections.Counter(t for toks in first.values() for t in toks[1 : NEW_TOKENS // 2])
     eos = counts.most_common(1)[0][0]
     gen = GenerationConfig(**greedy, eos_token_id=eos)
-    want, peak = one_process(model, inputs, gen)
+    want, peak = one_process(model, inputs, gen, cb)
     mesh = torch_plugin.DeviceMesh((world,), timeout_s=60)
     helix = requests == "helix"  # o_proj and the MLP tensor-parallel, rows replicated
     cp = torch_plugin.cache_parallel(model, mesh, helix=helix)
-    got = cp.generate_batch(
-        inputs, gen, cb_config_small(), requests="replicated" if helix else requests
-    )
+    got = cp.generate_batch(inputs, gen, cb, requests="replicated" if helix else requests)
     shard = cp.last_cb.shard
     return {
         "equal": {k: v.generated_tokens for k, v in got.items()} == want,
         "early": sum(len(v) < NEW_TOKENS for v in want.values()),
         "requests": len(got),
         "peak_blocks": shard.peak,
+        "groups": len(shard.groups),  # attention groups (full, sliding window)
         "most_requests": shard.most_requests,
         "transformers_cache_device": shard.transformers_cache_device,
         "mask_allocated": cp.last_cb.mask_allocated,

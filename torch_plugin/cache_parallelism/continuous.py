@@ -10,9 +10,9 @@ bookkeeping, its request broadcast between ranks) through four hooks, nothing co
     (what transformers does for tensor-parallel serving), with the KV heads left whole;
   - `PagedAttentionCache.update` writes and reads this rank's pages only. Page j of a request
     (positions [j*page, (j+1)*page)) lives on rank (j + the request's first block id) % world
-    (`PagedShard.owned`); transformers' block ids
-    stay its bookkeeping, each owned block gets a slot in this rank's storage, and the slot is
-    returned when transformers frees the block. transformers' own cache tensor is released
+    (`PagedShard.owned`); transformers' block ids stay its bookkeeping, each owned block gets a
+    slot in this rank's storage (`SplitCache`, one `PagedShard` per attention group), and the
+    slot is returned when transformers frees the block. transformers' own cache tensor is released
     after it is built;
   - the attention function (registered in AttentionInterface) attends every query of the batch
     over this rank's keys of its request (the split-KV kernel for decode batches; causal by
@@ -23,8 +23,11 @@ bookkeeping, its request broadcast between ranks) through four hooks, nothing co
     With Helix the rows stay replicated and the MLP and output projection are tensor-parallel
     (`helix.py`), the partials going to their head group by one all-to-all.
 
-Not supported (refused with the reason): sliding-window layers, sampling, several return
-sequences, and the CPU swap pool (`cpu_offload_space`): a preempted request is recomputed.
+Sliding-window layers keep transformers' ring of pages per request, each ring page on one rank
+(`PagedShard`), so a rank holds about 1/world of every request's window.
+
+Not supported (refused with the reason): sampling, several return sequences, and the CPU swap
+pool (`cpu_offload_space`): a preempted request is recomputed.
 """
 
 from __future__ import annotations
@@ -64,48 +67,74 @@ class GroupMesh:
 
 
 class Step:
-    """One batch's split: which of its new tokens this rank stores and where, which cached
-    entries it reads, and how the rows of a `requests="dp"` call are dealt."""
+    """One batch's split: how the rows of a `requests="dp"` call are dealt, each request's
+    queries, and per attention group (full or sliding-window layers) the keys this rank stores
+    and attends (`Keys`)."""
 
     def __init__(self, total: int, chunk: int, lo: int) -> None:
         self.total, self.chunk, self.lo = total, chunk, lo
+        self.cu_q: list[int] = []  # each request's query rows
+        self.query_positions = torch.empty(0, dtype=torch.long)
+        self.groups: dict[int, Keys] = {}  # by transformers' allocator index
+
+
+class Keys:
+    """One attention group's part of a step."""
+
+    def __init__(self, window: int | None) -> None:
+        self.window = window  # sliding window (keys at positions in (q - window, q]) or None
         self.write_rows = torch.empty(0, dtype=torch.long)  # rows of the batch stored here
         self.write_slots = torch.empty(0, dtype=torch.long)  # their rows in local storage
-        self.read_slots: torch.Tensor | None = None  # None: the keys are the new ones stored here
+        # Rows in local storage of the cached keys read. Full attention: None when the keys
+        # are the new ones stored here (nothing cached is read); else every key, the new ones
+        # included (written first). Sliding: the cached keys only, read before the new ones
+        # overwrite their ring slots; the new keys attended here are `new_rows` of the batch,
+        # and `order` puts [cached; new] in request order.
+        self.read_slots: torch.Tensor | None = None
+        self.new_rows: torch.Tensor | None = None
+        self.order: torch.Tensor | None = None
         # A decode batch (one query per request, the request's newest token): the local keys'
         # requests and places in a padded [requests, longest] layout, and each one's count.
         self.decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
-        # Any batch: each request's query rows, and the positions and requests of the local
-        # keys (grouped by request, in order): causal attention within each request.
-        self.cu_q: list[int] = []
-        self.query_positions = torch.empty(0, dtype=torch.long)
+        # The positions and requests of the local keys (grouped by request, in order): causal
+        # (and windowed) attention within each request.
         self.key_positions = torch.empty(0, dtype=torch.long)
         self.key_counts = torch.empty(0, dtype=torch.long)
 
+    def set_keys(
+        self, requests: torch.Tensor, positions: torch.Tensor, n: int, decode: bool
+    ) -> None:
+        """The local keys' requests (ascending) and positions."""
+        self.key_positions = positions
+        self.key_counts = torch.bincount(requests, minlength=n)
+        if decode:
+            counts = self.key_counts
+            place = torch.arange(requests.numel()) - (torch.cumsum(counts, 0) - counts)[requests]
+            self.decode = (requests, place, counts, max(int(counts.max()), 1))
+
 
 class PagedShard:
-    """This rank's pages of transformers' paged cache (full-attention layers)."""
+    """This rank's pages of one group of transformers' paged cache (the layers of one
+    allocator: full attention, or sliding-window attention kept as a ring of pages).
 
-    def __init__(self, cache: Any, world: int, rank: int) -> None:
-        kinds = list(cache.cache_allocators)
-        if kinds != ["full_attention"]:
-            raise NotImplementedError(
-                "torch_plugin cache_parallel.generate_batch: the model has "
-                f"{', '.join(k for k in kinds if k != 'full_attention')} layers; only full "
-                "attention is split over the ranks under continuous batching (use generate(), "
-                "which splits sliding-window caches too)"
-            )
-        alloc = cache.cache_allocators["full_attention"]
+    Full attention: page j of a request (positions [j*page, (j+1)*page)) is on rank
+    (j + the block id of its page 0) % world. Sliding window: transformers keeps position p in
+    ring slot p % window, its page (p % window) // page holding the tokens that slide through
+    it; that ring page is on rank (ring page + the block id of ring page 0) % world, so each
+    physical block stays on one rank and a rank holds about 1/world of every request's window.
+    The rotation by the request's first block spreads the pages beyond a multiple of world
+    over the ranks. Every rank computes the same owners (their schedules agree)."""
+
+    def __init__(self, alloc: Any, world: int, rank: int, device: torch.device) -> None:
         self.world, self.rank = world, rank
+        self.window: int | None = getattr(alloc, "sliding_window", None)
         self.page = int(alloc.tokens_per_page)
         self.stride = int(alloc.block_physical_stride)
+        self.write_trash = int(alloc.write_trash_index)
         self.heads, self.dim = int(alloc.num_key_value_heads), int(alloc.head_dim)
         self.dtype = alloc.cache_dtype
         self.layers = list(alloc.layer_indices)
-        self.device = torch.device(getattr(cache, "device", "cpu"))
-        # Where transformers' own cache tensor was made: "meta" when it was never allocated
-        # (see _MetaCacheTensor), the real device otherwise.
-        self.transformers_cache_device = cache.cache_tensor.device.type
+        self.device = device
         # Slots: owned blocks at most ceil(blocks / world) plus one per request; grown on demand.
         self.capacity = max(4, -(-int(alloc.num_blocks) // world))
         self.slot_of = torch.full((int(alloc.num_blocks) + 64,), -1, dtype=torch.long)
@@ -113,35 +142,17 @@ class PagedShard:
         self.keys = {i: self._storage(self.capacity) for i in self.layers}
         self.values = {i: self._storage(self.capacity) for i in self.layers}
         self.in_use = 0
-        self.peak = 0
-        self.most_requests = 0  # the most requests one batch held (the bound's "+1 per request")
-        self._hook(cache, alloc)
+        # transformers' own storage is not read any more: give its memory back.
+        empty = torch.empty(0, dtype=torch.uint8, device=device)
+        alloc.cache_tensor = empty
+        alloc._copy_view = empty
+        alloc._kv_token_views = {}
+        alloc._kv_page_views = {}
 
     def _storage(self, slots: int) -> torch.Tensor:
         return torch.zeros(
             (slots * self.page, self.heads, self.dim), dtype=self.dtype, device=self.device
         )
-
-    def _hook(self, cache: Any, alloc: Any) -> None:
-        pool = cache.pool
-        free_blocks, reset = pool.free_blocks, pool.reset
-
-        def freed(index: int, block_ids: list[int]) -> None:
-            self.release(block_ids)
-            free_blocks(index, block_ids)
-
-        def cleared() -> None:
-            self.release(torch.nonzero(self.slot_of >= 0).flatten().tolist())
-            reset()
-
-        pool.free_blocks, pool.reset = freed, cleared
-        # transformers' own storage is not read any more: give its memory back.
-        empty = torch.empty(0, dtype=torch.uint8, device=self.device)
-        cache.cache_tensor = empty
-        alloc.cache_tensor = empty
-        alloc._copy_view = empty
-        alloc._kv_token_views = {}
-        alloc._kv_page_views = {}
 
     # ---- slots -------------------------------------------------------------------------------
 
@@ -151,6 +162,9 @@ class PagedShard:
                 self.free.append(int(self.slot_of[b]))
                 self.slot_of[b] = -1
                 self.in_use -= 1
+
+    def release_all(self) -> None:
+        self.release(torch.nonzero(self.slot_of >= 0).flatten().tolist())
 
     def _grow(self) -> None:
         more = max(4, self.capacity // 4)
@@ -175,7 +189,6 @@ class PagedShard:
                         self._grow()
                     self.slot_of[b] = self.free.pop()
                     self.in_use += 1
-            self.peak = max(self.peak, self.in_use)
         slot = self.slot_of[blocks]
         if blocks.numel() and bool((slot < 0).any()):
             raise RuntimeError(
@@ -184,63 +197,179 @@ class PagedShard:
             )
         return slot * self.page + offsets
 
+    def _pages(self, positions: torch.Tensor) -> torch.Tensor:
+        """The page of each position: its sequence page, or (sliding) its ring page."""
+        if self.window is not None:
+            positions = positions % self.window
+        return torch.div(positions, self.page, rounding_mode="floor")
+
     def owned(self, positions: torch.Tensor, first_blocks: torch.Tensor) -> torch.Tensor:
-        """Page j of a request is on rank (j + its first block's id) % world: the same on
-        every rank (their schedules agree), and the pages beyond a multiple of world fall on
-        different ranks for different requests."""
-        pages = torch.div(positions, self.page, rounding_mode="floor")
-        return (pages + first_blocks) % self.world == self.rank
+        return (self._pages(positions) + first_blocks) % self.world == self.rank
 
     def block_bytes(self) -> int:
-        """One block of one layer (keys and values)."""
-        return 2 * self.page * self.heads * self.dim * torch.empty((), dtype=self.dtype).itemsize
-
-    def local_bytes(self) -> int:
-        """The most this rank held at once, all layers."""
-        return self.peak * self.block_bytes() * len(self.layers)
+        """One block (keys and values of every layer of the group)."""
+        item = torch.empty((), dtype=self.dtype).itemsize
+        return 2 * self.page * self.heads * self.dim * item * len(self.layers)
 
     # ---- one step ----------------------------------------------------------------------------
 
-    def prepare(self, batch: dict[str, Any], rows_split: bool) -> Step:
-        positions = batch["position_ids"][0].to(torch.long)
-        total = int(positions.numel())
-        chunk = -(-total // self.world) if rows_split else total
-        step = Step(total, chunk, self.rank * chunk if rows_split else 0)
-        write = batch["write_index"][0].to(torch.long)
-        read = batch["read_index"][0].to(torch.long)
-        cu_q = batch["cu_seq_lens_q"].to(torch.long)
-        cu_k = batch["cu_seq_lens_k"]
-        cu_k = (cu_k["full_attention"] if isinstance(cu_k, dict) else cu_k).to(torch.long)
-        q_lens, k_lens = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
-        requests = torch.arange(q_lens.numel())
-        self.most_requests = max(self.most_requests, int(q_lens.numel()))
-        # Each request's first block: its first read entry, or (nothing read: every request
-        # starts at position 0) its first write.
+    def prepare(
+        self, step: Step, write: torch.Tensor, read: torch.Tensor, cu_k: torch.Tensor
+    ) -> Keys:
+        keys = Keys(self.window)
+        cu_q = torch.tensor(step.cu_q, dtype=torch.long)
+        q_lens = cu_q[1:] - cu_q[:-1]
+        n = int(q_lens.numel())
+        requests = torch.arange(n)
+        of_token = torch.repeat_interleave(requests, q_lens)
+        positions = step.query_positions
+        decode = bool((q_lens == 1).all())
+        if self.window is not None:
+            return self._prepare_sliding(keys, step, write, read, cu_k, of_token, decode)
+        # Each request's page 0: its first read entry, or (nothing read: every request starts
+        # at position 0) its first write.
         first = read if read.numel() else write
         starts = (cu_k if read.numel() else cu_q)[:-1].clamp(max=max(first.numel() - 1, 0))
         first_blocks = torch.div(first[starts], self.stride, rounding_mode="floor")
-        of_token = torch.repeat_interleave(requests, q_lens)
         mine = self.owned(positions, first_blocks[of_token])
-        step.write_rows = torch.nonzero(mine).flatten()
-        step.write_slots = self.slots(write[mine], assign=True)
-        step.cu_q = cu_q.tolist()
-        step.query_positions = positions
+        keys.write_rows = torch.nonzero(mine).flatten()
+        keys.write_slots = self.slots(write[mine], assign=True)
         if read.numel() == 0:  # no cached entries read: the keys are the batch's own tokens
-            step.key_positions = positions[step.write_rows]
-            step.key_counts = torch.bincount(of_token[mine], minlength=q_lens.numel())
-            return step
+            keys.set_keys(of_token[mine], positions[keys.write_rows], n, decode=False)
+            return keys
         # Entry e of request i (entries [cu_i, cu_i+1)) is at position e - cu_i.
+        k_lens = cu_k[1:] - cu_k[:-1]
         of_entry = torch.repeat_interleave(requests, k_lens)
         read_positions = torch.arange(read.numel(), dtype=torch.long) - cu_k[:-1][of_entry]
         keep = self.owned(read_positions, first_blocks[of_entry])
-        step.read_slots = self.slots(read[keep], assign=False)
-        kept = of_entry[keep]  # ascending: entries are grouped by request
-        step.key_positions = read_positions[keep]
-        step.key_counts = torch.bincount(kept, minlength=q_lens.numel())
-        if bool((q_lens == 1).all()):
-            counts = step.key_counts
-            place = torch.arange(kept.numel()) - (torch.cumsum(counts, 0) - counts)[kept]
-            step.decode = (kept, place, counts, max(int(counts.max()), 1))
+        keys.read_slots = self.slots(read[keep], assign=False)
+        keys.set_keys(of_entry[keep], read_positions[keep], n, decode)  # ascending requests
+        return keys
+
+    def _prepare_sliding(
+        self,
+        keys: Keys,
+        step: Step,
+        write: torch.Tensor,
+        read: torch.Tensor,
+        cu_k: torch.Tensor,
+        of_token: torch.Tensor,
+        decode: bool,
+    ) -> Keys:
+        """transformers reads a request's last min(past, window - 1) cached entries (then a
+        sentinel per new token) and writes each new token to its ring slot (the first ones of a
+        prefill longer than the window to the trash). The cached entries and the new tokens
+        together span at least `window` consecutive positions or start at 0, so ring page 0
+        is among them in every step: its block is the request's rotation."""
+        assert self.window is not None
+        cu_q = torch.tensor(step.cu_q, dtype=torch.long)
+        q_lens = cu_q[1:] - cu_q[:-1]
+        n = int(q_lens.numel())
+        requests = torch.arange(n)
+        positions = step.query_positions
+        cached = (cu_k[1:] - cu_k[:-1]) - q_lens if read.numel() else torch.zeros_like(q_lens)
+        past = positions[cu_q[:-1].clamp(max=max(positions.numel() - 1, 0))]
+        of_cached = torch.repeat_interleave(requests, cached)
+        j = torch.arange(of_cached.numel()) - (torch.cumsum(cached, 0) - cached)[of_cached]
+        cached_positions = past[of_cached] - cached[of_cached] + j
+        cached_physical = read[cu_k[:-1][of_cached] + j] if read.numel() else j
+        stored = write != self.write_trash
+        # The block of each request's ring page 0.
+        who = torch.cat([of_cached, of_token[stored]])
+        where = torch.cat([cached_positions, positions[stored]])
+        physical = torch.cat([cached_physical, write[stored]])
+        zero = self._pages(where) == 0
+        first_blocks = torch.full((n,), -1, dtype=torch.long)
+        first_blocks[who[zero]] = torch.div(physical[zero], self.stride, rounding_mode="floor")
+        if bool((first_blocks < 0).any()):
+            raise RuntimeError(
+                "torch_plugin cache_parallel: a request's sliding-window entries do not reach "
+                "its ring page 0 (transformers' ring layout changed?)"
+            )
+        mine_cached = self.owned(cached_positions, first_blocks[of_cached])
+        keys.read_slots = self.slots(cached_physical[mine_cached], assign=False)
+        mine_new = self.owned(positions, first_blocks[of_token])
+        keys.new_rows = torch.nonzero(mine_new).flatten()
+        keys.write_rows = torch.nonzero(mine_new & stored).flatten()
+        keys.write_slots = self.slots(write[keys.write_rows], assign=True)
+        # [cached; new] by request, cached first within a request (a stable sort).
+        of_key = torch.cat([of_cached[mine_cached], of_token[mine_new]])
+        of_key, keys.order = torch.sort(of_key, stable=True)
+        key_positions = torch.cat([cached_positions[mine_cached], positions[mine_new]])
+        keys.set_keys(of_key, key_positions[keys.order], n, decode)
+        return keys
+
+
+class SplitCache:
+    """This rank's part of transformers' paged cache: one PagedShard per attention group
+    (full-attention layers, sliding-window layers), transformers' block ids kept as its
+    bookkeeping, each owned block given a slot in this rank's storage and the slot returned
+    when transformers frees the block."""
+
+    def __init__(self, cache: Any, world: int, rank: int) -> None:
+        kinds = list(cache.cache_allocators)
+        other = [k for k in kinds if k not in ("full_attention", "sliding_attention")]
+        if other:
+            raise NotImplementedError(
+                "torch_plugin cache_parallel.generate_batch: the model has "
+                f"{', '.join(other)} layers; only full and sliding-window attention are split "
+                "over the ranks under continuous batching"
+            )
+        self.device = torch.device(getattr(cache, "device", "cpu"))
+        # Where transformers' own cache tensor was made: "meta" when it was never allocated
+        # (see _MetaCacheTensor), the real device otherwise.
+        self.transformers_cache_device = cache.cache_tensor.device.type
+        self.groups = {
+            int(a.index): PagedShard(a, world, rank, self.device)
+            for a in cache.cache_allocators.values()
+        }
+        self.group_of = {i: g for g, s in self.groups.items() for i in s.layers}
+        self.page = min(s.page for s in self.groups.values())
+        self.peak = 0  # the most blocks held at once, all groups
+        self.peak_bytes = 0
+        self.most_requests = 0  # the most requests one batch held (the bound's "+1 per request")
+        pool = cache.pool
+        free_blocks, reset = pool.free_blocks, pool.reset
+
+        def freed(index: int, block_ids: list[int]) -> None:
+            self.groups[int(index)].release(block_ids)
+            free_blocks(index, block_ids)
+
+        def cleared() -> None:
+            for s in self.groups.values():
+                s.release_all()
+            reset()
+
+        pool.free_blocks, pool.reset = freed, cleared
+        cache.cache_tensor = torch.empty(0, dtype=torch.uint8, device=self.device)
+
+    def local_bytes(self) -> int:
+        """The most this rank held at once, all layers."""
+        return self.peak_bytes
+
+    def prepare(self, batch: dict[str, Any], rows_split: bool, world: int, rank: int) -> Step:
+        positions = batch["position_ids"][0].to(torch.long)
+        total = int(positions.numel())
+        chunk = -(-total // world) if rows_split else total
+        step = Step(total, chunk, rank * chunk if rows_split else 0)
+        step.cu_q = batch["cu_seq_lens_q"].to(torch.long).tolist()
+        step.query_positions = positions
+        self.most_requests = max(self.most_requests, len(step.cu_q) - 1)
+        cu_k = batch["cu_seq_lens_k"]
+        for g, shard in self.groups.items():
+            kind = "sliding_attention" if shard.window is not None else "full_attention"
+            ck = cu_k[kind] if isinstance(cu_k, dict) else cu_k
+            step.groups[g] = shard.prepare(
+                step,
+                batch["write_index"][g].to(torch.long),
+                batch["read_index"][g].to(torch.long)
+                if len(batch["read_index"]) > g
+                else torch.empty(0, dtype=torch.long),
+                ck.to(torch.long),
+            )
+        self.peak = max(self.peak, sum(s.in_use for s in self.groups.values()))
+        held = sum(s.in_use * s.block_bytes() for s in self.groups.values())
+        self.peak_bytes = max(self.peak_bytes, held)
         return step
 
 
@@ -265,8 +394,9 @@ class ContinuousCP:
         self.comm = owner.comm
         self.world, self.rank = owner.comm.world, owner.comm.rank
         self.rows_split = requests == "dp" and self.world > 1
-        self.shard: PagedShard | None = None
+        self.shard: SplitCache | None = None
         self.step: Step | None = None
+        self.group = 0  # the attention group of the layer being run (set by update)
         self.steps = 0
         self.kernel_calls = 0  # decode attentions run by the split-KV kernel
         self.tokens = 0  # the batches' tokens, all steps (the thesis's volumes scale with it)
@@ -277,7 +407,7 @@ class ContinuousCP:
     # ---- the cache -----------------------------------------------------------------------
 
     def install(self, cache: Any, offloading: Any) -> None:
-        self.shard = PagedShard(cache, self.world, self.rank)
+        self.shard = SplitCache(cache, self.world, self.rank)
         cache.update = self.update
 
         # Preemption when the cache is full: transformers either copies a request's blocks to
@@ -297,8 +427,10 @@ class ContinuousCP:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stores this rank's entries of the new keys and values, returns its keys and values
         for the batch: [1, kv_heads, n_local, D]."""
-        shard, step = self.shard, self.step
-        assert shard is not None and step is not None, "update outside a cache-parallel step"
+        split, step = self.shard, self.step
+        assert split is not None and step is not None, "update outside a cache-parallel step"
+        self.group = g = split.group_of[layer_idx]
+        shard, keys = split.groups[g], step.groups[g]
         if self.rows_split:  # the batch's keys and values from every rank's rows
             both = torch.cat([key, value], dim=1)  # [1, 2*kvh, chunk, D]
             every = self.comm.all_gather(both, "cp_qkv")  # [world, 1, 2*kvh, chunk, D]
@@ -307,11 +439,32 @@ class ContinuousCP:
         k_rows = key[0].transpose(0, 1)  # [T, kvh, D]
         v_rows = value[0].transpose(0, 1)
         ks, vs = shard.keys[layer_idx], shard.values[layer_idx]
-        k, v = k_rows.index_select(0, step.write_rows), v_rows.index_select(0, step.write_rows)
-        ks.index_copy_(0, step.write_slots, k.to(ks.dtype))
-        vs.index_copy_(0, step.write_slots, v.to(vs.dtype))
-        if step.read_slots is not None:  # else the keys are the new ones just stored
-            k, v = ks.index_select(0, step.read_slots), vs.index_select(0, step.read_slots)
+        if keys.new_rows is not None:  # sliding: read the cached keys before the ring moves on
+            assert keys.read_slots is not None and keys.order is not None
+            k = torch.cat(
+                [
+                    ks.index_select(0, keys.read_slots),
+                    k_rows.index_select(0, keys.new_rows).to(ks.dtype),
+                ]
+            ).index_select(0, keys.order)
+            v = torch.cat(
+                [
+                    vs.index_select(0, keys.read_slots),
+                    v_rows.index_select(0, keys.new_rows).to(vs.dtype),
+                ]
+            ).index_select(0, keys.order)
+            ks.index_copy_(
+                0, keys.write_slots, k_rows.index_select(0, keys.write_rows).to(ks.dtype)
+            )
+            vs.index_copy_(
+                0, keys.write_slots, v_rows.index_select(0, keys.write_rows).to(vs.dtype)
+            )
+            return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+        k, v = k_rows.index_select(0, keys.write_rows), v_rows.index_select(0, keys.write_rows)
+        ks.index_copy_(0, keys.write_slots, k.to(ks.dtype))
+        vs.index_copy_(0, keys.write_slots, v.to(vs.dtype))
+        if keys.read_slots is not None:  # else the keys are the new ones just stored
+            k, v = ks.index_select(0, keys.read_slots), vs.index_select(0, keys.read_slots)
         return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
 
     # ---- attention -----------------------------------------------------------------------
@@ -323,19 +476,26 @@ class ContinuousCP:
         value: torch.Tensor,
         scaling: float | None,
         softcap: float | None,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         """[1, rows, H, D]: the merged attention of this rank's rows of the batch."""
         step = self.step
         assert step is not None
+        keys = step.groups[self.group]
+        if sliding_window is not None and sliding_window != keys.window:
+            raise NotImplementedError(
+                f"torch_plugin cache_parallel: a layer attends with a sliding window of "
+                f"{sliding_window} over a cache group kept for {keys.window or 'full attention'}"
+            )
         if self.rows_split:
             every = self.comm.all_gather(query, "cp_qkv")  # [world, 1, H, chunk, D]
             query = torch.cat(list(every.unbind(0)), dim=2)  # [1, H, world*chunk, D]
         h, rows, d = query.shape[1:]
         scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
-        if step.decode is not None:
-            out, lse = self._decode(query, key, value, step, scale, softcap)
+        if keys.decode is not None:
+            out, lse = self._decode(query, key, value, keys, scale, softcap)
         else:
-            out, lse = self._dense(query, key, value, step, scale, softcap)
+            out, lse = self._dense(query, key, value, step, keys, scale, softcap)
         merged = self._merge(out.unsqueeze(0), lse.unsqueeze(0), step)  # [1, H, r, D]
         return merged.to(query.dtype).transpose(1, 2).contiguous()
 
@@ -345,19 +505,21 @@ class ContinuousCP:
         key: torch.Tensor,
         value: torch.Tensor,
         step: Step,
+        keys: Keys,
         scale: float,
         softcap: float | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill (or mixed) batches: each request's queries over its local keys, causal by
-        position (transformers' packed mask is block-diagonal: nothing outside a request's
-        block is computed). out [H, rows, D] and lse [H, rows], float32."""
+        position and within the window if the layer has one (transformers' packed mask is
+        block-diagonal: nothing outside a request's block is computed). out [H, rows, D] and
+        lse [H, rows], float32."""
         h, rows, d = query.shape[1:]
         kvh = key.shape[1]
         group = h // kvh
         out = torch.zeros((h, rows, d), dtype=torch.float32, device=query.device)
         lse = torch.full((h, rows), float("-inf"), dtype=torch.float32, device=query.device)
         q_all, k_all, v_all = query[0].float(), key[0].float(), value[0].float()
-        ends = torch.cumsum(step.key_counts, 0).tolist()
+        ends = torch.cumsum(keys.key_counts, 0).tolist()
         k0 = 0
         for i, k1 in enumerate(ends):
             q0, q1 = step.cu_q[i], step.cu_q[i + 1]
@@ -370,8 +532,11 @@ class ContinuousCP:
             if softcap:
                 scores = torch.tanh(scores / softcap) * softcap
             scores = scores.view(kvh, group, nq, nk)
-            future = step.key_positions[k0:k1][None, :] > step.query_positions[q0:q1][:, None]
-            scores = scores.masked_fill(future, float("-inf"))
+            gap = step.query_positions[q0:q1][:, None] - keys.key_positions[k0:k1][None, :]
+            hidden = gap < 0  # the future
+            if keys.window is not None:
+                hidden |= gap >= keys.window
+            scores = scores.masked_fill(hidden, float("-inf"))
             m = torch.logsumexp(scores, dim=-1)  # [kvh, group, nq]
             p = torch.exp(scores - m.unsqueeze(-1).clamp(min=torch.finfo(torch.float32).min))
             o = torch.matmul(p.view(kvh, group * nq, nk), v_all[:, k0:k1])
@@ -385,15 +550,16 @@ class ContinuousCP:
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        step: Step,
+        keys: Keys,
         scale: float,
         softcap: float | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode batch: the split-KV kernel over each request's local entries, laid out
         [requests, kv_heads, longest, D] (one copy of what this rank reads, as transformers'
-        own index_select makes of the whole cache)."""
-        assert step.decode is not None
-        kept, place, counts, longest = step.decode
+        own index_select makes of the whole cache). A sliding layer's keys are all in the
+        window of the one query."""
+        assert keys.decode is not None
+        kept, place, counts, longest = keys.decode
         n_req = int(counts.numel())
         h, rows, d = query.shape[1:]
         kvh = key.shape[1]
@@ -445,7 +611,7 @@ class ContinuousCP:
     def call(self, model: nn.Module, batch: dict[str, Any]) -> Any:
         shard = self.shard
         assert shard is not None, "the batch processor was not hooked"
-        self.step = step = shard.prepare(batch, self.rows_split)
+        self.step = step = shard.prepare(batch, self.rows_split, self.world, self.rank)
         self.steps += 1
         self.tokens += step.total
         try:

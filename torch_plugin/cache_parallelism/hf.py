@@ -426,7 +426,10 @@ class HFCacheParallel(nn.Module):
         if cb is not None and cb.step is not None:  # a continuous-batching step
             if dropout:
                 raise NotImplementedError("torch_plugin cache_parallel: dropout in generation")
-            return cb.attention(query, key, value, scaling, kwargs.get("softcap")), None
+            out = cb.attention(
+                query, key, value, scaling, kwargs.get("softcap"), kwargs.get("sliding_window")
+            )
+            return out, None
         # An error from here on is ours or the kernel's, not a model that bypasses this function.
         self.attention_entered = True
         cache = self.cache
