@@ -21,8 +21,8 @@ Streams: `long_prompts` (prompts of 256-384 tokens, 16 new) and `long_decodes` (
 16-64 tokens, 64 new), 32 requests each, maximum batch 8 / 16 / 32 (the thesis's 32 / 128 /
 512 scaled to 32 requests), 2 and 4 ranks. Figures: tokens/s and per-step latency (median and
 spread over --runs runs), every contender's tokens against `one`'s, the bytes each rank sent
-per step (measured for cp and helix; the thesis's formulas for cp and tp from the tokens each
-step processed), and a projection to 4 and 8 H100s from the decode cost model
+per step (measured for cp, helix and tp, against the thesis's formulas for cp and tp from the
+tokens each step processed), and a projection to 4 and 8 H100s from the decode cost model
 (`_C.model_decode_layer`, a model, not a measurement).
 
     python benchmarks/cp_serving.py [--runs 5] [--worlds 2 4] [--quick]
@@ -52,6 +52,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -122,6 +123,63 @@ class Steps:
         self.n += 1
 
 
+class CollectiveBytes(TorchDispatchMode):
+    """Bytes this rank sends in the functional collectives DTensor issues (the TP contender),
+    by the ring model the cache-parallel counters use: all-reduce 2(n-1)/n of the tensor,
+    all-gather n-1 copies of the input, reduce-scatter and all-to-all (n-1)/n of it. DTensor
+    ops are passed on to DTensor (NotImplemented), so the collectives its dispatch issues come
+    back here."""
+
+    FACTORS = {
+        "all_reduce": lambda n: 2 * (n - 1) / n,
+        "all_gather_into_tensor": lambda n: n - 1,
+        "reduce_scatter_tensor": lambda n: (n - 1) / n,
+        "all_to_all_single": lambda n: (n - 1) / n,
+    }
+
+    def __init__(self, world: int) -> None:
+        super().__init__()
+        self.world = world
+        self.sent: dict[str, float] = collections.defaultdict(float)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
+        if func.namespace == "_c10d_functional":
+            name = func.__name__.split(".")[0].removesuffix("_")
+            factor = self.FACTORS.get(name)
+            if factor is not None and isinstance(args[0], torch.Tensor):
+                t = args[0]
+                self.sent[f"tp_{name}"] += factor(self.world) * t.numel() * t.element_size()
+        return func(*args, **(kwargs or {}))
+
+
+class CountedForward:
+    """The TP model's forward, each call (an engine step, in transformers' generation thread)
+    under CollectiveBytes while `on`; counts the tokens the steps processed."""
+
+    def __init__(self, model: torch.nn.Module, world: int) -> None:
+        self.forward, self.world = model.forward, world
+        self.on = False
+        self.mode = CollectiveBytes(world)
+        self.tokens = 0
+        model.forward = self
+
+    def reset(self, on: bool) -> None:
+        self.on, self.tokens = on, 0
+        self.mode = CollectiveBytes(self.world)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.on:
+            return self.forward(*args, **kwargs)
+        ids = kwargs.get("input_ids")
+        self.tokens += int(ids.numel()) if isinstance(ids, torch.Tensor) else 0
+        with self.mode:
+            return self.forward(*args, **kwargs)
+
+
 def hf_generate(model: torch.nn.Module, prompts: list[list[int]], new: int, cb: Any) -> dict:
     out = model.generate_batch(prompts, generation(new), cb)
     return {k: list(v.generated_tokens) for k, v in out.items()}
@@ -162,6 +220,8 @@ def worker(rank: int, world: int, port: int, args: dict, out: str) -> None:
         "tp": Steps(models["tp"]),
     }
     counters["dp"] = counters["one"]
+    # TP's bytes: counted in the untimed first run only (the dispatch mode costs time).
+    tp_forward = CountedForward(models["tp"], world)
     rows = []
     for kind in args["streams"]:
         prompts, new = stream(kind)
@@ -170,6 +230,7 @@ def worker(rank: int, world: int, port: int, args: dict, out: str) -> None:
             reference: dict | None = None
             for name in args["contenders"]:
                 times, steps, equal, sent = [], [], None, {}
+                processed, sent_steps = 0, 1.0
                 for run in range(args["runs"] + 1):  # the first run warms up, untimed
                     counter = counters[name]
                     counter.n = 0
@@ -200,11 +261,18 @@ def worker(rank: int, world: int, port: int, args: dict, out: str) -> None:
                         sent = dict(m.comm.bytes_sent)
                         processed = m.last_cb.tokens
                     else:
+                        tp_forward.reset(on=run == 0)
                         got = hf_generate(models["tp"], prompts, new, cb_config(max_batch, longest))
+                        if run == 0:
+                            sent = dict(tp_forward.mode.sent)
+                            processed = tp_forward.tokens
+                        tp_forward.reset(on=False)
                     dist.barrier()
                     elapsed = time.perf_counter() - t0
                     n_steps = torch.tensor([float(counter.n)])
                     dist.all_reduce(n_steps, op=dist.ReduceOp.MAX)
+                    if name in ("cp", "helix") or run == 0:
+                        sent_steps = max(float(n_steps), 1.0)
                     if run == 0:
                         equal = check(got, name, rank, world, reference)
                         if name == "one":
@@ -224,9 +292,9 @@ def worker(rank: int, world: int, port: int, args: dict, out: str) -> None:
                     step_ms=[1e3 * t / max(s, 1.0) for t, s in zip(times, steps, strict=True)],
                     equal_to_one=equal,
                 )
-                if sent:
-                    row["bytes_per_step"] = {k: v / max(steps[-1], 1.0) for k, v in sent.items()}
-                    row["tokens_per_step"] = processed / max(steps[-1], 1.0)
+                if sent:  # cp, helix: the last run's counts; tp: the first run's (measured)
+                    row["bytes_per_step"] = {k: v / sent_steps for k, v in sent.items()}
+                    row["tokens_per_step"] = processed / sent_steps
                 rows.append(row)
                 if rank == 0:
                     tps = statistics.median(row["tokens_per_s"])
