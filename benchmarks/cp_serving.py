@@ -356,10 +356,40 @@ def thesis_bytes(row: dict) -> dict:
     return {"cp": layers * (gather + to_all), "tp": layers * tp}
 
 
+def measured_h100() -> dict:
+    """The H100 profile with what the GPU script measured on one (benchmarks/results/
+    gpu_kernels.json): its read bandwidth for the weights, and our split-KV decode kernel's
+    median fraction of it for the KV cache. NVLink stays the preset's (no multi-GPU machine
+    was measured). Without that file (or from another device): the preset alone."""
+    path = os.path.join(RESULTS, "gpu_kernels.json")
+    try:
+        with open(path) as f:
+            gpu = json.load(f)
+    except (OSError, ValueError):
+        return {"profile": "h100", "source": "the h100 preset (no gpu_kernels.json)"}
+    device = str(gpu.get("device", ""))
+    rows = [r for r in gpu.get("split_kv_timing", []) if r.get("variant") == "tensor_core"]
+    if "H100" not in device or not rows or not gpu.get("read_bandwidth_gbps"):
+        return {"profile": "h100", "source": f"the h100 preset (gpu_kernels.json is {device!r})"}
+    read = float(gpu["read_bandwidth_gbps"]) * 1e9
+    fraction = statistics.median(float(r["fraction_of_read_bw"]) for r in rows)
+    return {
+        "profile": {"base": "h100", "mem_bandwidth": read, "attention_bandwidth": read * fraction},
+        "source": (
+            f"gpu_kernels.json at {gpu.get('commit')} on {device}: read bandwidth "
+            f"{read / 1e9:.0f} GB/s, the split-KV decode kernel at {fraction:.2f} of it (median "
+            f"of {len(rows)} shapes); NVLink, peak FLOP/s and memory from the h100 preset"
+        ),
+    }
+
+
 def projection() -> list[dict]:
     """Modelled (not measured): a Llama-3-8B layer's decode step on 4 and 8 H100s (NVLink), DP
-    / TP / CP / Helix tokens/s per layer, from the decode cost model."""
+    / TP / CP / Helix tokens/s per layer, from the decode cost model with the H100's measured
+    read bandwidth and our decode kernel's measured fraction of it (measured_h100)."""
     from torch_plugin import _C
+
+    device = measured_h100()["profile"]
 
     layer = dict(hidden=4096, q_heads=32, kv_heads=8, head_dim=128, ffn_hidden=14336, dtype_bytes=2)
     rows = []
@@ -374,7 +404,7 @@ def projection() -> list[dict]:
                     ("cp", "cp_gather_qkv"),
                     ("helix", "helix"),
                 ):
-                    c = _C.model_decode_layer(spec, world, strategy, "h100")
+                    c = _C.model_decode_layer(spec, world, strategy, device)
                     ok = c["valid"] and c.get("fits", True)
                     row[name] = batch / c["total_s"] if ok else 0.0
                 fits = [k for k in ("dp", "tp", "cp", "helix") if row[k] > 0]
@@ -398,9 +428,16 @@ def write_projection() -> None:
     for r in rows:
         cells = "  ".join(f"{k} {r[k] / 1e3:7.1f}K" for k in ("dp", "tp", "cp", "helix"))
         print(f"  {r['world']} x H100 batch {r['batch']:>3} context {r['context']:>6}: {cells}")
+    h100 = measured_h100()
+    print(f"  device: {h100['source']}")
     write(
         "cp_serving_projection.json",
-        {"model": "torch_plugin._C.model_decode_layer, h100 profile", "rows": rows},
+        {
+            "model": "torch_plugin._C.model_decode_layer (a model, not a measurement)",
+            "device": h100["source"],
+            "profile": h100["profile"],
+            "rows": rows,
+        },
     )
 
 

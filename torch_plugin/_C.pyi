@@ -2056,9 +2056,9 @@ def measure_f32_peak(threads: typing.SupportsInt | typing.SupportsIndex, seconds
     """
     The machine's f32 multiply-add peak in FLOP/s on `threads` threads, measured (csrc/cost/cpu_peak.h).
     """
-def model_decode_layer(layer: dict, world: typing.SupportsInt | typing.SupportsIndex, strategy: str, device: str) -> dict:
+def model_decode_layer(layer: dict, world: typing.SupportsInt | typing.SupportsIndex, strategy: str, device: typing.Any) -> dict:
     """
-    Modelled decode step of one layer: times, bytes sent per rank, memory (dict).
+    Modelled decode step of one layer: times, bytes sent per rank, memory (dict). device: a preset name, or a dict {'base': preset, field: value} (mem_bandwidth, attention_bandwidth, link_bandwidth, ...).
     """
 def offloaded_runs(bits: collections.abc.Sequence[bool]) -> list[tuple[int, int]]:
     """

@@ -54,21 +54,54 @@ cost::DecodeStrategy StrategyFromName(const std::string& s) {
                               "'; valid: dp, tp, cp_gather_qkv, cp_gather_partials, helix");
 }
 
+// A preset by name, or a dict: {"base": preset (default "h100"), and any of the profile's
+// fields} (a profile from measured figures: read bandwidth, a kernel's fraction of it).
+cost::DeviceProfile DeviceFromObject(const py::object& device) {
+  if (py::isinstance<py::str>(device)) return cost::FindDeviceProfile(device.cast<std::string>());
+  const auto d = device.cast<py::dict>();
+  cost::DeviceProfile p = cost::FindDeviceProfile(d.contains("base") ? d["base"].cast<std::string>()
+                                                                     : std::string("h100"));
+  const std::vector<std::pair<const char*, double*>> fields = {
+      {"peak_flops", &p.peak_flops},
+      {"mem_bandwidth", &p.mem_bandwidth},
+      {"memory_bytes", &p.memory_bytes},
+      {"link_bandwidth", &p.link_bandwidth},
+      {"link_latency", &p.link_latency},
+      {"kernel_overhead", &p.kernel_overhead},
+      {"attention_bandwidth", &p.attention_bandwidth}};
+  for (const auto& item : d) {
+    const auto key = item.first.cast<std::string>();
+    if (key == "base") continue;
+    if (key == "name") {
+      p.name = item.second.cast<std::string>();
+      continue;
+    }
+    auto it =
+        std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return key == f.first; });
+    if (it == fields.end())
+      throw std::invalid_argument("unknown device-profile field '" + key + "'");
+    *it->second = item.second.cast<double>();
+  }
+  return p;
+}
+
 }  // namespace
 
 void BindCacheParallel(py::module_& m, py::class_<passes::PassManager>& pm) {
   m.def(
       "model_decode_layer",
-      [](const py::dict& layer, int world, const std::string& strategy, const std::string& device) {
+      [](const py::dict& layer, int world, const std::string& strategy, const py::object& device) {
         const cost::DecodeLayer l = LayerFromDict(layer);
-        py::dict out = CostDict(cost::ModelDecodeLayer(l, world, StrategyFromName(strategy),
-                                                       cost::FindDeviceProfile(device)));
+        py::dict out = CostDict(
+            cost::ModelDecodeLayer(l, world, StrategyFromName(strategy), DeviceFromObject(device)));
         out["thesis_cp_bytes"] = cost::ThesisCpBytes(l, world);
         out["thesis_tp_bytes"] = cost::ThesisTpBytes(l, world);
         return out;
       },
       py::arg("layer"), py::arg("world"), py::arg("strategy"), py::arg("device"),
-      "Modelled decode step of one layer: times, bytes sent per rank, memory (dict).");
+      "Modelled decode step of one layer: times, bytes sent per rank, memory (dict). device: a "
+      "preset name, or a dict {'base': preset, field: value} (mem_bandwidth, "
+      "attention_bandwidth, link_bandwidth, ...).");
 
   using passes::CacheParallelOptions;
   Struct<CacheParallelOptions>(m, "CacheParallelOptions",

@@ -98,7 +98,15 @@ DecodeCost ModelDecodeLayer(const DecodeLayer& l, int world, DecodeStrategy stra
   const double kv_bytes = b * ctx * kv_per_token * kv_share * imbalance;
   const double attn_flops = 4 * b * ctx * hq * d * kv_share * imbalance;
   const double weight_bytes = params * bytes * weight_share;
-  c.compute_s = ComputeTime(device, proj_flops + attn_flops, weight_bytes + kv_bytes, kernels);
+  if (device.attention_bandwidth > 0) {
+    // The attention kernel at its own measured rate, after the projections and the MLP.
+    DeviceProfile attention = device;
+    attention.mem_bandwidth = device.attention_bandwidth;
+    c.compute_s = ComputeTime(device, proj_flops, weight_bytes, kernels) +
+                  ComputeTime(attention, attn_flops, kv_bytes, 0);
+  } else {
+    c.compute_s = ComputeTime(device, proj_flops + attn_flops, weight_bytes + kv_bytes, kernels);
+  }
   c.overhead_s = blocks * block_share * l.seconds_per_block;
 
   switch (strategy) {

@@ -19,6 +19,9 @@ struct DeviceProfile {
   double link_bandwidth = 0;   // bytes/s between two devices (point-to-point)
   double link_latency = 0;     // seconds per message
   double kernel_overhead = 0;  // seconds per kernel launch
+  // Bytes/s a decode attention kernel reaches reading the KV cache (a measured kernel's
+  // fraction of the measured read bandwidth); 0: priced with everything else at mem_bandwidth.
+  double attention_bandwidth = 0;
 };
 
 // Presets: "v100", "a100", "h100", "a5000", "cpu" (a 2-core box running gloo). Throws

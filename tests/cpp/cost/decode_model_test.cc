@@ -36,6 +36,21 @@ TEST(DecodeModel, CollectiveBytesAreExact) {
   EXPECT_GT(cpq.bytes_sent_per_rank, tp.bytes_sent_per_rank);
 }
 
+TEST(DecodeModel, AttentionAtItsOwnBandwidth) {
+  // A measured kernel that reads the KV cache at half the memory bandwidth: the attention is
+  // priced on its own, after the projections, at that rate (decode is memory-bound here).
+  DeviceProfile d = FindDeviceProfile("h100");
+  const DecodeLayer l = Llama7B(8, 32768);
+  const auto base = ModelDecodeLayer(l, 4, DecodeStrategy::kCacheParallelGatherQkv, d);
+  d.attention_bandwidth = d.mem_bandwidth / 2;
+  const auto slow = ModelDecodeLayer(l, 4, DecodeStrategy::kCacheParallelGatherQkv, d);
+  const double kv_bytes = 8.0 * 32768 * 2 * 32 * 128 * 2 / 4;  // 1/4 of the cache per rank
+  EXPECT_NEAR(slow.compute_s - base.compute_s, kv_bytes / d.mem_bandwidth,
+              1e-3 * kv_bytes / d.mem_bandwidth);
+  EXPECT_DOUBLE_EQ(slow.comm_s, base.comm_s);
+  EXPECT_DOUBLE_EQ(slow.bytes_sent_per_rank, base.bytes_sent_per_rank);
+}
+
 TEST(DecodeModel, CacheParallelOvertakesTensorParallelAtLongContext) {
   const DeviceProfile& d = FindDeviceProfile("a5000");
   auto ratio = [&](int64_t context) {
