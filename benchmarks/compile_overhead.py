@@ -35,6 +35,7 @@ BATCH = {
     "nasnet": 1,
     "bert": 1,
     "gpt2": 1,
+    "gpt": 1,
     "llama": 1,
     "mmt": 1,
     "dlrm": 4,
@@ -49,6 +50,8 @@ def first_call_s(fn, inputs) -> float:
 
 
 def measure(name: str, small: bool, reps: int) -> dict:
+    if name not in BATCH:
+        raise SystemExit(f"compile_overhead: no batch for zoo model {name!r}; add it to BATCH")
     model, inputs = torch_plugin.models.build(name, small=small, batch=BATCH[name])
     model.eval()
     gc.collect()
