@@ -174,7 +174,7 @@ class PagedShard:
         positions = step.query_positions
         decode = bool((q_lens == 1).all())
         if self.window is not None:
-            return self._prepare_sliding(keys, step, write, read, cu_k, of_token, decode)
+            return self._prepare_sliding(keys, step, write, read, cu_k, cu_q, of_token, decode)
         # Each request's page 0: its first read entry, or (nothing read: every request starts
         # at position 0) its first write.
         first = read if read.numel() else write
@@ -202,6 +202,7 @@ class PagedShard:
         write: torch.Tensor,
         read: torch.Tensor,
         cu_k: torch.Tensor,
+        cu_q: torch.Tensor,
         of_token: torch.Tensor,
         decode: bool,
     ) -> Keys:
@@ -211,7 +212,6 @@ class PagedShard:
         together span at least `window` consecutive positions or start at 0, so ring page 0
         is among them in every step: its block is the request's rotation."""
         assert self.window is not None
-        cu_q = torch.tensor(step.cu_q, dtype=torch.long)
         q_lens = cu_q[1:] - cu_q[:-1]
         n = int(q_lens.numel())
         requests = torch.arange(n)
