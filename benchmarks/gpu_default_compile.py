@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 
 import torch_plugin  # noqa: E402,F401  (registers the backend)
+from torch_plugin import placement  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
 
 DEV = "cuda"
@@ -89,7 +90,8 @@ def _build(name: str, dry: bool) -> tuple[torch.nn.Module, str, torch.dtype]:
     raise SystemExit(f"gpu_default_compile: unknown model {name!r}")
 
 
-MODELS = ("bert", "distilbert", "gpt2", "llama", "vit", "resnet")
+# Cheapest compiles first: a budget that runs out leaves the most models measured.
+MODELS = ("bert", "gpt2", "resnet", "vit", "distilbert", "llama")
 
 
 def _inputs(kind: str, batch: int, dtype: torch.dtype, vocab: int) -> dict[str, torch.Tensor]:
@@ -152,12 +154,24 @@ def run_row(name: str, batch: int, dry: bool) -> dict[str, Any]:
             compiled = make(model)
             t0 = time.perf_counter()
             try:
-                got = _first(compiled(**inputs)).float()
-                _sync()
+                with placement.record() as placed:
+                    got = _first(compiled(**inputs)).float()
+                    _sync()
             except Exception as e:  # noqa: BLE001 - a contender that fails is a row's finding
                 row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 continue
             row[f"{label}_compile_s"] = time.perf_counter() - t0
+            if label == "ours":
+                # What the whole-graph search picked per graph, and each candidate's median ms.
+                plans = [r.whole_graph for r in placed if r.whole_graph]
+                row["ours_pick"] = [p["pick"] for p in plans]
+                row["ours_trials_ms"] = [
+                    {
+                        t["backend"]: round(t["median_s"] * 1e3, 4) if t["compiled"] else None
+                        for t in p["trials"]
+                    }
+                    for p in plans
+                ]
             row[f"{label}_max_rel_err"] = float(
                 (got - want).abs().max() / want.abs().max().clamp_min(1e-30)
             )
@@ -232,6 +246,7 @@ def main() -> None:
                     )
                     + f" | ours/Ind {row.get('ours_vs_inductor', float('nan')):.2f}"
                     + f" err {row.get('ours_max_rel_err', float('nan')):.1e}"
+                    + f" pick {row.get('ours_pick')}"
                     + "".join(f" [{k}]" for k in row if k.endswith("_error")),
                     flush=True,
                 )

@@ -43,6 +43,9 @@ class Backend:
     # compiles on a 2-core machine (bert-base, GPT-2, ResNet-50, ViT-B/16, T5-base): the search
     # skips a compiler that would overrun its budget (placement_search.h).
     compile_s_per_node = 0.0
+    # Device types whose tensors the compiled graph takes; a graph on another device never
+    # sees this backend (for_device).
+    devices: tuple[str, ...] = ("cpu", "cuda")
 
     def unavailable(self) -> str | None:
         """Why the backend cannot run here, or None."""
@@ -72,6 +75,21 @@ class InductorBackend(Backend):
     compile_s_per_node = 0.025  # 17-73 ms (ResNet-50's convolutions the most)
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+        # A whole graph is compiled once per search: the CUDA-graph candidate
+        # (placement/cuda_graphs.py) replays this instance's compile of the same graph.
+        key = _graph_key(gm, inputs, self.compute) if rule == "graph" else None
+        if key is not None and key in self._graphs:
+            return self._graphs[key]
+        compiled = self._compile(gm, inputs)
+        if key is not None:
+            self._graphs[key] = compiled
+        return compiled
+
+    @functools.cached_property
+    def _graphs(self) -> dict[Any, Compiled]:
+        return {}
+
+    def _compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Compiled:
         from torch._guards import TracingContext, tracing
         from torch._inductor.compile_fx import compile_fx
         from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -109,6 +127,19 @@ class InductorBackend(Backend):
         return _with_strides(compiled, inputs)
 
 
+def _graph_key(gm: fx.GraphModule, inputs: Sequence[Any], compute: str) -> Any:
+    """What a compiled graph depends on: its code, its inputs' layouts, its constants (by
+    storage) and the grad mode."""
+    metas = tuple(
+        (tuple(x.shape), x.stride(), x.dtype, str(x.device))
+        if isinstance(x, torch.Tensor)
+        else repr(x)
+        for x in inputs
+    )
+    consts = tuple((name, b.data_ptr()) for name, b in gm.named_buffers())
+    return (gm.code, metas, consts, compute, torch.is_grad_enabled())
+
+
 def _with_strides(fn: Any, inputs: Sequence[Any]) -> Any:
     """Inductor's code asserts the strides it was compiled for. A graph's input may come with
     others at run time (a training backward compiled on the traced strides of an activation
@@ -138,6 +169,7 @@ class _NumpyBackend(Backend):
     """Shared by the backends that take numpy arrays and return numpy arrays."""
 
     module = ""
+    devices = ("cpu",)
 
     def unavailable(self) -> str | None:
         try:
@@ -579,6 +611,7 @@ class FusedBackend(Backend):
 
     name = rule_set = "fused"
     rtol = atol = 1e-4
+    devices = ("cpu",)
     adapters: dict[str, Callable[[fx.GraphModule], Compiled]] = {
         "linear_act": _fused_linear_act,
         "add_layer_norm": _fused_layer_norm,
@@ -615,6 +648,23 @@ DEFAULT_BACKENDS = ("aten", "fused", "inductor", "openvino", "onnxruntime")
 # at f32, which meets the bf16 bound too. Eager ("aten") is the reference; our fused kernels
 # are f32.
 LOWER_PRECISION = ("inductor", "openvino")
+
+
+def for_device(backends: Sequence[Backend], device: str) -> list[Backend]:
+    """The backends that run graphs on `device` (a device_key: "cpu" or "cuda:<model>"). The
+    CPU-only ones (OpenVINO's and ONNX Runtime's CPU runtimes, our fused CPU kernels) are left
+    out of a GPU graph's search instead of each exporting the graph only to fail on its
+    tensors (a bert-base export costs seconds)."""
+    kind = device.split(":", 1)[0]
+    kept = [b for b in backends if kind in b.devices]
+    dropped = [b.name for b in backends if kind not in b.devices]
+    if dropped:
+        log.info(
+            "torch_plugin placement: %s run on the CPU only; not tried on this %s graph",
+            ", ".join(dropped),
+            kind,
+        )
+    return kept
 
 
 def get_backends(names: Sequence[str], compute: str = "f32") -> list[Backend]:

@@ -65,6 +65,8 @@ class PlacementOptions:
     precision: "f32" or "bf16" (placement/precision.py): what inference graphs' compilers may
       compute in, and the tolerance each candidate is held to against eager; None = f32 unless
       the graph already computes in bf16. Set by the backend's top-level `precision` option.
+    cuda_graphs: on a GPU, the whole-graph search also times Inductor's graph replayed as one
+      CUDA graph (placement/cuda_graphs.py) for inference graphs, and picks it where faster.
     """
 
     backends: tuple[str, ...] = DEFAULT_BACKENDS
@@ -84,6 +86,7 @@ class PlacementOptions:
     budget_factor: float = 1.25
     allow_refine: bool = True
     precision: str | None = None
+    cuda_graphs: bool = True
 
     @classmethod
     def from_user(cls, value: Any) -> PlacementOptions:

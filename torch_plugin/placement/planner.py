@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from .. import _C, fx_bridge
-from .backends import Backend, get_backends
+from .backends import Backend, for_device, get_backends
 from .cache import Entry, ProfileCache, device_key, machine_key
 from .materialize import (  # noqa: F401 - re-exported: placement.planner is their old home
     _frozen_for,
@@ -105,6 +105,8 @@ def place_graph(
     }
     cache_bytes = last_level_cache_bytes()
     device = device_key(values)
+    backends = for_device(backends, device)
+    by_name = {b.name: b for b in backends}
     cold = opts.cold_cache
     if cold is None:
         # The flush evicts the host's last-level cache, which says nothing of a GPU's.

@@ -25,8 +25,9 @@ import torch.fx as fx
 
 from .. import _C, fx_bridge
 from .artifacts import artifact_dir
-from .backends import get_backends
+from .backends import InductorBackend, for_device, get_backends
 from .cache import ProfileCache, device_key, machine_key
+from .cuda_graphs import CudaGraphBackend
 from .planner import (
     PROFILE_VERSION,
     Group,
@@ -65,12 +66,21 @@ def place_whole_graph_first(
     # only where asked, for inference graphs (a training graph's gradients stay the user's).
     precision = resolve(opts.precision, gm)
     compute = "bf16" if opts.precision == "bf16" and kind == "inference" else "f32"
-    backends = get_backends(opts.backends, compute)
+    inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
+    device = device_key(inputs)
+    backends = for_device(get_backends(opts.backends, compute), device)
     by_name = {b.name: b for b in backends}
+    if (
+        device.startswith("cuda")
+        and kind == "inference"
+        and opts.cuda_graphs
+        and isinstance(by_name.get("inductor"), InductorBackend)
+    ):
+        backends.append(CudaGraphBackend(by_name["inductor"]))
+        by_name[backends[-1].name] = backends[-1]
     if "onnxruntime" in by_name:  # its export is most of a warm compile: kept on disk
         by_name["onnxruntime"].artifacts = artifact_dir(opts.cache_path)
     graph, _ = fx_bridge.to_ir(gm)
-    inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     values = dict(zip(placeholders, inputs, strict=True))
     frozen: dict[str, torch.Tensor] = {}
@@ -82,7 +92,7 @@ def place_whole_graph_first(
     versions = {"torch": torch.__version__, "torch_plugin.placement": PROFILE_VERSION}
     for b in backends:
         versions[b.name] = b.version()
-    machine = machine_key(device_key(inputs), versions)
+    machine = machine_key(device, versions)
     decision_key = ProfileCache.key(
         DECISION_VERSION,
         _C.graph_signature(graph)
