@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 
 import torch_plugin  # noqa: E402,F401  (registers the backend)
-from torch_plugin import placement  # noqa: E402
 from benchmarks.provenance import provenance  # noqa: E402
+from torch_plugin import placement  # noqa: E402
 
 DEV = "cuda"
 SEQ = 128
@@ -228,6 +228,7 @@ def main() -> None:
             with contextlib.suppress(KeyboardInterrupt):
                 row = run_row(name, batch, args.dry_run)
                 rows.append(row)
+                write(args.out, rows, skipped)
                 torch._dynamo.reset()  # the row's compiled models and their memory go
                 gc.collect()
                 if DEV == "cuda":
@@ -250,6 +251,12 @@ def main() -> None:
                     + "".join(f" [{k}]" for k in row if k.endswith("_error")),
                     flush=True,
                 )
+    data = write(args.out, rows, skipped)
+    print(json.dumps(data["summary"]), "skipped:", skipped)
+
+
+def write(out_dir: str, rows: list[dict[str, Any]], skipped: list[str]) -> dict[str, Any]:
+    """The results so far (after every row: a run stopped by its time limit keeps its rows)."""
     data = {
         **provenance(),
         "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)",
@@ -258,10 +265,10 @@ def main() -> None:
         "skipped": skipped,
         "summary": summarize(rows),
     }
-    out = Path(args.out)
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_default_compile.json").write_text(json.dumps(data, indent=1))
-    print(json.dumps(data["summary"]), "skipped:", skipped)
+    return data
 
 
 if __name__ == "__main__":
