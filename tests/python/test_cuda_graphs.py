@@ -48,6 +48,19 @@ def test_capture_is_refused_where_a_replay_would_differ() -> None:
     with torch.no_grad():
         reason = capture_blocker(drop, [x])  # the ops are read first
     assert reason is not None and "draws random numbers" in reason, reason
+    # Attention kernels are tagged as random for their dropout; at dropout_p=0 they are not.
+    q = torch.randn(1, 2, 8, 16)
+    sdpa = _graph(lambda a: F.scaled_dot_product_attention(a, a, a), q)
+    assert any("attention" in str(n.target) for n in sdpa.graph.nodes), sdpa.code
+    with torch.no_grad():
+        assert "not a CUDA tensor" in capture_blocker(sdpa, [q])
+
+    def write(t: torch.Tensor) -> torch.Tensor:
+        t.add_(1)
+        return t * 2
+
+    with torch.no_grad():
+        assert "writes into its inputs" in capture_blocker(_graph(write, x.clone()), [x])
 
 
 def test_the_candidate_shares_inductors_compile_of_a_whole_graph(

@@ -17,7 +17,8 @@ What the replay keeps of the call's semantics:
   overwritten by the next call (what torch.compile's mode="reduce-overhead" leaves to the
   user);
 - graphs that draw random numbers are refused (a captured graph would replay one draw), as are
-  graphs with a CPU tensor input (its value would be captured) and graphs under autograd.
+  graphs that write into their inputs (the replay writes into its copies), graphs with a CPU
+  tensor input (its value would be captured) and graphs under autograd.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from .. import fx_bridge
 from .backends import Backend, BackendError, Compiled, InductorBackend
 
 # Calls before the capture (on a side stream): Inductor's first calls autotune and allocate.
@@ -39,12 +41,12 @@ def capture_blocker(gm: fx.GraphModule, inputs: Sequence[Any]) -> str | None:
     """Why `gm` cannot be replayed as one CUDA graph, or None."""
     if torch.is_grad_enabled():
         return "CUDA graphs are captured for inference graphs only (autograd is on)"
-    for n in gm.graph.nodes:
-        if n.op != "call_function":
-            continue
-        tags = getattr(n.target, "tags", ())
-        if torch.Tag.nondeterministic_seeded in tags:
-            return f"node '{n.name}' ({n.target}) draws random numbers; a replay repeats one draw"
+    # The op registry's "random" class, as the default compile decides it: ATen's attention
+    # kernels carry the nondeterministic_seeded tag for their dropout even at dropout_p=0.
+    if fx_bridge.has_random_ops(fx_bridge.to_ir(gm)[0]):
+        return "the graph draws random numbers; a replay would repeat one draw"
+    if fx_bridge.mutates_inputs(gm):
+        return "the graph writes into its inputs; a replay would write into its own copies"
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     if not tensors or any(x.device.type != "cuda" for x in tensors):
         return "a graph input is not a CUDA tensor (its value would be captured)"
