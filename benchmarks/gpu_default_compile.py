@@ -165,6 +165,7 @@ def run_row(name: str, batch: int, dry: bool) -> dict[str, Any]:
                 # What the whole-graph search picked per graph, and each candidate's median ms.
                 plans = [r.whole_graph for r in placed if r.whole_graph]
                 row["ours_pick"] = [p["pick"] for p in plans]
+                row["ours_failures"] = [f for r in placed for f in r.failures]
                 row["ours_trials_ms"] = [
                     {
                         t["backend"]: round(t["median_s"] * 1e3, 4) if t["compiled"] else None

@@ -168,6 +168,7 @@ SHARDING = [
 CODE = {
     "gpu_kernels": ["kernels/cuda"],
     "gpu_generate": ["kernels/cuda", "torch_plugin/cache_parallelism/hf.py"],
+    "gpu_default_compile": ["torch_plugin/placement", "torch_plugin/backend.py"],
     "fused_attention": ["kernels/cpu"],
     "pretrained_load": ["torch_plugin/checkpoint", "torch_plugin/sharding"],
     "schedule": ["torch_plugin/schedule", "torch_plugin/runtime", "csrc/passes/schedule_tune.cc"],
