@@ -249,6 +249,7 @@ def main() -> None:
                     + f" | ours/Ind {row.get('ours_vs_inductor', float('nan')):.2f}"
                     + f" err {row.get('ours_max_rel_err', float('nan')):.1e}"
                     + f" pick {row.get('ours_pick')}"
+                    + "".join(f"\n    failed: {f[:240]}" for f in row.get("ours_failures", []))
                     + "".join(f" [{k}]" for k in row if k.endswith("_error")),
                     flush=True,
                 )
