@@ -212,6 +212,12 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny configs: checks the script")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of benchmarks/results/gpu_default_compile.json this run does not "
+        "measure (each row names its commit and device)",
+    )
     args = ap.parse_args()
     global DEV
     if args.dry_run:
@@ -221,15 +227,26 @@ def main() -> None:
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
+    saved = RESULTS / "gpu_default_compile.json"
+    kept: list[dict[str, Any]] = []
+    if args.merge and saved.exists():
+        old = json.loads(saved.read_text())
+        measured = {(m, b) for m in args.models for b in args.batches}
+        kept = [
+            {"commit": old.get("commit"), "device": old.get("device"), **r}
+            for r in old.get("rows", [])
+            if (r["model"], r["batch"]) not in measured
+        ]
+    here = {"commit": provenance().get("commit"), "device": _device()}
     for name in args.models:
         for batch in args.batches:
             if time.perf_counter() - start > args.budget_s:
                 skipped.append(f"{name} x{batch}")
                 continue
             with contextlib.suppress(KeyboardInterrupt):
-                row = run_row(name, batch, args.dry_run)
+                row = {**here, **run_row(name, batch, args.dry_run)}
                 rows.append(row)
-                write(args.out, rows, skipped)
+                write(args.out, _in_order(kept + rows), skipped)
                 torch._dynamo.reset()  # the row's compiled models and their memory go
                 gc.collect()
                 if DEV == "cuda":
@@ -253,19 +270,28 @@ def main() -> None:
                     + "".join(f" [{k}]" for k in row if k.endswith("_error")),
                     flush=True,
                 )
-    data = write(args.out, rows, skipped)
+    data = write(args.out, _in_order(kept + rows), skipped)
     print(json.dumps(data["summary"]), "skipped:", skipped)
+
+
+def _device() -> str:
+    return torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)"
+
+
+def _in_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: (MODELS.index(r["model"]), r["batch"]))
 
 
 def write(out_dir: str, rows: list[dict[str, Any]], skipped: list[str]) -> dict[str, Any]:
     """The results so far (after every row: a run stopped by its time limit keeps its rows)."""
     data = {
         **provenance(),
-        "device": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (dry run)",
+        "device": _device(),
         "timing": "wall-clock per call, device synchronised, median of calls in turns",
         "rows": rows,
         "skipped": skipped,
-        "summary": summarize(rows),
+        # Over this device's rows only: a merged file may hold another GPU's.
+        "summary": summarize([r for r in rows if r.get("device", _device()) == _device()]),
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ cuobjdump --dump-sass torch_plugin/_C*.so 2>/dev/null | grep -oE "UTMALDG|LDGSTS
 # The default compile against Inductor on six HF models at real sizes (issue 40, item 3).
 [ "${DEFAULT_COMPILE:-0}" = 1 ] && timeout "${DEFAULT_COMPILE_S:-330}" python3 \
   benchmarks/gpu_default_compile.py --out "$OUT" --budget-s "${DC_BUDGET_S:-240}" \
-  ${DC_MODELS:+--models $DC_MODELS} ${DC_BATCHES:+--batches $DC_BATCHES} 2>&1 \
+  ${DC_MODELS:+--models $DC_MODELS --merge} ${DC_BATCHES:+--batches $DC_BATCHES} 2>&1 \
   | grep -v "^W1" | tee "$OUT/default_compile.log"
 [ "${SKIP_CHECKS:-0}" = 1 ] && { echo "total: $(( $(date +%s) - t0 )) s"; exit 0; }
 # Each check alone: a crash in one leaves the others their say.
