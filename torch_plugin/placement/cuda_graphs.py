@@ -57,6 +57,12 @@ class GraphReplay:
     """`fn` (a compiled graph) captured on `inputs` and replayed per call."""
 
     def __init__(self, fn: Compiled, inputs: Sequence[Any]) -> None:
+        # Captured and replayed on the inputs' GPU, whichever device is current.
+        self.device = next(x.device for x in inputs if isinstance(x, torch.Tensor))
+        with torch.cuda.device(self.device):
+            self._capture(fn, inputs)
+
+    def _capture(self, fn: Compiled, inputs: Sequence[Any]) -> None:
         self.fn = fn
         self.n = len(inputs)
         self.copies: list[tuple[int, torch.Tensor]] = []  # (input, the graph's buffer)
@@ -110,7 +116,11 @@ class GraphReplay:
             return self.fn(*args)
         for i, buf in self.copies:
             buf.copy_(args[i])
-        self.graph.replay()
+        if torch.cuda.current_device() != self.device.index:
+            with torch.cuda.device(self.device):
+                self.graph.replay()
+        else:
+            self.graph.replay()
         return pytree.tree_unflatten(
             [t.clone() if isinstance(t, torch.Tensor) else t for t in self.outputs], self.spec
         )
