@@ -80,21 +80,35 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     os << v;
     return os.str();
   };
+  double reference_s = 0.0;          // the reference's first timing; 0 until it ran
+  double reference_compile_s = 0.0;  // its compile; 0 until it compiled
   for (const auto& b : WholeGraphOrder(backends, options.reference, options.expected_compile_s,
                                        options.cheap_fraction)) {
     WholeGraphTrial t{b, false, 0.0, 0.0, ""};
     double spent = measurer.elapsed();
     double bound = Get(options.lower_bound_s, b);
     double expected = Get(options.expected_compile_s, b);
-    if (plan.budget_s > 0 && spent >= plan.budget_s) {
-      t.skipped = "compile budget of " + fixed(plan.budget_s) + " s spent";
+    // Whether a compiler other than the reference already ran faster than the reference.
+    bool beaten = false;
+    for (size_t i = 1; i < plan.trials.size(); ++i) {
+      const auto& done = plan.trials[i];
+      if (done.compiled && done.backend != options.reference && !times[i].empty() &&
+          times[i][0] > 0 && (reference_s <= 0 || times[i][0] < reference_s)) {
+        beaten = true;
+      }
+    }
+    double budget = plan.budget_s;
+    if (budget > 0 && !beaten && reference_compile_s > 0) {
+      budget = std::max(budget, options.rescue_budget_factor * reference_compile_s);
+    }
+    if (budget > 0 && spent >= budget) {
+      t.skipped = "compile budget of " + fixed(budget) + " s spent";
     } else if (bound > 0 && fastest > 0 && bound >= fastest) {
       t.skipped = "cannot win: at least " + fixed(bound * 1e3) + " ms at its peak, " +
                   fixed(fastest * 1e3) + " ms measured";
-    } else if (plan.budget_s > 0 && expected > plan.budget_s - spent) {
-      t.skipped = "would take ~" + fixed(expected) + " s to compile, " +
-                  fixed(plan.budget_s - spent) + " s of the " + fixed(plan.budget_s) +
-                  " s budget left";
+    } else if (budget > 0 && expected > budget - spent) {
+      t.skipped = "would take ~" + fixed(expected) + " s to compile, " + fixed(budget - spent) +
+                  " s of the " + fixed(budget) + " s budget left";
     }
     if (!t.skipped.empty()) {
       plan.trials.push_back(t);
@@ -107,12 +121,14 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     failed_compiler = failed_compiler || !t.compiled;
     if (plan.budget_s <= 0 && b == options.reference && t.compiled) {
       plan.budget_s = options.budget_factor * t.compile_s;
+      reference_compile_s = t.compile_s;
     }
     plan.trials.push_back(t);
     times.emplace_back();
     if (t.compiled) {
       times.back().push_back(measurer.time(b));
       if (times.back()[0] > 0 && times.back()[0] < fastest) fastest = times.back()[0];
+      if (b == options.reference) reference_s = times.back()[0];
     }
   }
   if (plan.budget_s <= 0) plan.budget_s = options.fallback_budget_s;

@@ -225,6 +225,41 @@ TEST(PlacementSearch, ThePlacementPassAlwaysRefinesUnlessRefiningIsOff) {
   EXPECT_FALSE(SearchWholeGraphFirst({"inductor", "openvino"}, s.Measurer(), o).refine);
 }
 
+TEST(PlacementSearch, WhileNothingBeatsTheReferenceTheBudgetStretches) {
+  // T5 at the suite's size: OpenVINO fails, Inductor compiles in 12 s (budget 15 s), 14 s are
+  // spent when ONNX Runtime (expected 6 s) comes up: over the budget, within 1.75 x 12 = 21 s.
+  Stub s;
+  s.run_s = {{"eager", 4e-3}, {"inductor", 2.6e-3}, {"onnxruntime", 1.4e-3}};
+  s.compile_s = {{"inductor", 12.0}, {"openvino", 2.0}, {"onnxruntime", 4.0}};
+  s.compiles = {{"openvino", false}};
+  WholeGraphSearchOptions o;
+  o.expected_compile_s = {{"inductor", 12.0}, {"openvino", 0.5}, {"onnxruntime", 6.0}};
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
+  ASSERT_EQ(plan.trials.size(), 4u);
+  EXPECT_EQ(plan.trials[1].backend, "openvino");
+  EXPECT_FALSE(plan.trials[1].compiled);
+  EXPECT_EQ(plan.trials[3].backend, "onnxruntime");
+  EXPECT_TRUE(plan.trials[3].compiled) << plan.trials[3].skipped;
+  EXPECT_EQ(plan.pick, "onnxruntime");
+  EXPECT_DOUBLE_EQ(plan.budget_s, 15.0);  // the plan's budget is still the plain one
+  // Beyond the stretched budget it is skipped, and the message names that budget.
+  o.expected_compile_s["onnxruntime"] = 8.0;
+  s.clock = 0.0;
+  plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
+  EXPECT_EQ(plan.trials[3].skipped,
+            "would take ~8.0 s to compile, 7.0 s of the 21.0 s budget left");
+  EXPECT_EQ(plan.pick, "inductor");
+  // Once another compiler has beaten the reference, the plain budget holds.
+  s.compiles.clear();
+  s.run_s["openvino"] = 1.5e-3;
+  o.expected_compile_s["onnxruntime"] = 6.0;
+  s.clock = 0.0;
+  plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
+  EXPECT_EQ(plan.trials[3].skipped,
+            "would take ~6.0 s to compile, 1.0 s of the 15.0 s budget left");
+  EXPECT_EQ(plan.pick, "openvino");
+}
+
 TEST(PlacementSearch, StopsCompilingOnceTheBudgetIsSpent) {
   Stub s;
   s.run_s = {{"eager", 10e-3}, {"inductor", 8e-3}, {"openvino", 5e-3}, {"onnxruntime", 4e-3}};
