@@ -391,7 +391,11 @@ def main() -> None:
     out = RESULTS / "default_compile.json"
     rows: list[dict[str, Any]] = []
     if args.merge and out.exists():
-        rows = [r for r in json.loads(out.read_text())["rows"] if r["model"] not in args.models]
+        old = json.loads(out.read_text())
+        # Each kept row names the commit it was measured at (the file's, unless it says).
+        rows = [
+            {"commit": old.get("commit"), **r} for r in old["rows"] if r["model"] not in args.models
+        ]
     root = Path(__file__).resolve().parent.parent
     for name in args.models:
         t0 = time.perf_counter()
@@ -399,6 +403,7 @@ def main() -> None:
         for r in _child(root, name, args.batches, []):
             if r["batch"] in cold:
                 r["inductor_cold_s"] = cold[r["batch"]]["inductor_cold_s"]
+                r["commit"] = _commit()
                 rows.append(_derive(r))
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
         _save(rows, out)  # after each model: a run that is stopped keeps what it measured
