@@ -76,7 +76,6 @@ def place_graph(
             "f32 regions"
         )
     backends = get_backends(opts.backends)
-    by_name: dict[str, Backend] = {b.name: b for b in backends}
     graph, _ = fx_bridge.to_ir(gm)
     inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
     recorder = _Recorder(gm)
@@ -106,7 +105,7 @@ def place_graph(
     cache_bytes = last_level_cache_bytes()
     device = device_key(values)
     backends = for_device(backends, device)
-    by_name = {b.name: b for b in backends}
+    by_name: dict[str, Backend] = {b.name: b for b in backends}
     cold = opts.cold_cache
     if cold is None:
         # The flush evicts the host's last-level cache, which says nothing of a GPU's.
