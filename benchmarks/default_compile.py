@@ -390,12 +390,12 @@ def main() -> None:
         return
     out = RESULTS / "default_compile.json"
     rows: list[dict[str, Any]] = []
-    if args.merge and out.exists():
-        old = json.loads(out.read_text())
-        # Each kept row names the commit it was measured at (the file's, unless it says).
-        rows = [
-            {"commit": old.get("commit"), **r} for r in old["rows"] if r["model"] not in args.models
-        ]
+    if args.merge:
+        try:
+            from benchmarks.provenance import kept_rows
+        except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+            from provenance import kept_rows
+        rows = kept_rows(out, {(m,) for m in args.models}, key=("model",))
     root = Path(__file__).resolve().parent.parent
     for name in args.models:
         t0 = time.perf_counter()

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 
 import torch_plugin  # noqa: E402,F401  (registers the backend)
-from benchmarks.provenance import provenance  # noqa: E402
+from benchmarks.provenance import kept_rows, provenance  # noqa: E402
 from torch_plugin import placement  # noqa: E402
 
 DEV = "cuda"
@@ -229,14 +229,8 @@ def main() -> None:
     skipped: list[str] = []
     saved = RESULTS / "gpu_default_compile.json"
     kept: list[dict[str, Any]] = []
-    if args.merge and saved.exists():
-        old = json.loads(saved.read_text())
-        measured = {(m, b) for m in args.models for b in args.batches}
-        kept = [
-            {"commit": old.get("commit"), "device": old.get("device"), **r}
-            for r in old.get("rows", [])
-            if (r["model"], r["batch"]) not in measured
-        ]
+    if args.merge:
+        kept = kept_rows(saved, {(m, b) for m in args.models for b in args.batches})
     here = {"commit": provenance().get("commit"), "device": _device()}
     for name in args.models:
         for batch in args.batches:

@@ -276,10 +276,12 @@ def _commit() -> str | None:
 
 
 def _previous_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    path = RESULTS / f"{_stem(args)}.json"
-    if not path.exists():
-        return []
-    return list(json.loads(path.read_text()).get("rows", []))
+    try:
+        from benchmarks.provenance import kept_rows
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from provenance import kept_rows
+    # Everything saved: _merged drops what this run measures again.
+    return kept_rows(RESULTS / f"{_stem(args)}.json", set())
 
 
 def _merged(previous: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -76,3 +76,21 @@ def write_results(path: str | Path, payload: Any, **dump: Any) -> None:
         prov = provenance()
         payload = {**prov, **{k: v for k, v in payload.items() if k not in prov}}
     Path(path).write_text(json.dumps(payload, indent=1, **dump))
+
+
+def kept_rows(
+    path: str | Path, measured: set[tuple[Any, ...]], key: tuple[str, ...] = ("model", "batch")
+) -> list[dict[str, Any]]:
+    """A --merge run's saved rows for what it does not measure again. Each names the run it was
+    measured in (the file's commit, dirty flag and machine, unless the row says), since a merged
+    table spans several runs."""
+    import json
+
+    path = Path(path)
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    stamp = {k: old.get(k) for k in ("commit", "dirty", "machine", "device") if k in old}
+    return [
+        {**stamp, **r} for r in old.get("rows", []) if tuple(r.get(k) for k in key) not in measured
+    ]

@@ -24,7 +24,10 @@ cache): Inductor with freezing, ours cold, ours warm (same process after torch._
 and ours in a second process with the caches the first filled. Ours also records the
 whole-graph plan: each compiler's compile time and measured run time (where the time goes).
 
-    python benchmarks/real_size_inference.py [--models bert gpt2 ...] [--batches 1 8]
+    python benchmarks/real_size_inference.py [--models bert gpt2 ...] [--batches 1 8] [--merge]
+
+The 1.2B Llama is too large for every contender's weights in one process here: its contenders
+are timed one process each, one after another (the row says so).
 
 Writes benchmarks/results/real_size_inference.{json,png}.
 """
@@ -189,7 +192,8 @@ def _ov_convert(model: torch.nn.Module, args: tuple, threads: int, f32: bool) ->
 
 def _onnxruntime(model: torch.nn.Module, args: tuple, threads: int) -> Any:
     """torch.onnx.export (dynamo) and an InferenceSession with every graph optimisation,
-    intra-op threads as torch's: ONNX Runtime's documented CPU setup."""
+    intra-op threads as torch's: ONNX Runtime's documented CPU setup (weights in an external
+    data file past 1 GiB, as its docs say for models over protobuf's 2 GB)."""
     import io
     import warnings
 
@@ -199,15 +203,23 @@ def _onnxruntime(model: torch.nn.Module, args: tuple, threads: int) -> Any:
 
     def run(*a: torch.Tensor) -> torch.Tensor:
         if "session" not in state:
-            buf = io.BytesIO()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(model, args, buf, dynamo=True, verbose=False)
             opts = ort.SessionOptions()
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             opts.intra_op_num_threads = threads
             opts.log_severity_level = 3
-            session = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
+            big = sum(p.numel() * p.element_size() for p in model.parameters()) > 2**30
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if big:  # past protobuf's 2 GB: the weights go to a file beside the model
+                    state["dir"] = tempfile.TemporaryDirectory()
+                    path = os.path.join(state["dir"].name, "model.onnx")
+                    torch.onnx.export(model, args, path, dynamo=True, external_data=True)
+                    source: Any = path
+                else:
+                    buf = io.BytesIO()
+                    torch.onnx.export(model, args, buf, dynamo=True, verbose=False)
+                    source = buf.getvalue()
+            session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
             state["session"] = session
             state["names"] = [i.name for i in session.get_inputs()]
         feed = {n: x.numpy() for n, x in zip(state["names"], a, strict=False)}
@@ -228,14 +240,15 @@ F32 = [
 BF16 = ["inductor_freezing_bf16", "openvino", "ov_convert", "ours_bf16"]
 
 
-def time_row(name: str, batch: int, rounds: int) -> dict[str, Any]:
-    """Every contender compiled, checked against f32 eager and timed in turns."""
+def time_row(name: str, batch: int, rounds: int, only: str | None = None) -> dict[str, Any]:
+    """Every contender (or `only` that one) compiled, checked against f32 eager and timed in
+    turns."""
     from torch_plugin.backend import collect_stats
 
     model, args = build(name, batch)
     with torch.no_grad():
         want = model(*args)
-    fns = contenders(model, args, F32 + BF16)
+    fns = contenders(model, args, [only] if only else F32 + BF16)
     row: dict[str, Any] = {"model": name, "batch": batch, "error": {}, "failed": {}, "ran": {}}
     with torch.no_grad():
         for key in list(fns):
@@ -262,6 +275,11 @@ def time_row(name: str, batch: int, rounds: int) -> dict[str, Any]:
     per = round_robin(fns, args, rounds, pause_s=0.1, window_s=0.5, min_samples=2)
     row["ms"] = {k: statistics.median(v) * 1e3 for k, v in per.items()}
     row["spread_ms"] = {k: (min(v) * 1e3, max(v) * 1e3) for k, v in per.items()}
+    return _ratios(row)
+
+
+def _ratios(row: dict[str, Any]) -> dict[str, Any]:
+    """The best other contender of each precision and its time over ours."""
     for prec, names, ours in (("f32", F32, "ours"), ("bf16", BF16, "ours_bf16")):
         others = {k: row["ms"][k] for k in names if k in row["ms"] and k != ours}
         if ours in row["ms"] and others:
@@ -318,7 +336,37 @@ def _child(args: list[str], env: dict[str, str]) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def run(models: list[str], batches: list[int], rounds: int) -> list[dict[str, Any]]:
+# Too large for every contender's copy of the weights in one process (24 GiB here: each
+# compiled f32 copy of the 1.2B Llama is ~5 GB): each contender is timed in a process of its
+# own, one after another.
+ONE_PER_PROCESS = {"llama_1b"}
+
+
+def _time_apart(spec: list[str], rounds: int, caches: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"error": {}, "failed": {}, "ran": {}, "ms": {}, "spread_ms": {}}
+    for c in F32 + BF16:
+        part = _child(["--time", *spec, str(rounds), c], caches(f"timing_{c}"))
+        if "model" not in part:  # the child itself failed (memory, timeout)
+            row["failed"][c] = "; ".join(part.get("failed", []))[:200]
+        for k in row:
+            row[k].update(part.get(k, {}))
+        print(spec, c, json.dumps(part.get("ms")), json.dumps(part.get("failed")), flush=True)
+    row["timed"] = "one process per contender, one after another (memory)"
+    return _ratios(row)
+
+
+def run(
+    models: list[str],
+    batches: list[int],
+    rounds: int,
+    write: Any = lambda rows: None,
+) -> list[dict[str, Any]]:
+    """The rows, each passed to `write` with those before it as it is measured (a kill keeps
+    them); each row names the commit it was measured at."""
+    from benchmarks.provenance import provenance
+
+    prov = provenance()
+    here = {"commit": prov["commit"], "dirty": prov["dirty"]}
     rows = []
     for name in models:
         for batch in batches:
@@ -339,8 +387,11 @@ def run(models: list[str], batches: list[int], rounds: int) -> list[dict[str, An
                     print(name, batch, c, json.dumps(compile_s[c])[:300], flush=True)
                 second = _child(["--compile", *spec, "ours"], caches("ours"))
                 compile_s["ours_second_process"] = second
-                row = _child(["--time", *spec, str(rounds)], caches("timing"))
-            row.update(model=name, batch=batch, compile=compile_s)
+                if name in ONE_PER_PROCESS:
+                    row = _time_apart(spec, min(rounds, 3), caches)
+                else:
+                    row = _child(["--time", *spec, str(rounds)], caches("timing"))
+            row.update(model=name, batch=batch, compile=compile_s, **here)
             ind = compile_s["inductor_freezing"].get("cold_s")
             ours = compile_s["ours"]
             if ind and "cold_s" in ours:
@@ -352,6 +403,7 @@ def run(models: list[str], batches: list[int], rounds: int) -> list[dict[str, An
                 row["compile_ratio_cold_bf16"] = bf16_s / ind if bf16_s else None
             print(json.dumps({k: row.get(k) for k in ("model", "batch", "ms", "error")}))
             rows.append(row)
+            write(rows)
     return rows
 
 
@@ -445,7 +497,12 @@ def main() -> None:
     p.add_argument("--batches", nargs="+", type=int, default=[1])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--compile", nargs=3, metavar=("MODEL", "BATCH", "CONTENDER"))
-    p.add_argument("--time", nargs=3, metavar=("MODEL", "BATCH", "ROUNDS"))
+    p.add_argument("--time", nargs="+", metavar="MODEL BATCH ROUNDS [CONTENDER]")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the saved rows of the models and batches this run does not measure",
+    )
     p.add_argument(
         "--retabulate", action="store_true", help="rewrite the tables of the last run's rows"
     )
@@ -454,24 +511,34 @@ def main() -> None:
         print(json.dumps(compile_row(a.compile[0], int(a.compile[1]), a.compile[2])))
         return
     if a.time:
-        print(json.dumps(time_row(a.time[0], int(a.time[1]), int(a.time[2]))))
+        only = a.time[3] if len(a.time) > 3 else None
+        print(json.dumps(time_row(a.time[0], int(a.time[1]), int(a.time[2]), only)))
         return
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks.provenance import provenance
+    from benchmarks.provenance import kept_rows, provenance
 
     path = RESULTS / "real_size_inference.json"
+
+    def save(data: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = sorted(rows, key=lambda r: (r["batch"], MODELS.index(r["model"])))
+        data = {**data, "summary": summarise(rows), **tables(rows), "rows": rows}
+        RESULTS.mkdir(exist_ok=True)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        plot(rows, RESULTS / "real_size_inference.png")
+        return data
+
     if a.retabulate:  # the measured rows and their provenance as they were
         data = json.loads(path.read_text())
         rows = data["rows"]
         data = {k: v for k, v in data.items() if k not in ("summary", "rows", *tables([]))}
         data["tabulated_at"] = provenance()["commit"]
+        data = save(data, rows)
     else:
-        rows = run(a.models, a.batches, a.rounds)
-        data = provenance()
-    data = {**data, "summary": summarise(rows), **tables(rows), "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    plot(rows, RESULTS / "real_size_inference.png")
+        measured = {(m, b) for m in a.models for b in a.batches}
+        kept = kept_rows(path, measured) if a.merge else []
+        prov = provenance()
+        rows = run(a.models, a.batches, a.rounds, write=lambda new: save(prov, kept + new))
+        data = save(prov, kept + rows)
     print(json.dumps(data["summary"], indent=1))
 
 
