@@ -86,7 +86,6 @@ def build(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, .
             num_key_value_heads=8,
             vocab_size=128256,
             tie_word_embeddings=True,
-            use_cache=False,
         )
         model = transformers.LlamaForCausalLM(cfg)
         # A prompt's prefill: the next token's logits (what generate() computes).
