@@ -168,3 +168,35 @@ def test_dynamic_batch_compiles_once_for_all_sizes() -> None:
             assert torch.equal(f(xb), model(xb))
     assert len(stats) == 1, "a new batch size recompiled"
     assert stats[0]["symbolic_inputs"] == 1
+
+
+def test_frozen_weights_guard_replaces_on_change_only() -> None:
+    """A frozen graph's weight guard: unchanged weights run the graph; another tensor object on
+    the same storage is the same weight; an in-place change or a new tensor places the graph
+    again (twice with freezing, then without)."""
+    from torch_plugin.backend import FrozenWeightsGuard
+
+    w1, w2, x = torch.randn(3), torch.randn(2), torch.randn(4)
+    kinds = [("input", "x"), ("parameter", "w1"), ("buffer", "w2")]
+    ran, placed = [], []
+
+    def fn(args: list) -> str:
+        ran.append(list(args))
+        return "graph"
+
+    def replace(args: list | None) -> object:
+        placed.append(args is not None)
+        return fn
+
+    guard = FrozenWeightsGuard(fn, [x, w1, w2], kinds, replace)
+    assert guard([x, w1, w2]) == "graph" and placed == []
+    assert guard([torch.randn(4), w1, w2]) == "graph" and placed == []  # inputs are not guarded
+    assert guard([x, w1.view(3), w2]) == "graph" and placed == []  # same storage, unchanged
+    w2.add_(1.0)
+    assert guard([x, w1, w2]) == "graph" and placed == [True]
+    assert guard([x, w1, w2]) == "graph" and placed == [True]  # the new snapshot holds
+    assert guard([x, torch.randn(3), w2]) == "graph" and placed == [True, True]
+    w1.mul_(2.0)
+    assert guard([x, w1, w2]) == "graph" and placed == [True, True, False]  # now unfrozen
+    w1.mul_(2.0)
+    assert guard([x, w1, w2]) == "graph" and placed == [True, True, False]
