@@ -279,6 +279,43 @@ def test_onnx_export_with_a_reused_registry_writes_what_torch_onnx_export_writes
     assert again == first
 
 
+@pytest.mark.skipif(
+    get_backends(["onnxruntime"])[-1].name != "onnxruntime", reason="no onnxruntime"
+)
+def test_onnxruntime_takes_weights_past_protobufs_limit_as_external_data(monkeypatch) -> None:
+    """A graph whose weights exceed one protobuf message (2 GB: a 1.2B f32 Llama) is saved
+    with its weights beside the model and loaded from there; the files go once loaded."""
+    import os
+    import tempfile
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_plugin.placement import backends
+
+    w, b, x = torch.randn(32, 16), torch.randn(32), torch.randn(4, 16)
+
+    def block(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.nn.functional.gelu(torch.addmm(b, x, w.t())),)
+
+    gm = make_fx(block)(x)
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def spy(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        path = mkdtemp(*a, **k)
+        if os.path.basename(path).startswith("torch_plugin_onnx_"):
+            made.append(path)
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    assert isinstance(backends._export_onnx(gm, (x,)), bytes)  # small: inline, no files
+    assert made == []
+    monkeypatch.setattr(backends, "_ONNX_INLINE_WEIGHTS_MAX", 0)
+    run = get_backends(["onnxruntime"])[-1].compile(gm, [x], "graph")
+    assert len(made) == 1 and not os.path.exists(made[0])
+    torch.testing.assert_close(run(x)[0], block(x)[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None:

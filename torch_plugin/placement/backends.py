@@ -14,6 +14,9 @@ import inspect
 import io
 import logging
 import operator
+import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -326,7 +329,11 @@ class OnnxRuntimeBackend(_NumpyBackend):
             opts.enable_cpu_mem_arena = False
         if rule == "region":
             opts.add_session_config_entry("session.force_spinning_stop", "1")
-        session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        try:
+            session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        finally:
+            if isinstance(model, str):  # loaded: the exported files are not needed any more
+                shutil.rmtree(os.path.dirname(model), ignore_errors=True)
         names = [i.name for i in session.get_inputs()]
         if len(names) != len(inputs):
             # The exporter drops inputs the graph does not read; keep the ones it kept.
@@ -345,9 +352,12 @@ class OnnxRuntimeBackend(_NumpyBackend):
         run.session = session  # type: ignore[attr-defined] - for inspection (tests)
         return run
 
-    def _exported(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> bytes:
+    def _exported(
+        self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str
+    ) -> bytes | str:
         """The ONNX model of `gm`; a whole graph's from the artifacts beside the profile cache
-        when it was exported before (artifacts.py), exported and kept otherwise."""
+        when it was exported before (artifacts.py), exported and kept otherwise. A model past
+        protobuf's 2 GB is a file path instead (_export_onnx), not kept."""
         from torch._guards import tracing
 
         from . import artifacts
@@ -367,7 +377,7 @@ class OnnxRuntimeBackend(_NumpyBackend):
             warnings.simplefilter("ignore")
             logging.getLogger("torch.onnx").setLevel(logging.ERROR)
             model = _export_onnx(gm, tuple(inputs))
-        if key is not None:
+        if key is not None and isinstance(model, bytes):
             artifacts.store(self.artifacts, key, ".onnx", model)
         return model
 
@@ -382,10 +392,19 @@ def _torchlib_registry(opset: int) -> Any:
     return _registration.ONNXRegistry.from_torchlib(opset_version=opset)
 
 
-def _export_onnx(gm: fx.GraphModule, args: tuple[torch.Tensor, ...]) -> bytes:
+# Weights past this many bytes go to a file beside the model: one protobuf message holds at
+# most 2 GB (a 1.2B-parameter f32 Llama's 5 GB failed to serialise, so ONNX Runtime never
+# ran it, though it was the fastest f32 runtime there at 2.0x Inductor).
+_ONNX_INLINE_WEIGHTS_MAX = 1 << 30
+
+
+def _export_onnx(gm: fx.GraphModule, args: tuple[torch.Tensor, ...]) -> bytes | str:
     """The serialised ONNX model torch.onnx.export(gm, args, dynamo=True) writes, through the
     exporter's core with a reused registry (same opset, same passes); the public call where
-    the core is not what this was written against (another torch)."""
+    the core is not what this was written against (another torch). A model whose weights pass
+    _ONNX_INLINE_WEIGHTS_MAX is saved with its weights as external data in a new temporary
+    directory: the model file's path is returned, and whoever loads it removes the
+    directory."""
     try:
         from torch.onnx import _constants
         from torch.onnx._internal.exporter import _constants as _exporter_constants
@@ -408,6 +427,15 @@ def _export_onnx(gm: fx.GraphModule, args: tuple[torch.Tensor, ...]) -> bytes:
         opset_version=opset,
         verbose=False,
     )
+    weights = sum(
+        v.const_value.nbytes
+        for v in program.model.graph.initializers.values()
+        if v.const_value is not None
+    )
+    if weights > _ONNX_INLINE_WEIGHTS_MAX:
+        path = os.path.join(tempfile.mkdtemp(prefix="torch_plugin_onnx_"), "model.onnx")
+        program.save(path, external_data=True)
+        return path
     return program.model_proto.SerializeToString()
 
 
