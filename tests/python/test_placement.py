@@ -358,12 +358,14 @@ def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None
 
 
 @pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
-def test_openvino_takes_a_decoder_at_its_default_use_cache(monkeypatch) -> None:
+@pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
+def test_openvino_takes_a_decoder_at_its_default_use_cache(arch: str, monkeypatch) -> None:
     """A library-default HF decoder (use_cache=True) concatenates its first keys and values
     onto the cache layer's empty 1-D tensor; aten.cat skips it, OpenVINO's Concat refused it,
     and no such decoder converted (GPT-2 at real size among them). The backend drops those
     inputs: the whole graph converts with the FX frontend and matches eager, and the graph it
-    was given keeps them."""
+    was given keeps them. With grouped-query attention (Llama-3's 32 query heads over 8 key
+    heads) OpenVINO's attention refused the keys' fewer heads: the backend repeats them."""
     import openvino as ov
     import transformers
 
@@ -378,9 +380,21 @@ def test_openvino_takes_a_decoder_at_its_default_use_cache(monkeypatch) -> None:
             return self.lm(input_ids=ids).logits
 
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32)
+    if arch == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=32)
+        lm: torch.nn.Module = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=64,
+        )
+        lm = transformers.LlamaForCausalLM(cfg)
     assert cfg.use_cache  # the library default, left as it is
-    model = Logits(transformers.GPT2LMHeadModel(cfg)).eval()
+    model = Logits(lm).eval()
     seen: dict[str, Any] = {}
 
     def capture(gm, example_inputs, opts, kinds=None, **_kw):  # noqa: ANN001, ANN202
@@ -402,14 +416,15 @@ def test_openvino_takes_a_decoder_at_its_default_use_cache(monkeypatch) -> None:
             and any(tuple(a.meta["val"].shape) == (0,) for a in n.args[0])
         )
 
-    assert legacy_cats(gm) == 2 * cfg.n_layer, "the model no longer concatenates onto []"
+    layers = cfg.num_hidden_layers
+    assert legacy_cats(gm) == 2 * layers, "the model no longer concatenates onto []"
 
     def no_torchscript(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("the TorchScript frontend was used")
 
     monkeypatch.setattr(ov, "convert_model", no_torchscript)
     fn = get_backends(["openvino"])[-1].compile(gm, args, "graph")
-    assert legacy_cats(gm) == 2 * cfg.n_layer  # the caller's graph is untouched
+    assert legacy_cats(gm) == 2 * layers  # the caller's graph is untouched
     with torch.no_grad():
         want = gm(*args)
         got = fn(*args)
