@@ -116,6 +116,30 @@ def test_footprint_counts_each_storage_once_and_prepare_runs_per_sample() -> Non
     assert planner.last_level_cache_bytes() >= 2**16
 
 
+def test_a_call_that_outlasts_max_s_is_timed_once(monkeypatch) -> None:
+    """A whole-graph timing of a call longer than its allowance (a 1B decoder's ~5 s prefill)
+    is the call after the warm-up, not two more samples; shorter calls keep at least two. A
+    fake clock: nothing here depends on this machine's speed."""
+    from torch_plugin.placement import measure
+
+    clock = [0.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+
+    def call(seconds: float, calls: list[float]) -> Any:
+        def fn() -> None:
+            calls.append(seconds)
+            clock[0] += seconds
+
+        return fn
+
+    slow: list[float] = []
+    assert measure.time_end_to_end(call(2.0, slow), [], 7) == 2.0
+    assert len(slow) == 2  # the warm-up and the one timed call
+    fast: list[float] = []
+    assert measure.time_end_to_end(call(0.3, fast), [], 7) == pytest.approx(0.3)
+    assert len(fast) >= 4  # warm-up, first timing, then at least two samples
+
+
 @pytest.mark.skipif(
     any(get_backends([b])[-1].name != b for b in ("openvino", "onnxruntime")),
     reason="openvino/onnxruntime not installed",

@@ -99,13 +99,13 @@ def test_f32_stays_the_default(tmp_path, fixed_profile) -> None:
 def test_a_candidate_outside_the_bound_is_never_picked(
     tmp_path, fixed_profile, monkeypatch
 ) -> None:
-    """The fastest candidate is off by 5% (relative L2): over bf16's 2e-2, so eager runs."""
+    """The fastest candidate is off by 10% (relative L2): over bf16's 5e-2, so eager runs."""
     fixed_profile({"inductor": 1e-6})
 
     def noisy(self, gm, inputs, rule):  # noqa: ANN001, ANN202
         def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
             outs = gm(*args)
-            return tuple(o * 1.05 if o.is_floating_point() else o for o in outs)
+            return tuple(o * 1.10 if o.is_floating_point() else o for o in outs)
 
         return run
 

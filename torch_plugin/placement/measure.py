@@ -84,7 +84,8 @@ def time_call(
     1.07 ms for one ONNX Runtime session of GPT-2), enough to pick a slower placement.
 
     max_s: fewer samples (at least 2) where `samples` calls would last longer: a call of a
-    second (a 1B decoder's prefill on 2 cores) needs no seven samples per round to be ranked."""
+    second (a 1B decoder's prefill on 2 cores) needs no seven samples per round to be ranked;
+    a call that alone lasts max_s is timed once (after the warm-up call)."""
     # CUDA work is asynchronous: without a sync the host clock times the launches only.
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -96,6 +97,10 @@ def time_call(
     once = max(time.perf_counter() - t0, 1e-7)
     reps = 1 if prepare is not None else max(1, min(200, math.ceil(2e-4 / once)))
     if math.isfinite(max_s):
+        if once >= max_s and prepare is None:
+            # One call outlasts the allowance: it is the sample. A 1.2B Llama's 512-token
+            # prefill takes ~5 s here; four calls a turn were half its whole-graph search.
+            return once
         samples = min(samples, max(2, math.ceil(max_s / once)))
     t_end = time.perf_counter() + warm_s
     while time.perf_counter() < t_end:

@@ -5,7 +5,7 @@ states against an eager reference, and the graph rewrite that lets a compiler co
 to each output's largest magnitude), as before. `precision="bf16"` lets each backend compute at
 bf16 where it can (OpenVINO's inference-precision hint; Inductor and ATen on the graph traced
 again under `torch.autocast`, the casts of frozen weights folded away); every candidate, f32 ones
-included, is then held to a relative L2 error of at most 2e-2 per floating output against the
+included, is then held to a relative L2 error of at most 5e-2 per floating output against the
 graph's eager outputs. A graph that already computes in bf16 (a bf16 model, or a call under
 `torch.autocast`) implies the option.
 """
@@ -24,8 +24,10 @@ PRECISIONS = ("f32", "bf16")
 # Stated bounds: f32 elementwise (rtol = atol, the latter scaled by the output's largest
 # magnitude); bf16 the relative L2 error of each floating output. bf16 keeps 8 significant bits
 # (unit roundoff 2^-9 = 2e-3); a dozen layers accumulating it land near 5e-3 (OpenVINO's bf16 on
-# bert-base), so 2e-2 leaves room without admitting a wrong graph.
-TOLERANCE = {"f32": 1e-3, "bf16": 2e-2}
+# bert-base), and a 1.2B Llama's logits under PyTorch's own autocast at 2.9e-2 (at the earlier
+# 2e-2 its bf16 graphs were all refused and the option ran eager). 5e-2 admits what PyTorch's
+# bf16 gives a user; a wrong graph is off by order 1.
+TOLERANCE = {"f32": 1e-3, "bf16": 5e-2}
 _DTYPES = {"bf16": torch.bfloat16}
 
 
