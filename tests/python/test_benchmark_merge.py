@@ -4,16 +4,21 @@ run it came from (issue 42: a merged table spans several commits)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import pytest
+
+# The repository root on sys.path for the test only: benchmarks/ has modules named like the
+# tests' own helpers (user_programs), which later tests' workers must not pick up.
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.provenance import kept_rows  # noqa: E402
 
 
-def test_kept_rows_name_their_run_and_skip_what_is_measured_again(tmp_path: Path) -> None:
+def test_kept_rows_name_their_run_and_skip_what_is_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks.provenance import kept_rows
+
     path = tmp_path / "r.json"
     path.write_text(
         json.dumps(
@@ -38,9 +43,9 @@ def test_kept_rows_name_their_run_and_skip_what_is_measured_again(tmp_path: Path
     assert [r["model"] for r in by_model] == ["vit"]
 
 
-def test_real_size_ratios_compare_within_a_precision() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import real_size_inference as rsi
+def test_real_size_ratios_compare_within_a_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import real_size_inference as rsi
 
     row = rsi._ratios(
         {
