@@ -37,6 +37,14 @@ from typing import Any
 
 import torch
 
+# One way to name the measured commit (TP_COMMIT wins on a lent GPU machine).
+try:
+    from benchmarks.provenance import commit as _commit
+    from benchmarks.provenance import kept_rows, write_results
+except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+    from provenance import commit as _commit
+    from provenance import kept_rows, write_results
+
 from torch_plugin.models import output_tensors
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -338,13 +346,6 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _commit() -> str | None:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def _child(root: Path, name: str, batches: list[int], extra: list[str]) -> list[dict[str, Any]]:
     """Runs this script on one model in a fresh process with empty caches of its own."""
     with tempfile.TemporaryDirectory(prefix="default_compile_") as tmp:
@@ -391,19 +392,16 @@ def main() -> None:
     out = RESULTS / "default_compile.json"
     rows: list[dict[str, Any]] = []
     if args.merge:
-        try:
-            from benchmarks.provenance import kept_rows
-        except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-            from provenance import kept_rows
         rows = kept_rows(out, {(m,) for m in args.models}, key=("model",))
     root = Path(__file__).resolve().parent.parent
+    here = _commit()
     for name in args.models:
         t0 = time.perf_counter()
         cold = {r["batch"]: r for r in _child(root, name, args.batches, ["--inductor-cold"])}
         for r in _child(root, name, args.batches, []):
             if r["batch"] in cold:
                 r["inductor_cold_s"] = cold[r["batch"]]["inductor_cold_s"]
-                r["commit"] = _commit()
+                r["commit"] = here
                 rows.append(_derive(r))
         print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
         _save(rows, out)  # after each model: a run that is stopped keeps what it measured
@@ -423,11 +421,6 @@ def _save(rows: list[dict[str, Any]], out: Path) -> tuple[list[dict[str, Any]], 
         "summary": summary,
         "rows": rows,
     }
-    try:
-        from benchmarks.provenance import write_results
-    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-        from provenance import write_results
-
     write_results(out, payload)
     if rows:
         plot(rows, RESULTS / "default_compile.png")

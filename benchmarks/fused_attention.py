@@ -32,7 +32,7 @@ import torch
 import torch_plugin  # noqa: F401 - registers torch.ops.torch_plugin
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from placement import _commit  # noqa: E402 - the sibling script's, one way to name a commit
+from provenance import commit as _commit  # noqa: E402 - one way to name a commit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OURS = torch.ops.torch_plugin.attention.default

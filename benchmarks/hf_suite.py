@@ -60,7 +60,6 @@ import json
 import multiprocessing as mp
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,6 +69,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# One way to name the measured commit (TP_COMMIT wins on a lent GPU machine).
+try:
+    from benchmarks.provenance import commit as _commit
+    from benchmarks.provenance import write_results
+except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+    from provenance import commit as _commit
+    from provenance import write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LR = 1e-3
@@ -1022,20 +1029,6 @@ def save_png(cells: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
     plt.close(fig)
 
 
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def _save(cells: dict[str, dict[str, dict[str, Any]]], out: Path) -> dict[str, Any]:
     from torch_plugin.models import hf_suite
 
@@ -1048,11 +1041,6 @@ def _save(cells: dict[str, dict[str, dict[str, Any]]], out: Path) -> dict[str, A
         "cells": cells,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        from benchmarks.provenance import write_results
-    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-        from provenance import write_results
-
     write_results(out.with_suffix(".json"), report)
     save_png(cells, out.with_suffix(".png"))
     return cells

@@ -23,7 +23,6 @@ import io
 import json
 import math
 import os
-import subprocess
 import tempfile
 import time
 import warnings
@@ -31,6 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# One way to name the measured commit (TP_COMMIT wins on a lent GPU machine).
+try:
+    from benchmarks.provenance import commit as _commit
+    from benchmarks.provenance import kept_rows, write_results
+except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+    from provenance import commit as _commit
+    from provenance import kept_rows, write_results
 
 import torch_plugin
 from torch_plugin.models import build, output_tensors
@@ -260,26 +267,7 @@ def main() -> None:
     _report(_merged(previous, rows), args, backends)
 
 
-def _commit() -> str | None:
-    """The measured tree's commit (each row names its own: a merged table spans several)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def _previous_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    try:
-        from benchmarks.provenance import kept_rows
-    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-        from provenance import kept_rows
     # Everything saved: _merged drops what this run measures again.
     return kept_rows(RESULTS / f"{_stem(args)}.json", set())
 
@@ -363,11 +351,6 @@ def _save(
         "geomean_speedup_vs_best_single": geo,
         "geomean_cold_over_warm": warm,
     }
-    try:
-        from benchmarks.provenance import write_results
-    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-        from provenance import write_results
-
     write_results(RESULTS / f"{_stem(args)}.json", payload, default=str)
     _plot(ok, _stem(args))
 

@@ -32,6 +32,12 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def commit() -> str | None:
+    """The measured tree's commit. A lent GPU machine gets the working tree with a stale .git:
+    the command passes TP_COMMIT, which wins over git."""
+    return os.environ.get("TP_COMMIT") or _git("rev-parse", "--short", "HEAD") or None
+
+
 def provenance() -> dict[str, Any]:
     machine: dict[str, Any] = {
         "cpu": _cpu_model(),
@@ -49,10 +55,8 @@ def provenance() -> dict[str, Any]:
         except (OSError, subprocess.CalledProcessError):
             machine["driver"] = None
     return {
-        # A lent GPU machine gets the working tree without .git: the command passes TP_COMMIT.
-        # A lent GPU machine gets the working tree with a stale .git: the command passes
-        # TP_COMMIT (and TP_DIRTY), which win over git.
-        "commit": os.environ.get("TP_COMMIT") or _git("rev-parse", "--short", "HEAD") or None,
+        "commit": commit(),
+        # With TP_COMMIT (a lent GPU machine, stale .git), TP_DIRTY says whether it was dirty.
         "dirty": os.environ.get("TP_DIRTY") == "1"
         if "TP_COMMIT" in os.environ
         # Results files do not count: a run that merges into its own JSON (the HF suite writes
