@@ -358,14 +358,11 @@ def run(
     models: list[str],
     batches: list[int],
     rounds: int,
+    here: dict[str, Any],
     write: Any = lambda rows: None,
 ) -> list[dict[str, Any]]:
     """The rows, each passed to `write` with those before it as it is measured (a kill keeps
-    them); each row names the commit it was measured at."""
-    from benchmarks.provenance import provenance
-
-    prov = provenance()
-    here = {"commit": prov["commit"], "dirty": prov["dirty"]}
+    them); each row carries `here` (the commit and dirty flag it was measured at)."""
     rows = []
     for name in models:
         for batch in batches:
@@ -536,7 +533,8 @@ def main() -> None:
         measured = {(m, b) for m in a.models for b in a.batches}
         kept = kept_rows(path, measured) if a.merge else []
         prov = provenance()
-        rows = run(a.models, a.batches, a.rounds, write=lambda new: save(prov, kept + new))
+        here = {"commit": prov["commit"], "dirty": prov["dirty"]}
+        rows = run(a.models, a.batches, a.rounds, here, write=lambda new: save(prov, kept + new))
         data = save(prov, kept + rows)
     print(json.dumps(data["summary"], indent=1))
 
