@@ -37,8 +37,8 @@ int64_t Prefix(const TensorType& t, int d) {
   int64_t p = 1;
   for (int i = 0; i < d; ++i) {
     const int64_t s = Size(t, i);
-    if (s < 0) return -1;
-    p *= s;
+    // Unknown, or past int64 (sizes come from outside): no prefix to match.
+    if (s < 0 || __builtin_mul_overflow(p, s, &p)) return -1;
   }
   return p;
 }

@@ -126,7 +126,10 @@ bool ContiguousStride(const TensorType& t) {
     const SymDim& s = t.stride[i];
     if (s.is_symbolic() || t.shape[i].is_symbolic()) return false;
     if (s.value != expected) return false;
-    expected *= std::max<int64_t>(t.shape[i].value, 1);
+    // Sizes come from outside (fuzzers, records): a product past int64 is not a layout.
+    if (__builtin_mul_overflow(expected, std::max<int64_t>(t.shape[i].value, 1), &expected)) {
+      return false;
+    }
   }
   return true;
 }
