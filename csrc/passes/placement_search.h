@@ -43,6 +43,7 @@ struct WholeGraphSearchOptions {
   // After the first round a graph slower than this multiple of the round's fastest is not
   // timed again: it cannot win, and timing it dominated the compile at real sizes (eager
   // bert-base: 3 rounds of 7 samples at 0.1-0.4 s each). <= 1: every round times every graph.
+  // With one graph left racing, no further round is timed: it is the pick.
   double drop_ratio = 1.5;
   // Total compile time allowed. <= 0: budget_factor times the compile time of `reference`
   // (the compiler a user would otherwise pick), or fallback_budget_s when it did not compile.

@@ -59,7 +59,7 @@ def install_whole_graph(seconds: dict[str, float], setattr_: Callable[..., Any] 
 
     from torch_plugin.placement import whole_graph
 
-    def fake(fn, args, samples):  # noqa: ANN001, ANN202
+    def fake(fn, args, samples, warm=False, ran_s=None):  # noqa: ANN001, ANN202
         fn(*args)
         names = [n for n, _ in fn.named_children()] if isinstance(fn, torch.nn.Module) else []
         backend = next((n.split("_", 1)[1] for n in names if n.startswith("group")), "eager")
@@ -74,4 +74,4 @@ def install_whole_graph(seconds: dict[str, float], setattr_: Callable[..., Any] 
     for cls in backends.BACKENDS.values():
         setattr_(cls, "compile_s_per_node", 0.0)
     setattr_(whole_graph, "_f32_peak", lambda threads: float("inf"))
-    setattr_(whole_graph, "compile_rates", lambda cache, machine, compilers: {})
+    setattr_(whole_graph, "compile_rates", lambda cache, machine, compilers, computes=None: {})

@@ -204,6 +204,16 @@ def test_compile_rates_are_learned_per_compiler_and_machine() -> None:
             }
     assert whole_graph.compile_rates(cache, "m1", ["inductor"]) == {"inductor": 3.0}  # last 8
     assert whole_graph.compile_rates(cache, "m2", ["inductor"]) == {}  # another machine
+    # The output check's run of the compiled graph is run time, not compile time.
+    trials = [{"backend": "openvino", "compiled": True, "compile_s": 5.0}]
+    whole_graph.record_compile_rates(cache, "m3", trials, nodes=100, run_s={"openvino": 4.0})
+    assert whole_graph.compile_rates(cache, "m3", ["openvino"]) == {"openvino": pytest.approx(0.01)}
+    # Per precision computed in: a bf16 compile's rate is not an f32 one's.
+    bf16 = {"openvino": "bf16"}
+    assert whole_graph.compile_rates(cache, "m3", ["openvino"], bf16) == {}
+    whole_graph.record_compile_rates(cache, "m3", trials, nodes=100, computes=bf16)
+    assert whole_graph.compile_rates(cache, "m3", ["openvino"], bf16) == {"openvino": 0.05}
+    assert whole_graph.compile_rates(cache, "m3", ["openvino"]) == {"openvino": pytest.approx(0.01)}
 
 
 def test_a_learned_compile_rate_sets_the_expectation(tmp_path, fixed_profile, monkeypatch) -> None:
@@ -213,7 +223,9 @@ def test_a_learned_compile_rate_sets_the_expectation(tmp_path, fixed_profile, mo
 
     fixed_profile({"openvino": 1e-5, "inductor": 5e-4, "onnxruntime": 1e-6})
     monkeypatch.setattr(
-        whole_graph, "compile_rates", lambda cache, machine, compilers: {"onnxruntime": 1e3}
+        whole_graph,
+        "compile_rates",
+        lambda cache, machine, compilers, computes=None: {"onnxruntime": 1e3},
     )
     model, x = _vit()
     f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
@@ -248,6 +260,42 @@ def test_a_warm_compile_builds_only_the_pick(tmp_path, fixed_profile, monkeypatc
         _close(f(**x), model(**x))
     assert compiled == ["onnxruntime"]
     assert "(cached decision)" in _summaries(stats)[0]
+
+
+def test_a_warm_compile_checks_the_pick_again_only_on_other_weights(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """A pick checked against eager on these weights is rebuilt without the check (a run of
+    eager and one of the graph); on changed weights (same graph) it is checked again, once."""
+    from torch_plugin.placement import whole_graph
+
+    fixed_profile({"onnxruntime": 1e-5})
+    checks: list[int] = []
+    real = whole_graph.within
+
+    def counted(got, want, precision):  # noqa: ANN001, ANN202
+        checks.append(1)
+        return real(got, want, precision)
+
+    monkeypatch.setattr(whole_graph, "within", counted)
+    model, x = _vit()
+    opts = _opts(tmp_path, backends=["aten", "onnxruntime"])
+
+    def compile_and_check(m: torch.nn.Module) -> str:
+        torch._dynamo.reset()
+        checks.clear()
+        with collect_stats() as stats, torch.no_grad():
+            _close(torch.compile(m, backend="torch_plugin", options=opts)(**x), m(**x))
+        return _summaries(stats)[0]
+
+    assert "(cached decision)" not in compile_and_check(model) and checks
+    assert "(cached decision)" in compile_and_check(model) and not checks
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.classifier.weight.mul_(-1.0)
+    assert "(cached decision)" in compile_and_check(other) and len(checks) == 1
+    compile_and_check(other)
+    assert not checks
 
 
 def test_a_warm_compile_reuses_the_exported_onnx_model_of_the_same_weights(

@@ -137,7 +137,22 @@ def test_a_call_that_outlasts_max_s_is_timed_once(monkeypatch) -> None:
     assert len(slow) == 2  # the warm-up and the one timed call
     fast: list[float] = []
     assert measure.time_end_to_end(call(0.3, fast), [], 7) == pytest.approx(0.3)
-    assert len(fast) >= 4  # warm-up, first timing, then at least two samples
+    assert len(fast) == 3  # warm-up (0.3 s: no more), then two samples, the first timing one
+    short: list[float] = []
+    assert measure.time_end_to_end(call(0.004, short), [], 7) == pytest.approx(0.004)
+    # 4 ms calls: warm-up until 10 ms have passed, the first timing apart, 7 samples
+    # (>= 50 ms of them: 13).
+    assert len(short) == 3 + 13
+    # A graph that has just run (a compile's output check) needs no warm-up call.
+    warm: list[float] = []
+    assert measure.time_end_to_end(call(2.0, warm), [], 7, warm=True) == 2.0
+    assert len(warm) == 1
+    # A long call just made that compiled nothing (eager's reference run) is the sample.
+    ran: list[float] = []
+    assert measure.time_end_to_end(call(2.0, ran), [], 7, ran_s=1.5) == 1.5
+    assert not ran
+    assert measure.time_end_to_end(call(0.3, ran), [], 7, ran_s=0.3) == pytest.approx(0.3)
+    assert len(ran) == 2  # warm already: two samples, the first timing one
 
 
 @pytest.mark.skipif(

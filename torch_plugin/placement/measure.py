@@ -73,6 +73,8 @@ def time_call(
     min_s: float = 0.0,
     prepare: Callable[[], None] | None = None,
     max_s: float = math.inf,
+    warm: bool = False,
+    ran_s: float | None = None,
 ) -> float:
     """Median seconds per call; each sample repeats the call until it lasts >= 0.2 ms.
 
@@ -85,12 +87,23 @@ def time_call(
 
     max_s: fewer samples (at least 2) where `samples` calls would last longer: a call of a
     second (a 1B decoder's prefill on 2 cores) needs no seven samples per round to be ranked;
-    a call that alone lasts max_s is timed once (after the warm-up call)."""
+    a call that alone lasts max_s is timed once (after the warm-up call), and the first timing
+    of one lasting warm_s or more is one of the samples.
+
+    warm: `fn` has just run on `args` (a compile's output check), so the warm-up call is
+    skipped: at batch 8 it was a second of every compiler's first turn.
+
+    ran_s: `fn` has just run on `args` in ran_s seconds, a call that compiled nothing (eager's
+    reference run): warm, and the sample itself where it lasted max_s."""
     # CUDA work is asynchronous: without a sync the host clock times the launches only.
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    fn(*args)
-    sync()
+    if ran_s is not None and ran_s >= max_s and prepare is None:
+        return ran_s
+    t_start = time.perf_counter()
+    if not warm and ran_s is None:
+        fn(*args)
+        sync()
     t0 = time.perf_counter()
     fn(*args)
     sync()
@@ -102,10 +115,15 @@ def time_call(
             # prefill takes ~5 s here; four calls a turn were half its whole-graph search.
             return once
         samples = min(samples, max(2, math.ceil(max_s / once)))
-    t_end = time.perf_counter() + warm_s
+    # The calls made so far count towards the warm-up: after one call longer than warm_s, the
+    # loop used to make one more (a third of a turn of a 0.4 s graph).
+    t_end = t_start + warm_s
     while time.perf_counter() < t_end:
         fn(*args)
-    times = []
+    # Under max_s, a first timing of one call that followed a call at least warm_s long is a
+    # sample like the rest.
+    long_call = math.isfinite(max_s) and prepare is None and reps == 1 and once >= warm_s > 0
+    times = [once] if long_call else []
     t_end = time.perf_counter() + min_s
     while len(times) < samples or time.perf_counter() < t_end:
         if prepare is not None:
@@ -119,10 +137,16 @@ def time_call(
     return statistics.median(times)
 
 
-def time_end_to_end(fn: Callable[..., Any], args: Sequence[Any], samples: int) -> float:
+def time_end_to_end(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    samples: int,
+    warm: bool = False,
+    ran_s: float | None = None,
+) -> float:
     """time_call for a whole placed graph: 10 ms of warm-up, >= 50 ms of samples, fewer
     samples where they would last over 0.5 s."""
-    return time_call(fn, args, samples, warm_s=0.01, min_s=0.05, max_s=0.5)
+    return time_call(fn, args, samples, warm_s=0.01, min_s=0.05, max_s=0.5, warm=warm, ran_s=ran_s)
 
 
 def last_level_cache_bytes() -> int:

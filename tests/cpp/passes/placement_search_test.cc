@@ -138,9 +138,9 @@ TEST(PlacementSearch, PicksTheFastestWholeGraphMeasuredInTurns) {
   EXPECT_DOUBLE_EQ(plan.budget_s, 5.0);  // 1.25 x Inductor's 4 s
   // The first turn as graphs become available (eager, then each right after its compile,
   // reference first); eager (2x) and Inductor (1.6x the fastest) cannot win and are not timed
-  // again.
-  std::vector<std::string> want = {"time eager",       "compile inductor", "time inductor",
-                                   "compile openvino", "time openvino",    "time openvino"};
+  // again, and OpenVINO, left alone in the race, is the pick without a second turn.
+  std::vector<std::string> want = {"time eager", "compile inductor", "time inductor",
+                                   "compile openvino", "time openvino"};
   EXPECT_EQ(s.calls, want);
   ASSERT_EQ(plan.trials.size(), 3u);
   EXPECT_DOUBLE_EQ(plan.trials[1].compile_s, 4.0);
@@ -168,6 +168,26 @@ TEST(PlacementSearch, GraphsWithinTheDropRatioAreTimedEveryRound) {
   all.calls.clear();
   SearchWholeGraphFirst({"openvino", "inductor"}, all.Measurer(), o);
   EXPECT_EQ(all.calls.size(), 2u + 9u);
+}
+
+TEST(PlacementSearch, OneGraphLeftRacingIsNotTimedAgain) {
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 9e-3}, {"openvino", 5e-3}};
+  WholeGraphSearchOptions o;
+  o.turns = 3;
+  auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "openvino");
+  EXPECT_DOUBLE_EQ(plan.pick_s, 5e-3);
+  // 2x and 1.8x the fastest: both dropped after the first round, which leaves one racer.
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time openvino"), 1);
+  EXPECT_EQ(s.calls.size(), 5u);
+  // Two racers (Inductor at 1.2x): the turns go on for both.
+  Stub two = s;
+  two.calls.clear();
+  two.run_s["inductor"] = 6e-3;
+  SearchWholeGraphFirst({"openvino", "inductor"}, two.Measurer(), o);
+  EXPECT_EQ(std::count(two.calls.begin(), two.calls.end(), "time openvino"), 3);
+  EXPECT_EQ(std::count(two.calls.begin(), two.calls.end(), "time inductor"), 3);
 }
 
 TEST(PlacementSearch, KeepsEagerUnlessACompilerBeatsItByTheMargin) {
