@@ -143,11 +143,11 @@ def test_a_call_that_outlasts_max_s_is_timed_once(monkeypatch) -> None:
     # 4 ms calls: warm-up until 10 ms have passed, the first timing apart, 7 samples
     # (>= 50 ms of them: 13).
     assert len(short) == 3 + 13
-    # A graph that has just run (a compile's output check) needs no warm-up call.
+    # A graph that has just run (a compile's output check) needs no warm-up call; eager's
+    # reference run, when long, is the sample.
     warm: list[float] = []
     assert measure.time_end_to_end(call(2.0, warm), [], 7, warm=True) == 2.0
     assert len(warm) == 1
-    # A long call just made that compiled nothing (eager's reference run) is the sample.
     ran: list[float] = []
     assert measure.time_end_to_end(call(2.0, ran), [], 7, ran_s=1.5) == 1.5
     assert not ran

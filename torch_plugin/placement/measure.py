@@ -90,11 +90,12 @@ def time_call(
     a call that alone lasts max_s is timed once (after the warm-up call), and the first timing
     of one lasting warm_s or more is one of the samples.
 
-    warm: `fn` has just run on `args` (a compile's output check), so the warm-up call is
-    skipped: at batch 8 it was a second of every compiler's first turn.
+    warm: `fn` has just run on `args` (a compiled graph's output check): no warm-up call (at
+    batch 8 one was a second of every compiler's first turn).
 
-    ran_s: `fn` has just run on `args` in ran_s seconds, a call that compiled nothing (eager's
-    reference run): warm, and the sample itself where it lasted max_s."""
+    ran_s: as warm, in ran_s seconds, a run as representative as any later one (eager's
+    reference run; not a compiled graph's first run: OpenVINO's first inference of GPT-2 at
+    batch 8 took seconds more than the next): where it lasted max_s it is the sample."""
     # CUDA work is asynchronous: without a sync the host clock times the launches only.
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     sync = torch.cuda.synchronize if cuda else (lambda: None)

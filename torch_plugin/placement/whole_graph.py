@@ -116,20 +116,20 @@ def place_whole_graph_first(
     failures: list[str] = []
     errors: dict[str, float] = {}
     want: list[Any] = []
-    # Seconds of each compile spent running its graph for the output check: run time, not
-    # compile time, so not part of the compile rates learned (a batch-8 GPT-2's check runs
-    # made OpenVINO's compile look 30% of Inductor's, which ordered it after Inductor).
-    check_s: dict[str, float] = {}
-    last_run = [""]  # the graph that ran last: its next timing needs no warm-up call
-    reference_s: list[float] = []  # eager's reference run, while it may stand as a sample
+    # The graph that ran last, and for eager's reference run its seconds: the next timing of
+    # that graph needs no warm-up call, and eager's reference run is its first sample where it
+    # lasted 0.5 s or more (the 1.2B Llama's: ~6 s). A compiled graph's check is not: its
+    # first run may finish the compile (OpenVINO's first inference of GPT-2 at batch 8 took
+    # seconds more than the next).
+    just_ran: dict[str, float | None] = {}
 
     def reference() -> Any:
         if not want:
             with torch.no_grad():
                 t0 = time.perf_counter()
                 want.append(gm(*inputs))
-                reference_s.append(time.perf_counter() - t0)
-            last_run[0] = "eager"
+                just_ran.clear()
+                just_ran["eager"] = time.perf_counter() - t0
         return want[0]
 
     # A graph checked before on these very weights is not checked again when a warm compile
@@ -150,10 +150,9 @@ def place_whole_graph_first(
                 return True
             expected = reference()
             with torch.no_grad():
-                t0 = time.perf_counter()
                 got = mod(*inputs)
-                check_s[name] = time.perf_counter() - t0
-                last_run[0] = name
+                just_ran.clear()
+                just_ran[name] = None
                 ok, errors[name] = within(got, expected, precision)
                 if not ok:
                     failures.append(
@@ -177,11 +176,9 @@ def place_whole_graph_first(
     def time_whole(name: str) -> float:
         if name == "eager":
             reference()  # eager's first run gives the reference and warms eager up
-        # Eager's reference run, just made, may be its first sample: a long one is (the 1.2B
-        # Llama's eager prefill is ~6 s here).
-        ran_s = reference_s.pop() if name == "eager" and reference_s else None
-        warm = last_run[0] == name
-        last_run[0] = name
+        warm = name in just_ran
+        ran_s = just_ran.pop(name, None)
+        just_ran.clear()
         with torch.no_grad():
             return time_end_to_end(built[name], inputs, opts.samples, warm=warm, ran_s=ran_s)
 
@@ -285,9 +282,7 @@ def place_whole_graph_first(
                 keep["refined"] = bool(result.whole_graph and result.whole_graph.get("refined"))
                 cache.put_decision(decision_key, keep)
                 if frozen:  # full compiles: frozen graphs bypass Inductor's FX graph cache
-                    record_compile_rates(
-                        cache, machine, plan["trials"], len(nodes), check_s, computes
-                    )
+                    record_compile_rates(cache, machine, plan["trials"], len(nodes), computes)
             for name in checked:
                 verified = {"error": errors.get(name)}
                 cache.put_decision(_verified_key(decision_key, name, str(digest)), verified)
@@ -354,17 +349,19 @@ def record_compile_rates(
     machine: str,
     trials: Sequence[dict[str, Any]],
     nodes: int,
-    run_s: dict[str, float] | None = None,
     computes: dict[str, str] | None = None,
 ) -> None:
-    """Adds each compiled trial's seconds per node to its compiler's history, less `run_s`
-    (the output check's run of its graph). Called for graphs with frozen weights only: a graph
-    Inductor serves from its FX graph cache would record a rate far below a real compile's."""
+    """Adds each compiled trial's seconds per node to its compiler's history: its compile
+    less one run of its graph (the output check's; a batch-8 GPT-2's check runs made
+    OpenVINO's compile look 30% of Inductor's, which ordered it after Inductor). The rest of
+    the check's run stays: a first run may finish the compile (OpenVINO's). Called for graphs
+    with frozen weights only: a graph Inductor serves from its FX graph cache would record a
+    rate far below a real compile's."""
     if nodes <= 0:
         return
     for t in trials:
         name = t["backend"]
-        compile_s = t["compile_s"] - (run_s or {}).get(name, 0.0)
+        compile_s = t["compile_s"] - t.get("median_s", 0.0)
         if name == "eager" or not t["compiled"] or compile_s <= 0:
             continue
         compute = (computes or {}).get(name, "f32")
