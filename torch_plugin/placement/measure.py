@@ -85,8 +85,8 @@ def time_call(
     sub-millisecond graph, seven samples right after a compile varied by up to 80% (0.58 to
     1.07 ms for one ONNX Runtime session of GPT-2), enough to pick a slower placement.
 
-    max_s: fewer samples (at least 2) where `samples` calls would last longer: a call of a
-    second (a 1B decoder's prefill on 2 cores) needs no seven samples per round to be ranked;
+    max_s: fewer samples (at least 2, their minimum) where `samples` calls would last longer: a
+    call of a second (a 1B decoder's prefill on 2 cores) needs no seven samples per round;
     a call that alone lasts max_s is timed once (after the warm-up call), and the first timing
     of one lasting warm_s or more is one of the samples.
 
@@ -110,12 +110,18 @@ def time_call(
     sync()
     once = max(time.perf_counter() - t0, 1e-7)
     reps = 1 if prepare is not None else max(1, min(200, math.ceil(2e-4 / once)))
+    # With the few samples max_s leaves, their median is their mean, which one slow call moves
+    # (OpenVINO's GPT-2 at batch 8: 0.39-0.41 s a call, then one of 1.21 s, and the median of
+    # its turns tied with Inductor's 0.47 s); their minimum does not.
+    robust: Callable[[list[float]], float] = statistics.median
     if math.isfinite(max_s):
         if once >= max_s and prepare is None:
             # One call outlasts the allowance: it is the sample. A 1.2B Llama's 512-token
             # prefill takes ~5 s here; four calls a turn were half its whole-graph search.
             return once
-        samples = min(samples, max(2, math.ceil(max_s / once)))
+        few = max(2, math.ceil(max_s / once))
+        if few < samples:
+            samples, robust = few, min
     # The calls made so far count towards the warm-up: after one call longer than warm_s, the
     # loop used to make one more (a third of a turn of a 0.4 s graph).
     t_end = t_start + warm_s
@@ -135,7 +141,7 @@ def time_call(
             fn(*args)
         sync()
         times.append((time.perf_counter() - t0) / reps)
-    return statistics.median(times)
+    return robust(times)
 
 
 def time_end_to_end(
