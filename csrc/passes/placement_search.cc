@@ -145,8 +145,7 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
   }
   // One graph left racing is the pick whatever it measures next: more turns would only time it
   // (GPT-2 at batch 8: OpenVINO's two more turns were 3.4 s of a 29 s search).
-  int racers = 0;
-  for (bool r : racing) racers += r ? 1 : 0;
+  const auto racers = std::count(racing.begin(), racing.end(), true);
   for (int r = 1; r < options.turns && racers > 1; ++r) {
     for (size_t i = 0; i < plan.trials.size(); ++i) {
       if (racing[i]) times[i].push_back(measurer.time(plan.trials[i].backend));

@@ -52,9 +52,14 @@ def graph_key(gm: fx.GraphModule, inputs: Sequence[Any], versions: Sequence[str]
     for name, t in sorted(gm.named_buffers()):
         t = t.detach()
         h.update(repr((name, tuple(t.shape), str(t.dtype))).encode())
-        # As bytes: numpy has no bf16 (a device tensor is copied to the host once).
-        h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        h.update(tensor_bytes(t))
     return h.hexdigest()
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """A tensor's elements as bytes, for hashing: as uint8, since numpy has no bf16 (a device
+    tensor is copied to the host once)."""
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data
 
 
 def load(directory: str | None, key: str, suffix: str) -> bytes | None:

@@ -26,7 +26,7 @@ import torch
 import torch.fx as fx
 
 from .. import _C, fx_bridge
-from .artifacts import artifact_dir
+from .artifacts import artifact_dir, tensor_bytes
 from .backends import InductorBackend, for_device, get_backends
 from .cache import ProfileCache, device_key, machine_key
 from .cuda_graphs import CudaGraphBackend
@@ -121,15 +121,14 @@ def place_whole_graph_first(
     # lasted 0.5 s or more (the 1.2B Llama's: ~6 s). A compiled graph's check is not: its
     # first run may finish the compile (OpenVINO's first inference of GPT-2 at batch 8 took
     # seconds more than the next).
-    just_ran: dict[str, float | None] = {}
+    last_run: list[tuple[str, float | None]] = [("", None)]
 
     def reference() -> Any:
         if not want:
             with torch.no_grad():
                 t0 = time.perf_counter()
                 want.append(gm(*inputs))
-                just_ran.clear()
-                just_ran["eager"] = time.perf_counter() - t0
+                last_run[0] = ("eager", time.perf_counter() - t0)
         return want[0]
 
     # A graph checked before on these very weights is not checked again when a warm compile
@@ -151,8 +150,7 @@ def place_whole_graph_first(
             expected = reference()
             with torch.no_grad():
                 got = mod(*inputs)
-                just_ran.clear()
-                just_ran[name] = None
+                last_run[0] = (name, None)
                 ok, errors[name] = within(got, expected, precision)
                 if not ok:
                     failures.append(
@@ -176,9 +174,10 @@ def place_whole_graph_first(
     def time_whole(name: str) -> float:
         if name == "eager":
             reference()  # eager's first run gives the reference and warms eager up
-        warm = name in just_ran
-        ran_s = just_ran.pop(name, None)
-        just_ran.clear()
+        ran, ran_s = last_run[0]
+        last_run[0] = ("", None)
+        warm = ran == name
+        ran_s = ran_s if warm else None
         with torch.no_grad():
             return time_end_to_end(built[name], inputs, opts.samples, warm=warm, ran_s=ran_s)
 
@@ -306,11 +305,8 @@ def _weights_digest(gm: fx.GraphModule, frozen: dict[str, torch.Tensor]) -> str:
     the weights a graph was checked on from changed ones, which is all it is for)."""
     h = hashlib.sha256()
     for name, t in [*sorted(frozen.items()), *sorted(gm.named_buffers())]:
-        t = t.detach()
         h.update(repr((name, tuple(t.shape), t.stride(), str(t.dtype))).encode())
-        # As bytes: numpy has no bf16.
-        data = t.contiguous().reshape(-1).view(torch.uint8).numpy().data
-        h.update(zlib.crc32(data).to_bytes(4, "little"))
+        h.update(zlib.crc32(tensor_bytes(t)).to_bytes(4, "little"))
     return h.hexdigest()
 
 
