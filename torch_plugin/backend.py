@@ -170,6 +170,16 @@ def recording_calls() -> Iterator[list[tuple[Any, list[Any], Any]]]:
         _remove_sink(_CALL_RECORDERS, sink)
 
 
+def _boxed(gm: fx.GraphModule, inputs: Sequence[Any]) -> Any:
+    """The graph as AOTAutograd calls it (boxed): one compiled group called straight where the
+    graph is only that (placement/materialize.py), the graph's own code otherwise."""
+    from torch._dynamo.backends.debugging import boxed_nop
+
+    from .placement.materialize import boxed_single_group
+
+    return boxed_single_group(gm) or boxed_nop(gm, inputs)
+
+
 def _recordable(fn: Any, gm: fx.GraphModule) -> Any:
     """A boxed graph callable whose calls the recorders see (one list check otherwise). It
     carries the placed GraphModule, from which the direct call path builds a leaner one."""
@@ -438,9 +448,7 @@ def _replace_frozen(
         base = opts.placement or PlacementOptions()
         opts = dataclasses.replace(opts, placement=dataclasses.replace(base, freeze=False))
     placed = rewrite_aten_graph(fx_g, opts, "inference", kinds if args else None, manager, args)
-    from torch._dynamo.backends.debugging import boxed_nop
-
-    return boxed_nop(placed, args or [])
+    return _boxed(placed, args or [])
 
 
 def torch_plugin_backend(
@@ -461,7 +469,6 @@ def torch_plugin_backend(
     opts = Options.from_user(options)
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
-    from torch._dynamo.backends.debugging import boxed_nop
 
     input_kinds = _dynamo_input_kinds(gm, example_inputs)
     wants_cache_parallel = opts.runs("cache_parallel") or (opts.auto and opts.mesh is not None)
@@ -471,7 +478,7 @@ def torch_plugin_backend(
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
         kinds = input_kinds if n_inputs == len(input_kinds) else None
         real = list(example_inputs) if opts.auto and n_inputs == len(example_inputs) else None
-        return boxed_nop(rewrite_aten_graph(fx_g, opts, "forward", kinds, manager, real), inputs)
+        return _boxed(rewrite_aten_graph(fx_g, opts, "forward", kinds, manager, real), inputs)
 
     def inference_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
@@ -479,7 +486,7 @@ def torch_plugin_backend(
         real = list(example_inputs) if n_inputs == len(example_inputs) else None
         with collect_stats() as stats:
             placed = rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real)
-        fn = boxed_nop(placed, inputs)
+        fn = _boxed(placed, inputs)
         if (
             (opts.auto or opts.runs("placement"))
             and real is not None
@@ -493,7 +500,7 @@ def torch_plugin_backend(
         return _recordable(fn, placed) if opts.runs("placement") or opts.auto else fn
 
     def backward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
-        return boxed_nop(rewrite_aten_graph(fx_g, opts, "backward", None, manager), inputs)
+        return _boxed(rewrite_aten_graph(fx_g, opts, "backward", None, manager), inputs)
 
     # Same configuration as torch's aot_eager, so the identity path is bit-identical to it.
     return aot_autograd(

@@ -55,6 +55,19 @@ def test_inference_runs_the_fastest_whole_graph_with_frozen_weights(
     assert line.startswith("inference graph") and ": openvino (" in line, line
     assert "weights frozen" in line and "eager 1.000 ms" in line
     assert any(r.getMessage() == "torch_plugin: " + line for r in caplog.records)
+    # A graph placed whole on one compiler is called as that compiler's function, not through
+    # the graph's code and the group's module (materialize.boxed_single_group).
+    from torch_plugin.placement.materialize import _GroupCall
+
+    module_calls: list[int] = []
+    forward = _GroupCall.forward
+    _GroupCall.forward = lambda self, *a: module_calls.append(1) or forward(self, *a)
+    try:
+        with torch.no_grad():
+            _close(f(**x), want)
+    finally:
+        _GroupCall.forward = forward
+    assert module_calls == []
 
 
 def test_eager_is_kept_unless_a_compiler_beats_it(tmp_path, fixed_profile) -> None:

@@ -482,6 +482,47 @@ def test_openvino_takes_a_decoder_at_its_default_use_cache(arch: str, monkeypatc
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * max(1.0, float(b.abs().max())))
 
 
+def test_a_graph_that_is_one_group_is_called_as_that_group() -> None:
+    import operator
+
+    import torch.fx as fx
+
+    from torch_plugin.placement.materialize import _GroupCall, boxed_single_group
+
+    def placed(extra: bool = False, args: int = 1) -> fx.GraphModule:
+        g = fx.Graph()
+        w, x, b = (g.placeholder(n) for n in ("w", "x", "b"))
+        call = g.call_module("group0", ((x, b) if args == 2 else (x,)))
+        outs = [g.call_function(operator.getitem, (call, k)) for k in (1, 0)]
+        if extra:
+            outs[0] = g.call_function(torch.relu, (outs[0],))
+        g.output(tuple(outs))
+        root = torch.nn.Module()
+        root.group0 = _GroupCall(lambda x, b=None: (x + 1, x * 2), "openvino", 3)
+        return fx.GraphModule(root, g)
+
+    def graph_code(gm: fx.GraphModule, args: list[Any]) -> tuple[Any, ...]:
+        return gm(*args)
+
+    for n in (1, 2):
+        gm = placed(args=n)
+        fn = boxed_single_group(gm)
+        assert fn is not None and fn._boxed_call
+        args = [torch.randn(3), torch.randn(3), torch.randn(3)]
+        want = graph_code(gm, list(args))
+        got = fn(list_args := list(args))
+        assert list_args == []  # boxed: the callee empties the list
+        assert isinstance(got, tuple) and len(got) == 2
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+        # The group's function is read on each call: a rebuilt group is the one called.
+        gm.group0.fn = lambda x, b=None: (x - 1, x * 3)
+        assert torch.equal(fn([args[0], args[1], args[2]])[0], args[1] * 3)
+    assert boxed_single_group(placed(extra=True)) is None  # an op after the group
+    plain = fx.symbolic_trace(torch.nn.Linear(3, 3))
+    assert boxed_single_group(plain) is None
+
+
 def test_group_outputs_keep_eager_strides_for_the_aten_ops_after_them() -> None:
     """SDPA's output is laid out so that its transpose is contiguous and GPT-2's `view` after
     it works; a backend returns it contiguous. The host graph gives such outputs their eager
