@@ -1190,6 +1190,7 @@ class WholeGraphPlan:
     """
     The default placement's pick.
     """
+    notes: str
     pick: str
     reason: str
     refine: bool

@@ -253,7 +253,8 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("refine_budget_s", &WholeGraphSearchPlan::refine_budget_s)
       .field("predicted_gain", &WholeGraphSearchPlan::predicted_gain)
       .field("predicted_refine_s", &WholeGraphSearchPlan::predicted_refine_s)
-      .field("reason", &WholeGraphSearchPlan::reason);
+      .field("reason", &WholeGraphSearchPlan::reason)
+      .field("notes", &WholeGraphSearchPlan::notes);
 
   pm.def(
       "search_whole_graph_first",

@@ -106,6 +106,7 @@ struct WholeGraphSearchPlan {
   double predicted_gain = 0.0;
   double predicted_refine_s = 0.0;
   std::string reason;  // one line: why refine is (not) run
+  std::string notes;   // what the search found unexpected (bounds disproved), else empty
 };
 
 // Times eager, then compiles in WholeGraphOrder, timing each compiled graph once right away

@@ -242,6 +242,8 @@ def place_whole_graph_first(
                 )
             finally:
                 bar.close()
+            if plan["notes"]:
+                log.info("torch_plugin placement: %s", plan["notes"])
             plan["cached"] = False
             plan["failures"] = failures
             plan["errors"] = errors

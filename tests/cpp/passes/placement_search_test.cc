@@ -101,6 +101,33 @@ TEST(PlacementSearch, ACompilerThatCannotBeatTheFastestSoFarIsNotCompiled) {
   EXPECT_NEAR(plan.trials[3].median_s, 55e-3, 1e-12);
 }
 
+TEST(PlacementSearch, AGraphTimedUnderItsBoundDisprovesTheBounds) {
+  // f32: every compiler's bound is 167 ms (its FLOPs at a peak measured low). OpenVINO runs in
+  // 154 ms, under its own bound: the bounds are wrong and rule nothing out, so ONNX Runtime
+  // (153 ms) is compiled and picked instead of being skipped as "cannot win".
+  Stub s;
+  s.run_s = {
+      {"eager", 310e-3}, {"inductor", 200e-3}, {"openvino", 154e-3}, {"onnxruntime", 153e-3}};
+  s.compile_s = {{"inductor", 12.0}, {"openvino", 0.5}, {"onnxruntime", 3.0}};
+  WholeGraphSearchOptions o;
+  o.budget_s = 100.0;
+  o.lower_bound_s = {{"inductor", 167e-3}, {"openvino", 167e-3}, {"onnxruntime", 167e-3}};
+  auto plan = SearchWholeGraphFirst({"openvino", "onnxruntime", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "onnxruntime");
+  for (const auto& t : plan.trials) EXPECT_TRUE(t.compiled) << t.backend << ": " << t.skipped;
+  EXPECT_EQ(plan.notes,
+            "openvino ran in 154.0 ms, under its 167.0 ms bound at the measured peak: no bound "
+            "used");
+  // Bounds that hold still save a compile.
+  o.lower_bound_s = {{"inductor", 100e-3}, {"openvino", 100e-3}, {"onnxruntime", 160e-3}};
+  s.calls.clear();
+  s.clock = 0.0;
+  plan = SearchWholeGraphFirst({"openvino", "onnxruntime", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "openvino");
+  EXPECT_TRUE(plan.notes.empty());
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "compile onnxruntime"), 0);
+}
+
 TEST(PlacementSearch, ACompilerExpectedToOverrunTheBudgetIsNotCompiled) {
   Stub s;
   s.run_s = {{"eager", 100e-3}, {"inductor", 90e-3}, {"openvino", 50e-3}, {"onnxruntime", 48e-3}};
