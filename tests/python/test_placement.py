@@ -407,6 +407,40 @@ def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None
 
 
 @pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
+def test_openvino_writes_large_outputs_into_tensors_it_does_not_reuse() -> None:
+    """Outputs from PRESET_MIN_BYTES on are OpenVINO's writes into fresh tensors of ours, the
+    rest copies of its buffers: either way a result is the caller's alone, and the next call
+    (which reuses the request's buffers) leaves it as it was."""
+    import torch.fx as fx
+
+    from torch_plugin.placement import backends
+
+    class ThreeOutputs(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return torch.relu(x) * 2.0, x.sum(-1), (x > 0).to(torch.int64)
+
+    x = torch.randn(64, 512)  # 128 KB: the first and third outputs are preset
+    gm = fx.symbolic_trace(ThreeOutputs())
+    fn = get_backends(["openvino"])[-1].compile(gm, [x], "region")
+    first = fn(x)
+    kept = [t.clone() for t in first]
+    second = fn(-x)
+    for got, want in zip(first, kept, strict=True):
+        assert torch.equal(got, want)
+    for got, want in zip(second, gm(-x), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    assert [r.dtype for r in second] == [torch.float32, torch.float32, torch.int64]
+    assert second[0].data_ptr() != first[0].data_ptr()
+    # Which outputs are preset: the two of 128 KB and 256 KB, not the 256-byte sum.
+    import openvino as ov
+
+    p = ov.opset13.parameter([64, 512], ov.Type.f32)
+    model = ov.Model([ov.opset13.relu(p), ov.opset13.reduce_sum(p, [1], False)], [p])
+    outputs = list(ov.Core().compile_model(model, "CPU").outputs)
+    assert backends._preset_outputs(outputs) == [(0, (64, 512), torch.float32)]
+
+
+@pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
 @pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
 def test_openvino_takes_a_decoder_at_its_default_use_cache(arch: str, monkeypatch) -> None:
     """A library-default HF decoder (use_cache=True) concatenates its first keys and values
