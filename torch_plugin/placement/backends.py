@@ -201,6 +201,7 @@ class OpenVINOBackend(_NumpyBackend):
     compile_s_per_node = 0.001  # 0.3-0.8 s per real-size graph
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+        import numpy
         import openvino as ov
 
         self._check_inputs(inputs)
@@ -232,9 +233,11 @@ class OpenVINOBackend(_NumpyBackend):
             # rest are views of its buffers (reused by the next call), copied once.
             fresh = {}
             for i, shape, dtype in preset:
-                t = torch.empty(shape, dtype=dtype)
-                request.set_output_tensor(i, ov.Tensor(t.numpy(), shared_memory=True))
-                fresh[i] = t
+                # numpy's buffers: it asks for huge pages where the kernel offers them on
+                # request (torch.empty does not), so a large output faults in 2 MB at a time.
+                a = numpy.empty(shape, dtype)
+                request.set_output_tensor(i, ov.Tensor(a, shared_memory=True))
+                fresh[i] = torch.from_numpy(a)
             res = request.infer(
                 [a.detach().numpy() for a in args], share_inputs=True, share_outputs=True
             )
@@ -285,11 +288,12 @@ class OpenVINOBackend(_NumpyBackend):
 PRESET_MIN_BYTES = 64 << 10
 
 
-def _preset_outputs(outputs: Sequence[Any]) -> list[tuple[int, tuple[int, ...], torch.dtype]]:
+def _preset_outputs(outputs: Sequence[Any]) -> list[tuple[int, tuple[int, ...], Any]]:
     """(index, shape, dtype) of the compiled model's outputs that a call hands OpenVINO as its
-    own tensors to write into: static shape, a dtype numpy has, at least PRESET_MIN_BYTES.
+    own arrays to write into: static shape, a dtype numpy has, at least PRESET_MIN_BYTES.
     Taking its results as copies (infer's default) and then copying them out of numpy moved
     GPT-2's 26 MB of logits twice a call: 3 ms of 80. One preset output costs about 2 us."""
+    import numpy
     import openvino as ov
 
     dtypes = {
@@ -309,7 +313,7 @@ def _preset_outputs(outputs: Sequence[Any]) -> list[tuple[int, tuple[int, ...], 
             continue
         dims = tuple(int(d) for d in shape.to_shape())
         if math.prod(dims) * dtype.itemsize >= PRESET_MIN_BYTES:
-            preset.append((i, dims, dtype))
+            preset.append((i, dims, numpy.dtype(str(dtype).removeprefix("torch."))))
     return preset
 
 
