@@ -524,11 +524,13 @@ def test_a_graph_that_is_one_group_is_called_as_that_group() -> None:
 
     from torch_plugin.placement.materialize import _GroupCall, boxed_single_group
 
-    def placed(extra: bool = False, args: int = 1) -> fx.GraphModule:
+    def placed(extra: bool = False, args: int = 1, unused: bool = False) -> fx.GraphModule:
         g = fx.Graph()
         w, x, b = (g.placeholder(n) for n in ("w", "x", "b"))
         call = g.call_module("group0", ((x, b) if args == 2 else (x,)))
         outs = [g.call_function(operator.getitem, (call, k)) for k in (1, 0)]
+        if unused:  # an item nothing reads, as dead code elimination may leave it
+            g.call_function(operator.getitem, (call, 0))
         if extra:
             outs[0] = g.call_function(torch.relu, (outs[0],))
         g.output(tuple(outs))
@@ -539,8 +541,8 @@ def test_a_graph_that_is_one_group_is_called_as_that_group() -> None:
     def graph_code(gm: fx.GraphModule, args: list[Any]) -> tuple[Any, ...]:
         return gm(*args)
 
-    for n in (1, 2):
-        gm = placed(args=n)
+    for n, unused in ((1, False), (2, False), (2, True)):
+        gm = placed(args=n, unused=unused)
         fn = boxed_single_group(gm)
         assert fn is not None and fn._boxed_call
         args = [torch.randn(3), torch.randn(3), torch.randn(3)]
@@ -556,6 +558,38 @@ def test_a_graph_that_is_one_group_is_called_as_that_group() -> None:
     assert boxed_single_group(placed(extra=True)) is None  # an op after the group
     plain = fx.symbolic_trace(torch.nn.Linear(3, 3))
     assert boxed_single_group(plain) is None
+    # An item of another node's result.
+    gm = placed()
+    other = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    with gm.graph.inserting_before(gm.graph.output_node()):
+        gm.graph.call_function(operator.getitem, (other, 0))
+    assert boxed_single_group(gm) is None
+
+
+def test_a_lean_graph_that_is_one_group_is_called_straight() -> None:
+    """The direct call path's analysis of its lean graph (the same as the boxed one's): the
+    group's function is called with the placeholders in order, an unused item tolerated;
+    placeholders passed in another order are left to the graph's own code."""
+    import operator
+
+    import torch.fx as fx
+
+    from torch_plugin.placement import _group_caller, _single_call
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x + y, x * y
+
+    def lean(swap: bool) -> fx.GraphModule:
+        g = fx.Graph()
+        x, y = g.placeholder("x"), g.placeholder("y")
+        call = g.call_function(_group_caller(fn), (y, x) if swap else (x, y))
+        g.call_function(operator.getitem, (call, 1))  # unused
+        g.output((g.call_function(operator.getitem, (call, 1)),))
+        return fx.GraphModule(torch.nn.Module(), g)
+
+    single = _single_call(lean(swap=False))
+    assert single is not None and single[0] is fn and single[1] == [1]
+    assert _single_call(lean(swap=True)) is None
 
 
 def test_group_outputs_keep_eager_strides_for_the_aten_ops_after_them() -> None:

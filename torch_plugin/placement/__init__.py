@@ -8,7 +8,6 @@ print(placed.placement.table()); placed.placement.save_png("placement.png")
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from torch.nn.modules.module import (
 
 from .backends import BACKENDS, DEFAULT_BACKENDS, Backend, BackendError, get_backends
 from .cache import ProfileCache
+from .materialize import single_group_call
 from .planner import PlacementOptions, PlacementResult, place_graph
 
 __all__ = [
@@ -194,27 +194,17 @@ class _DirectCall:
 
 def _single_call(lean: fx.GraphModule) -> tuple[Any, list[int]] | None:
     """(fn, output order) when the lean graph only passes its placeholders, in order, to one
-    compiled group and returns items of its result: the whole model placed as one region,
-    the usual outcome on CPU. Calling fn straight skips the graph's own frame."""
-    nodes = list(lean.graph.nodes)
-    placeholders = [n for n in nodes if n.op == "placeholder"]
-    calls = [n for n in nodes if n.op == "call_function" and n.target is not operator.getitem]
-    if len(calls) != 1 or getattr(calls[0].target, "__name__", "") != "call_group":
+    compiled group and returns items of its result (materialize.single_group_call): the
+    whole model placed as one region, the usual outcome on CPU. Calling fn straight skips
+    the graph's own frame."""
+    found = single_group_call(
+        lean,
+        lambda n: n.op == "call_function" and getattr(n.target, "__name__", "") == "call_group",
+    )
+    if found is None:
         return None
-    call, out = calls[0], nodes[-1]
-    if list(call.args) != placeholders or call.kwargs:
-        return None
-    order: list[int] = []
-    for o in out.args[0]:
-        if not (
-            isinstance(o, fx.Node)
-            and o.target is operator.getitem
-            and o.args[0] is call
-            and isinstance(o.args[1], int)
-        ):
-            return None
-        order.append(o.args[1])
-    if any(n.op not in ("placeholder", "call_function", "output") for n in nodes):
+    call, index, order = found
+    if index != list(range(sum(n.op == "placeholder" for n in lean.graph.nodes))):
         return None
     return getattr(call.target, "fn", call.target), order
 

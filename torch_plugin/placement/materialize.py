@@ -82,40 +82,54 @@ class _GroupCall(torch.nn.Module):
         return f"backend={self.backend}, nodes={self.num_nodes}"
 
 
+def single_group_call(
+    gm: fx.GraphModule, is_group: Callable[[fx.Node], bool]
+) -> tuple[fx.Node, list[int], list[int]] | None:
+    """(the call, the placeholder index of each of its arguments, the item of its result each
+    output is) when the graph only hands some of its placeholders to one group call (a node
+    `is_group` accepts) and returns items of that call's result: a whole graph placed on one
+    compiler, the usual outcome on CPU. None for any other graph. Items of the result that
+    nothing uses are allowed (dead code elimination may leave them)."""
+    nodes = list(gm.graph.nodes)
+    placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
+    calls = [
+        n
+        for n in nodes
+        if n.op not in ("placeholder", "output")
+        and not (n.op == "call_function" and n.target is operator.getitem)
+    ]
+    if len(calls) != 1 or calls[0].kwargs or not is_group(calls[0]):
+        return None
+    call, out = calls[0], nodes[-1]
+    if not all(isinstance(a, fx.Node) and a in placeholders for a in call.args):
+        return None
+    # Every other node is an item (operator.getitem) of some result: it must be the call's.
+    items = {n for n in nodes if n.op == "call_function" and n is not call}
+    if any(n.args[0] is not call or not isinstance(n.args[1], int) for n in items):
+        return None
+    if not isinstance(out.args[0], (tuple, list)) or not all(o in items for o in out.args[0]):
+        return None
+    order = [o.args[1] for o in out.args[0]]
+    return call, [placeholders[a] for a in call.args], order
+
+
 def boxed_single_group(gm: fx.GraphModule) -> Callable[[list[Any]], Any] | None:
     """The placed graph as a boxed callable (AOTAutograd's convention: one list of arguments,
-    emptied by the callee) when it only hands some of its placeholders to one compiled group
-    and returns items of that group's result: a whole graph placed on one compiler, the
-    default compile's usual outcome. None for any other graph.
+    emptied by the callee) when it is one compiled group fed by some of its placeholders
+    (single_group_call). None for any other graph.
 
     The graph's own code unpacks every argument first: with frozen weights, ResNet-50's 268
     (one used) cost 80 us a call, 150 us right after an OpenVINO inference has evicted the
     caches. This calls the group with the arguments it takes and nothing else."""
-    nodes = list(gm.graph.nodes)
-    placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
-    calls = [n for n in nodes if n.op == "call_module"]
-    if len(calls) != 1 or calls[0].kwargs:
+    found = single_group_call(
+        gm,
+        lambda n: n.op == "call_module" and type(gm.get_submodule(str(n.target))) is _GroupCall,
+    )
+    if found is None:
         return None
-    call, out = calls[0], nodes[-1]
+    call, index, order = found
     group = gm.get_submodule(str(call.target))
-    if type(group) is not _GroupCall or not all(a in placeholders for a in call.args):
-        return None
-    if not isinstance(out.args[0], (tuple, list)):
-        return None
-    order: list[int] = []
-    for o in out.args[0]:
-        if not (
-            isinstance(o, fx.Node)
-            and o.op == "call_function"
-            and o.target is operator.getitem
-            and o.args[0] is call
-            and isinstance(o.args[1], int)
-        ):
-            return None
-        order.append(o.args[1])
-    if len(nodes) != len(placeholders) + 1 + len(order) + 1:
-        return None  # a node beyond the call, its items and the output
-    index = [placeholders[a] for a in call.args]
+    # group.fn read per call, as _GroupCall.forward reads it.
     if len(index) == 1 and len(order) == 1:
         (i,), (k,) = index, order
 
