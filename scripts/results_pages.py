@@ -229,18 +229,33 @@ def provenance_note(data: Any, command: str, code: list[str]) -> str:
     )
     dirty = " (uncommitted changes)" if data.get("dirty") else ""
     lines = [f"> Commit `{commit}`{dirty}, {data.get('date', 'date not recorded')}; {where}."]
-    paths = [c.removeprefix("python benchmarks/") for c in code]
+    # A run that merges the saved rows (--merge) keeps their own commits: name them all.
+    per_row: dict[str, int] = {}
+    for r in data.get("rows") or []:
+        if isinstance(r, dict) and r.get("commit"):
+            per_row[str(r["commit"])] = per_row.get(str(r["commit"]), 0) + 1
+    commits = [commit, *(c for c in per_row if c != commit)]
+    if len(commits) > 1:
+        spans = ", ".join(f"`{c}` ({n})" for c, n in sorted(per_row.items(), key=lambda kv: -kv[1]))
+        lines.append(
+            f"> Rows measured at several commits (rows per commit; see each row's `commit`): "
+            f"{spans}."
+        )
+    # A command's script ("python benchmarks/placement.py --full-size"), or a path as it is.
+    paths = [next((w for w in c.split() if w.endswith(".py")), c) for c in code]
     paths = [p if "/" in p or p in DEFAULT_CODE else f"benchmarks/{p}" for p in paths]
-    paths = [p.split(" ")[-1] for p in paths]
-    later = _git("log", "--format=%h", f"{commit}..HEAD", "--", *paths)
-    if later:
+    stale = [c for c in commits if _git("log", "--format=%h", f"{c}..HEAD", "--", *paths)]
+    if stale:
         lines.append(
             f"> **Possibly stale**: later commits changed what it measures (since "
-            f"`{commit}`: `git log {commit}..HEAD -- <paths>`) "
+            f"{', '.join(f'`{c}`' for c in stale)}: `git log {stale[0]}..HEAD -- <paths>`) "
             f"({', '.join(paths)}); rerun `{command}`."
         )
-    elif not _git("cat-file", "-t", commit):
-        lines.append(f"> Commit `{commit}` is not in this clone's history.")
+    missing = [c for c in commits if not _git("cat-file", "-t", c)]
+    if missing:
+        lines.append(
+            f"> Commit {', '.join(f'`{c}`' for c in missing)} not in this clone's history."
+        )
     return "\n>\n".join(lines) + "\n"
 
 

@@ -44,6 +44,23 @@ def test_results_pages_are_generated_from_the_results_json(tmp_path: Path) -> No
     assert not stale, f"{stale} differ from their JSON: run python scripts/results_pages.py"
 
 
+def test_a_page_names_every_commit_its_rows_were_measured_at() -> None:
+    """A benchmark run with --merge keeps the saved rows of what it did not measure again:
+    the page lists each row commit (and flags those it cannot find), not only the last run's."""
+    spec = importlib.util.spec_from_file_location(
+        "results_pages", ROOT / "scripts/results_pages.py"
+    )
+    assert spec is not None and spec.loader is not None
+    pages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pages)
+    rows = [{"commit": "fffffff"}, {"commit": "eeeeeee"}, {"commit": "eeeeeee"}]
+    merged = pages.provenance_note({"commit": "fffffff", "rows": rows}, "x.py", ["x.py"])
+    assert "several commits" in merged and "`eeeeeee` (2), `fffffff` (1)" in merged
+    assert "Commit `fffffff`, `eeeeeee` not in this clone's history" in merged
+    one = pages.provenance_note({"commit": "fffffff", "rows": rows[:1]}, "x.py", ["x.py"])
+    assert "several commits" not in one
+
+
 def test_readme_is_short_and_its_links_resolve() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.encode()) <= 12 * 1024
