@@ -296,15 +296,16 @@ def _preset_outputs(outputs: Sequence[Any]) -> list[tuple[int, tuple[int, ...], 
     import numpy
     import openvino as ov
 
+    # numpy's dtype for each OpenVINO type it has (not bf16: such outputs are copied out).
     dtypes = {
-        ov.Type.f32: torch.float32,
-        ov.Type.f64: torch.float64,
-        ov.Type.f16: torch.float16,
-        ov.Type.i64: torch.int64,
-        ov.Type.i32: torch.int32,
-        ov.Type.i8: torch.int8,
-        ov.Type.u8: torch.uint8,
-        ov.Type.boolean: torch.bool,
+        ov.Type.f32: numpy.float32,
+        ov.Type.f64: numpy.float64,
+        ov.Type.f16: numpy.float16,
+        ov.Type.i64: numpy.int64,
+        ov.Type.i32: numpy.int32,
+        ov.Type.i8: numpy.int8,
+        ov.Type.u8: numpy.uint8,
+        ov.Type.boolean: numpy.bool_,
     }
     preset = []
     for i, o in enumerate(outputs):
@@ -312,8 +313,8 @@ def _preset_outputs(outputs: Sequence[Any]) -> list[tuple[int, tuple[int, ...], 
         if dtype is None or not shape.is_static:
             continue
         dims = tuple(int(d) for d in shape.to_shape())
-        if math.prod(dims) * dtype.itemsize >= PRESET_MIN_BYTES:
-            preset.append((i, dims, numpy.dtype(str(dtype).removeprefix("torch."))))
+        if math.prod(dims) * numpy.dtype(dtype).itemsize >= PRESET_MIN_BYTES:
+            preset.append((i, dims, numpy.dtype(dtype)))
     return preset
 
 
