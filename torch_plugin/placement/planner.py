@@ -142,15 +142,20 @@ def place_graph(
     seen_sig: dict[tuple[str, str], Entry] = {}
     by_rule: dict[str, list[int]] = {}
 
-    bar = None
-    if opts.progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(total=len(cands), desc="placement: measuring", leave=False)
+    # Shown once measuring lasts 2 s, on a terminal (always with progress=True): at real sizes
+    # it takes minutes the first time (GPT-2: ~3 of place()'s ~3.5 on two cores).
+    bar = tqdm(
+        total=len(cands),
+        desc="placement: measuring",
+        leave=False,
+        delay=2.0,
+        disable=False if opts.progress else None,
+    )
     try:
         for c in cands:
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
             backend = by_name[c["backend"]]
             signature = c["signature"] + ("|cold" if cold else "")
             if backend.graph_level and frozen:
@@ -184,8 +189,7 @@ def place_graph(
                 # Eager is the fallback every node must have: keep it, at a nominal cost.
                 costs[c["id"]] = 1e-5
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     hits = cache.hits
     phase("measure")
     # The recorded intermediates served the measurements (real inputs, eager's references).
@@ -557,19 +561,20 @@ def _evolve_round(
         gs, fns = build(best) if best != seed else (groups, compiled)
         return gs, fns, dict(cached, cached=True), whole
 
-    bar = None
-    progress = None
-    if opts.progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(
-            total=opts.max_evaluations, desc=f"placement: evolving ({backend.name})", leave=False
-        )
+    bar = tqdm(
+        total=opts.max_evaluations,
+        desc=f"placement: evolving ({backend.name})",
+        leave=False,
+        delay=2.0,
+        disable=False if opts.progress else None,
+    )
 
-        def progress(gen: int, best: float, evals: int) -> None:
-            bar.n = evals
-            bar.set_postfix(best_ms=f"{best * 1e3:.3f}")
-            bar.refresh()
+    def progress(gen: int, best: float, evals: int) -> None:
+        bar.n = evals
+        bar.set_postfix(best_ms=f"{best * 1e3:.3f}")
+        bar.refresh()
 
     try:
         pm = _C.PassManager(log=log.debug, time_budget_s=budget_s if budget_s > 0 else 1e-9)
@@ -586,8 +591,7 @@ def _evolve_round(
             progress=progress,
         ).to_dict()
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     info = {
         k: r[k]
         for k in (
