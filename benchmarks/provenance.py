@@ -32,6 +32,23 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_id() -> str | None:
+    """Family, model and stepping: clouds name several generations alike ("AMD EPYC"), and two
+    of them ran this project's CPU benchmarks at f32 peaks about two times apart."""
+    ids: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("cpu family", "model", "stepping") and key not in ids:
+                ids[key] = value.strip()
+    except OSError:
+        return None
+    if len(ids) < 3:
+        return None
+    return f"family {ids['cpu family']} model {ids['model']} stepping {ids['stepping']}"
+
+
 def commit() -> str | None:
     """The measured tree's commit. A lent GPU machine gets the working tree with a stale .git:
     the command passes TP_COMMIT, which wins over git."""
@@ -41,6 +58,7 @@ def commit() -> str | None:
 def provenance() -> dict[str, Any]:
     machine: dict[str, Any] = {
         "cpu": _cpu_model(),
+        "cpu_id": _cpu_id(),
         "cpus": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -363,7 +363,7 @@ def run(
     write: Any = lambda rows: None,
 ) -> list[dict[str, Any]]:
     """The rows, each passed to `write` with those before it as it is measured (a kill keeps
-    them); each row carries `here` (the commit and dirty flag it was measured at)."""
+    them); each row carries `here` (the commit, dirty flag and CPU it was measured at)."""
     rows = []
     for name in models:
         for batch in batches:
@@ -534,7 +534,13 @@ def main() -> None:
         measured = {(m, b) for m in a.models for b in a.batches}
         kept = kept_rows(path, measured) if a.merge else []
         prov = provenance()
-        here = {"commit": prov["commit"], "dirty": prov["dirty"]}
+        # Rows kept by --merge may come from another machine of the same name: each row says
+        # which CPU it ran on.
+        here = {
+            "commit": prov["commit"],
+            "dirty": prov["dirty"],
+            "cpu_id": prov["machine"].get("cpu_id"),
+        }
         rows = run(a.models, a.batches, a.rounds, here, write=lambda new: save(prov, kept + new))
         data = save(prov, kept + rows)
     print(json.dumps(data["summary"], indent=1))

@@ -224,9 +224,8 @@ def provenance_note(data: Any, command: str, code: list[str]) -> str:
         )
     commit = str(data["commit"])
     machine = data.get("machine") or {}
-    where = ", ".join(
-        str(machine[k]) for k in ("gpu", "cpu", "threads", "torch") if machine.get(k) is not None
-    )
+    keys = ("gpu", "cpu", "cpu_id", "threads", "torch")
+    where = ", ".join(str(machine[k]) for k in keys if machine.get(k) is not None)
     dirty = " (uncommitted changes)" if data.get("dirty") else ""
     lines = [f"> Commit `{commit}`{dirty}, {data.get('date', 'date not recorded')}; {where}."]
     # A run that merges the saved rows (--merge) keeps their own commits: name them all.
@@ -242,6 +241,19 @@ def provenance_note(data: Any, command: str, code: list[str]) -> str:
             f"{spans}."
         )
     # A command's script ("python benchmarks/placement.py --full-size"), or a path as it is.
+    # Rows that record their CPU (a cloud names several generations alike): say where they differ.
+    rows = [r for r in data.get("rows") or [] if isinstance(r, dict)]
+    cpus: dict[str, int] = {}
+    if any("cpu_id" in r for r in rows):
+        for r in rows:
+            key = str(r.get("cpu_id") or "not recorded")
+            cpus[key] = cpus.get(key, 0) + 1
+    if len(cpus) > 1:
+        lines.append(
+            "> Rows ran on different CPUs (rows per CPU; see each row's `cpu_id`): "
+            + ", ".join(f"{c} ({n})" for c, n in sorted(cpus.items(), key=lambda kv: -kv[1]))
+            + ". Compare ratios, not times, across them."
+        )
     paths = [next((w for w in c.split() if w.endswith(".py")), c) for c in code]
     paths = [p if "/" in p or p in DEFAULT_CODE else f"benchmarks/{p}" for p in paths]
     stale = [c for c in commits if _git("log", "--format=%h", f"{c}..HEAD", "--", *paths)]

@@ -58,7 +58,11 @@ def test_a_page_names_every_commit_its_rows_were_measured_at() -> None:
     assert "several commits" in merged and "`eeeeeee` (2), `fffffff` (1)" in merged
     assert "Commit `fffffff`, `eeeeeee` not in this clone's history" in merged
     one = pages.provenance_note({"commit": "fffffff", "rows": rows[:1]}, "x.py", ["x.py"])
-    assert "several commits" not in one
+    assert "several commits" not in one and "different CPUs" not in one
+    cpus = [{"commit": "fffffff", "cpu_id": "family 25 model 17 stepping 1"}, *rows[:2]]
+    mixed = pages.provenance_note({"commit": "fffffff", "rows": cpus}, "x.py", ["x.py"])
+    assert "different CPUs" in mixed
+    assert "not recorded (2), family 25 model 17 stepping 1 (1)" in mixed
 
 
 def test_readme_is_short_and_its_links_resolve() -> None:
