@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -228,32 +229,28 @@ def provenance_note(data: Any, command: str, code: list[str]) -> str:
     where = ", ".join(str(machine[k]) for k in keys if machine.get(k) is not None)
     dirty = " (uncommitted changes)" if data.get("dirty") else ""
     lines = [f"> Commit `{commit}`{dirty}, {data.get('date', 'date not recorded')}; {where}."]
-    # A run that merges the saved rows (--merge) keeps their own commits: name them all.
-    per_row: dict[str, int] = {}
-    for r in data.get("rows") or []:
-        if isinstance(r, dict) and r.get("commit"):
-            per_row[str(r["commit"])] = per_row.get(str(r["commit"]), 0) + 1
+    # A run that merges the saved rows (--merge) keeps their own commits: name them all. Rows
+    # that record their CPU (a cloud names several generations alike): say where they differ.
+    rows = [r for r in data.get("rows") or [] if isinstance(r, dict)]
+    per_row = Counter(str(r["commit"]) for r in rows if r.get("commit"))
+    recorded = any("cpu_id" in r for r in rows)
+    cpus = Counter(str(r.get("cpu_id") or "not recorded") for r in rows if recorded)
+
+    def tally(counts: Counter[str], quote: str = "") -> str:
+        return ", ".join(f"{quote}{k}{quote} ({n})" for k, n in counts.most_common())
+
     commits = [commit, *(c for c in per_row if c != commit)]
     if len(commits) > 1:
-        spans = ", ".join(f"`{c}` ({n})" for c, n in sorted(per_row.items(), key=lambda kv: -kv[1]))
         lines.append(
-            f"> Rows measured at several commits (rows per commit; see each row's `commit`): "
-            f"{spans}."
+            "> Rows measured at several commits (rows per commit; see each row's `commit`): "
+            f"{tally(per_row, '`')}."
         )
-    # A command's script ("python benchmarks/placement.py --full-size"), or a path as it is.
-    # Rows that record their CPU (a cloud names several generations alike): say where they differ.
-    rows = [r for r in data.get("rows") or [] if isinstance(r, dict)]
-    cpus: dict[str, int] = {}
-    if any("cpu_id" in r for r in rows):
-        for r in rows:
-            key = str(r.get("cpu_id") or "not recorded")
-            cpus[key] = cpus.get(key, 0) + 1
     if len(cpus) > 1:
         lines.append(
             "> Rows ran on different CPUs (rows per CPU; see each row's `cpu_id`): "
-            + ", ".join(f"{c} ({n})" for c, n in sorted(cpus.items(), key=lambda kv: -kv[1]))
-            + ". Compare ratios, not times, across them."
+            f"{tally(cpus)}. Compare ratios, not times, across them."
         )
+    # A command's script ("python benchmarks/placement.py --full-size"), or a path as it is.
     paths = [next((w for w in c.split() if w.endswith(".py")), c) for c in code]
     paths = [p if "/" in p or p in DEFAULT_CODE else f"benchmarks/{p}" for p in paths]
     stale = [c for c in commits if _git("log", "--format=%h", f"{c}..HEAD", "--", *paths)]

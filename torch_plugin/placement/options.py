@@ -88,6 +88,19 @@ class PlacementOptions:
     precision: str | None = None
     cuda_graphs: bool = True
 
+    def progress_bar(self, total: int, desc: str) -> Any:
+        """A tqdm bar for one phase of the search: shown once the phase lasts 2 s, on a
+        terminal, and always with progress=True (at real sizes a phase takes minutes)."""
+        from tqdm import tqdm
+
+        return tqdm(
+            total=total,
+            desc=desc,
+            delay=2.0,
+            disable=False if self.progress else None,
+            leave=False,
+        )
+
     @classmethod
     def from_user(cls, value: Any) -> PlacementOptions:
         if value is None:

@@ -142,17 +142,8 @@ def place_graph(
     seen_sig: dict[tuple[str, str], Entry] = {}
     by_rule: dict[str, list[int]] = {}
 
-    from tqdm import tqdm
-
-    # Shown once measuring lasts 2 s, on a terminal (always with progress=True): at real sizes
-    # it takes minutes the first time (GPT-2: ~3 of place()'s ~3.5 on two cores).
-    bar = tqdm(
-        total=len(cands),
-        desc="placement: measuring",
-        leave=False,
-        delay=2.0,
-        disable=False if opts.progress else None,
-    )
+    # At real sizes measuring takes minutes the first time (GPT-2: ~3 of place()'s ~3.5 here).
+    bar = opts.progress_bar(len(cands), "placement: measuring")
     try:
         for c in cands:
             bar.update(1)
@@ -561,15 +552,7 @@ def _evolve_round(
         gs, fns = build(best) if best != seed else (groups, compiled)
         return gs, fns, dict(cached, cached=True), whole
 
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=opts.max_evaluations,
-        desc=f"placement: evolving ({backend.name})",
-        leave=False,
-        delay=2.0,
-        disable=False if opts.progress else None,
-    )
+    bar = opts.progress_bar(opts.max_evaluations, f"placement: evolving ({backend.name})")
 
     def progress(gen: int, best: float, evals: int) -> None:
         bar.n = evals

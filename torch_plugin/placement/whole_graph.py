@@ -193,16 +193,7 @@ def place_whole_graph_first(
             if pick == "eager" or (pick in by_name and compile_whole(pick, check=not checked)):
                 plan = dict(cached, cached=True)
         if plan is None:
-            from tqdm import tqdm
-
-            # Shown once compiling lasts 2 s, on a terminal (always with progress=True).
-            bar = tqdm(
-                total=len(compilers),
-                desc=f"torch_plugin: compiling the {kind} graph",
-                delay=2.0,
-                disable=False if opts.progress else None,
-                leave=False,
-            )
+            bar = opts.progress_bar(len(compilers), f"torch_plugin: compiling the {kind} graph")
 
             def compile_step(name: str) -> bool:
                 bar.set_postfix_str(name)
