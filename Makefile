@@ -21,7 +21,10 @@ bootstrap:
 demo: bootstrap
 	$(PYTHON) examples/quickstart.py
 
-test: bootstrap check-core-deps lint test-cpp test-sanitize fuzz cuda-check test-wheel test-py
+# The GoogleTest suite runs once, under the sanitizers (test-sanitize): a second, optimised g++
+# build of it (test-cpp, the quick local loop) took a minute of CI for the same 187 tests, and
+# the optimised core is what _C, and so pytest, runs.
+test: bootstrap check-core-deps lint test-sanitize fuzz cuda-check test-wheel test-py
 	@echo "[$$(date +%T)] make test: all passed"
 
 # The torch-free core and its GoogleTest suite.

@@ -421,7 +421,8 @@ def cp_cache_variants(rank: int, world: int, port: int, steps: int) -> list[dict
     _init(rank, world, port)
     both = ("gather_partials", "gather_qkv")
     variants = [
-        ({"cache_write": "index_copy"}, both),
+        # index_copy_ under both schemes is the last variant's (with a window and a mask)
+        ({"cache_write": "index_copy"}, ("gather_qkv",)),
         ({"cache_write": "index_put", "cache_read": "whole"}, ("gather_partials",)),
         ({"sliding_window": 6}, ("gather_partials",)),
         ({"cache_write": "index_copy", "cache_read": "whole", "sliding_window": 5}, both),

@@ -438,8 +438,9 @@ class ShardedModule(nn.Module):
         self._syncing = True  # False inside no_sync()
         self._unsynced = False  # .grad holds micro-steps not yet summed over dp
         self._zero2: dict[str, _Zero2Shard] = {}
+        zero_stage = plan.zero_stage  # converted from C++ on every read
         for name, p in zip(pnames, self.local_params, strict=True):
-            if plan.zero_stage.get(name) == 2 and p.requires_grad:
+            if zero_stage.get(name) == 2 and p.requires_grad:
                 self._zero2[name] = _Zero2Shard(p, self.dp_comm, name, lambda: self._syncing)
         self._zero2_ids = {id(z.param) for z in self._zero2.values()}
         self.mesh_search: list[dict[str, Any]] = []  # shard_model(mesh_shape="auto") fills it
