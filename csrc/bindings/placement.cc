@@ -210,6 +210,8 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
                                   "(csrc/passes/placement_search.h).")
       .field("turns", &WholeGraphSearchOptions::turns)
       .field("drop_ratio", &WholeGraphSearchOptions::drop_ratio)
+      .field("turn_slack", &WholeGraphSearchOptions::turn_slack)
+      .field("close_ratio", &WholeGraphSearchOptions::close_ratio)
       .field("budget_s", &WholeGraphSearchOptions::budget_s)
       .field("budget_factor", &WholeGraphSearchOptions::budget_factor)
       .field("reference", &WholeGraphSearchOptions::reference)

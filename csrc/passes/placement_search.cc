@@ -70,7 +70,14 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
   // The first turn is taken as the graphs become available: eager now, each compiler's graph
   // right after its compile. The fastest so far is what a lower bound is checked against.
   std::vector<std::vector<double>> times(1);
-  times[0].push_back(measurer.time("eager"));
+  // Wall seconds of each graph's last timing: what another round of it will cost.
+  std::vector<double> timing_s(1);
+  auto time_one = [&](size_t i, const std::string& backend) {
+    double t0 = measurer.elapsed();
+    times[i].push_back(measurer.time(backend));
+    timing_s[i] = measurer.elapsed() - t0;
+  };
+  time_one(0, "eager");
   double fastest = times[0][0];
   bool failed_compiler = false;
   auto fixed = [](double v) {
@@ -116,6 +123,7 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     if (!t.skipped.empty()) {
       plan.trials.push_back(t);
       times.emplace_back();
+      timing_s.push_back(0.0);
       continue;
     }
     double t0 = measurer.elapsed();
@@ -128,8 +136,9 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     }
     plan.trials.push_back(t);
     times.emplace_back();
+    timing_s.push_back(0.0);
     if (t.compiled) {
-      times.back().push_back(measurer.time(b));
+      time_one(times.size() - 1, b);
       if (times.back()[0] > 0 && times.back()[0] < fastest) fastest = times.back()[0];
       if (bound > 0 && times.back()[0] > 0 && times.back()[0] < bound) {
         if (bounds_hold) {
@@ -155,10 +164,41 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
   }
   // One graph left racing is the pick whatever it measures next: more turns would only time it
   // (GPT-2 at batch 8: OpenVINO's two more turns were 3.4 s of a 29 s search).
-  const auto racers = std::count(racing.begin(), racing.end(), true);
-  for (int r = 1; r < options.turns && racers > 1; ++r) {
+  bool narrowed = false;
+  for (int r = 1; r < options.turns; ++r) {
+    double round_s = 0.0;
+    for (size_t i = 0; i < racing.size(); ++i) round_s += racing[i] ? timing_s[i] : 0.0;
+    if (std::count(racing.begin(), racing.end(), true) <= 1) break;
+    double spent = measurer.elapsed();
+    double left = std::max(plan.budget_s - spent, options.turn_slack * spent);
+    if (round_s > left && !narrowed) {
+      narrowed = true;
+      double best = 0.0;
+      for (size_t i = 0; i < racing.size(); ++i) {
+        double m = racing[i] ? Median(times[i]) : 0.0;
+        if (m > 0 && (best == 0.0 || m < best)) best = m;
+      }
+      std::string kept;
+      for (size_t i = 0; i < racing.size(); ++i) {
+        if (!racing[i]) continue;
+        if (Median(times[i]) > options.close_ratio * best) {
+          racing[i] = false;
+        } else {
+          kept += (kept.empty() ? "" : ", ") + plan.trials[i].backend;
+        }
+      }
+      std::string rounds = r + 1 == options.turns ? "round " + std::to_string(r + 1)
+                                                  : "rounds " + std::to_string(r + 1) + "-" +
+                                                        std::to_string(options.turns);
+      if (!plan.notes.empty()) plan.notes += "; ";
+      plan.notes += "a round of timings takes ~" + fixed(round_s) + " s, " +
+                    fixed(std::max(0.0, plan.budget_s - spent)) + " s of the " +
+                    fixed(plan.budget_s) + " s budget left: " + rounds + " time only " + kept +
+                    " (within " + fixed(options.close_ratio) + "x of the fastest)";
+      if (std::count(racing.begin(), racing.end(), true) <= 1) break;
+    }
     for (size_t i = 0; i < plan.trials.size(); ++i) {
-      if (racing[i]) times[i].push_back(measurer.time(plan.trials[i].backend));
+      if (racing[i]) time_one(i, plan.trials[i].backend);
     }
   }
   for (size_t i = 0; i < plan.trials.size(); ++i) {

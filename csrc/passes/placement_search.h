@@ -45,6 +45,13 @@ struct WholeGraphSearchOptions {
   // bert-base: 3 rounds of 7 samples at 0.1-0.4 s each). <= 1: every round times every graph.
   // With one graph left racing, no further round is timed: it is the pick.
   double drop_ratio = 1.5;
+  // Later rounds are timed while they fit: a round expected to take longer than what is left
+  // of the budget (and longer than turn_slack of the time spent so far) times only the graphs
+  // within close_ratio of the fastest, the ones a noisy timing could swap. A 1.2B Llama's
+  // 512-token prefill runs 5-7 s on two cores: two more rounds of three graphs were ~36 s of a
+  // 160 s compile (3.7x Inductor's), for a pick 25% ahead of the next.
+  double turn_slack = 0.1;
+  double close_ratio = 1.1;
   // Total compile time allowed. <= 0: budget_factor times the compile time of `reference`
   // (the compiler a user would otherwise pick), or fallback_budget_s when it did not compile.
   // 1.25: the compiles at most a quarter more than the user's own compiler; with the trace
