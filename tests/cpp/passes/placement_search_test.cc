@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -221,40 +222,35 @@ TEST(PlacementSearch, OneGraphLeftRacingIsNotTimedAgain) {
 
 TEST(PlacementSearch, RoundsThatOverrunTheBudgetTimeOnlyCloseGraphs) {
   // A 1.2B Llama's prefill on two cores: every timing is one run of 5-7 s, on the clock.
-  Stub s;
-  s.run_s = {{"eager", 6.5}, {"inductor", 6.4}, {"openvino", 5.1}};
-  s.compile_s = {{"inductor", 40.0}, {"openvino", 17.0}};
-  s.timing_takes_time = true;
   WholeGraphSearchOptions o;  // 3 turns, budget 1.25 x 40 s = 50 s: spent by the first turn
-  auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
-  EXPECT_EQ(plan.pick, "openvino");
-  auto timed = [&](const Stub& st, const std::string& b) {
-    return std::count(st.calls.begin(), st.calls.end(), "time " + b);
+  std::map<std::string, int64_t> timed;
+  auto search = [&](double eager_s, double inductor_s, double openvino_s) {
+    Stub s;
+    s.run_s = {{"eager", eager_s}, {"inductor", inductor_s}, {"openvino", openvino_s}};
+    s.compile_s = {{"inductor", 40.0}, {"openvino", 17.0}};
+    s.timing_takes_time = true;
+    auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+    for (const char* b : {"eager", "inductor", "openvino"}) {
+      timed[b] = std::count(s.calls.begin(), s.calls.end(), std::string("time ") + b);
+    }
+    return plan;
   };
+  auto plan = search(6.5, 6.4, 5.1);
+  EXPECT_EQ(plan.pick, "openvino");
   // A second round (18 s) fits neither the budget nor a tenth of the 75 s spent; eager and
   // Inductor, 1.25-1.27x OpenVINO, cannot be swapped with it by noise: no more rounds.
-  EXPECT_EQ(timed(s, "eager"), 1);
-  EXPECT_EQ(timed(s, "inductor"), 1);
-  EXPECT_EQ(timed(s, "openvino"), 1);
+  std::map<std::string, int64_t> once = {{"eager", 1}, {"inductor", 1}, {"openvino", 1}};
+  EXPECT_EQ(timed, once);
   EXPECT_NE(plan.notes.find("rounds 2-3 time only openvino"), std::string::npos) << plan.notes;
   // Inductor within 1.1x of OpenVINO: a close race, timed every round whatever it costs.
-  Stub close = s;
-  close.calls.clear();
-  close.clock = 0.0;
-  close.run_s["inductor"] = 5.5;
-  plan = SearchWholeGraphFirst({"openvino", "inductor"}, close.Measurer(), o);
-  EXPECT_EQ(timed(close, "eager"), 1);
-  EXPECT_EQ(timed(close, "inductor"), 3);
-  EXPECT_EQ(timed(close, "openvino"), 3);
+  plan = search(6.5, 5.5, 5.1);
+  std::map<std::string, int64_t> close = {{"eager", 1}, {"inductor", 3}, {"openvino", 3}};
+  EXPECT_EQ(timed, close);
   EXPECT_NE(plan.notes.find("time only inductor, openvino"), std::string::npos) << plan.notes;
   // Within the budget (or its slack), every racer is timed every round, as before.
-  Stub cheap = s;
-  cheap.calls.clear();
-  cheap.clock = 0.0;
-  cheap.run_s = {{"eager", 0.65}, {"inductor", 0.64}, {"openvino", 0.51}};
-  plan = SearchWholeGraphFirst({"openvino", "inductor"}, cheap.Measurer(), o);
-  EXPECT_EQ(timed(cheap, "eager"), 3);
-  EXPECT_EQ(timed(cheap, "inductor"), 3);
+  plan = search(0.65, 0.64, 0.51);
+  std::map<std::string, int64_t> all = {{"eager", 3}, {"inductor", 3}, {"openvino", 3}};
+  EXPECT_EQ(timed, all);
   EXPECT_TRUE(plan.notes.empty()) << plan.notes;
 }
 
