@@ -64,6 +64,13 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     throw std::invalid_argument("SearchWholeGraphFirst: compile, time and elapsed are required");
   }
   if (options.turns < 1) throw std::invalid_argument("SearchWholeGraphFirst: turns must be >= 1");
+  if (options.close_ratio < 1.0) {
+    // Below 1 no graph is within it of the fastest, not even the fastest itself.
+    throw std::invalid_argument("SearchWholeGraphFirst: close_ratio must be >= 1");
+  }
+  if (options.turn_slack < 0.0) {
+    throw std::invalid_argument("SearchWholeGraphFirst: turn_slack must be >= 0");
+  }
   WholeGraphSearchPlan plan;
   plan.trials.push_back({"eager", true, 0.0, 0.0, ""});
   plan.budget_s = options.budget_s;
@@ -155,13 +162,28 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
   // The other turns round-robin, so drift and other runtimes' idle threads fall on all alike.
   std::vector<bool> racing(plan.trials.size());
   for (size_t i = 0; i < plan.trials.size(); ++i) racing[i] = plan.trials[i].compiled;
-  if (options.drop_ratio > 1.0) {
-    for (size_t i = 0; i < times.size(); ++i) {
-      if (racing[i] && fastest > 0 && times[i][0] > options.drop_ratio * fastest) {
+  // Stops racing every graph whose `stat` of its timings is over `ratio` times the best's;
+  // returns the names of those still racing.
+  auto keep_within = [&](double ratio, double (*stat)(const std::vector<double>&)) {
+    double best = 0.0;
+    for (size_t i = 0; i < racing.size(); ++i) {
+      double v = racing[i] ? stat(times[i]) : 0.0;
+      if (v > 0 && (best == 0.0 || v < best)) best = v;
+    }
+    std::string kept;
+    for (size_t i = 0; i < racing.size(); ++i) {
+      if (!racing[i]) continue;
+      if (best > 0 && stat(times[i]) > ratio * best) {
         racing[i] = false;
+      } else {
+        kept += (kept.empty() ? "" : ", ") + plan.trials[i].backend;
       }
     }
-  }
+    return kept;
+  };
+  auto first = [](const std::vector<double>& v) { return v.empty() ? 0.0 : v[0]; };
+  auto median = [](const std::vector<double>& v) { return Median(v); };
+  if (options.drop_ratio > 1.0) keep_within(options.drop_ratio, first);
   // One graph left racing is the pick whatever it measures next: more turns would only time it
   // (GPT-2 at batch 8: OpenVINO's two more turns were 3.4 s of a 29 s search).
   bool narrowed = false;
@@ -173,20 +195,7 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     double left = std::max(plan.budget_s - spent, options.turn_slack * spent);
     if (round_s > left && !narrowed) {
       narrowed = true;
-      double best = 0.0;
-      for (size_t i = 0; i < racing.size(); ++i) {
-        double m = racing[i] ? Median(times[i]) : 0.0;
-        if (m > 0 && (best == 0.0 || m < best)) best = m;
-      }
-      std::string kept;
-      for (size_t i = 0; i < racing.size(); ++i) {
-        if (!racing[i]) continue;
-        if (Median(times[i]) > options.close_ratio * best) {
-          racing[i] = false;
-        } else {
-          kept += (kept.empty() ? "" : ", ") + plan.trials[i].backend;
-        }
-      }
+      std::string kept = keep_within(options.close_ratio, median);
       std::string rounds = r + 1 == options.turns ? "round " + std::to_string(r + 1)
                                                   : "rounds " + std::to_string(r + 1) + "-" +
                                                         std::to_string(options.turns);

@@ -419,52 +419,51 @@ def cp_cache_variants(rank: int, world: int, port: int, steps: int) -> list[dict
     from torch_plugin.models.llama import build_llama
 
     _init(rank, world, port)
-    both = ("gather_partials", "gather_qkv")
+    # Each write, read and mask once, and index_copy_ under both schemes (plain, then with a
+    # window over the whole cache); slice writes under gather_qkv are cp_decode_matches'.
     variants = [
-        # index_copy_ under both schemes is the last variant's (with a window and a mask)
-        ({"cache_write": "index_copy"}, ("gather_qkv",)),
-        ({"cache_write": "index_put", "cache_read": "whole"}, ("gather_partials",)),
-        ({"sliding_window": 6}, ("gather_partials",)),
-        ({"cache_write": "index_copy", "cache_read": "whole", "sliding_window": 5}, both),
+        ({"cache_write": "index_copy"}, "gather_partials"),
+        ({"cache_write": "index_put", "cache_read": "whole"}, "gather_partials"),
+        ({"sliding_window": 6}, "gather_partials"),
+        ({"cache_write": "index_copy", "cache_read": "whole", "sliding_window": 5}, "gather_qkv"),
     ]
     results = []
     try:
-        for kw, schemes in variants:
-            for scheme in schemes:
-                torch._dynamo.reset()  # a new model each time: no recompile limit
-                torch.manual_seed(0)
-                model = build_llama(small=True, **kw).eval()
-                batch, prompt = 4, 8
-                gen = torch.Generator().manual_seed(1)
-                tokens = torch.randint(0, model.vocab_size, (batch, prompt), generator=gen)
-                mask = torch.ones(batch, 64, dtype=torch.long)
-                mask[1, :3] = 0  # left padding: prompts of different lengths
-                real = mask[:, :prompt].bool()
-                ref = copy.deepcopy(model)
-                cp = torch_plugin.cache_parallel(
-                    copy.deepcopy(model), None, scheme=scheme, block_size=4
-                )
-                with torch.no_grad():
-                    a, b = ref(tokens, 0, mask), cp(tokens, 0, mask)
-                    diff = float((a - b)[real].abs().max())
-                    same = True
-                    for i in range(steps):
-                        ta, tb = a[:, -1:].argmax(-1), b[:, -1:].argmax(-1)
-                        same = same and torch.equal(ta, tb)
-                        a, b = ref(ta, prompt + i, mask), cp(ta, prompt + i, mask)
-                        diff = max(diff, float((a - b).abs().max()))
-                sites = cp.plan.sites if cp.plan is not None else []
-                results.append(
-                    {
-                        "variant": kw,
-                        "scheme": scheme,
-                        "sites": len(sites),
-                        "masked": all(s.masked for s in sites),
-                        "indexed": all(s.indexed_write for s in sites),
-                        "max_logit_diff": diff,
-                        "same_tokens": same,
-                    }
-                )
+        for kw, scheme in variants:
+            torch._dynamo.reset()  # a new model each time: no recompile limit
+            torch.manual_seed(0)
+            model = build_llama(small=True, **kw).eval()
+            batch, prompt = 4, 8
+            gen = torch.Generator().manual_seed(1)
+            tokens = torch.randint(0, model.vocab_size, (batch, prompt), generator=gen)
+            mask = torch.ones(batch, 64, dtype=torch.long)
+            mask[1, :3] = 0  # left padding: prompts of different lengths
+            real = mask[:, :prompt].bool()
+            ref = copy.deepcopy(model)
+            cp = torch_plugin.cache_parallel(
+                copy.deepcopy(model), None, scheme=scheme, block_size=4
+            )
+            with torch.no_grad():
+                a, b = ref(tokens, 0, mask), cp(tokens, 0, mask)
+                diff = float((a - b)[real].abs().max())
+                same = True
+                for i in range(steps):
+                    ta, tb = a[:, -1:].argmax(-1), b[:, -1:].argmax(-1)
+                    same = same and torch.equal(ta, tb)
+                    a, b = ref(ta, prompt + i, mask), cp(ta, prompt + i, mask)
+                    diff = max(diff, float((a - b).abs().max()))
+            sites = cp.plan.sites if cp.plan is not None else []
+            results.append(
+                {
+                    "variant": kw,
+                    "scheme": scheme,
+                    "sites": len(sites),
+                    "masked": all(s.masked for s in sites),
+                    "indexed": all(s.indexed_write for s in sites),
+                    "max_logit_diff": diff,
+                    "same_tokens": same,
+                }
+            )
         return results
     finally:
         _finish()

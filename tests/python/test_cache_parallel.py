@@ -28,7 +28,7 @@ from torch_plugin.runtime.kv_cache import CacheCapacityError
 def test_greedy_decode_matches_single_process(
     gloo, tmp_path: Path, world: int, schemes: list[str]
 ) -> None:
-    steps = 32
+    steps = 16
     dist_workers.pooled(gloo(world), dist_workers.cp_decode_matches, schemes, steps, str(tmp_path))
     for scheme in schemes:
         for rank in range(world):
@@ -52,7 +52,7 @@ def test_caches_written_and_masked_as_users_write_them_decode_split(gloo) -> Non
     attention rewritten and the greedy tokens and logits those of single-process eager."""
     per_rank = dist_workers.pooled(gloo(2), dist_workers.cp_cache_variants, 4)
     for results in per_rank:
-        assert len(results) == 5
+        assert len(results) == 4
         assert {r["scheme"] for r in results} == {"gather_partials", "gather_qkv"}
         for r in results:
             assert r["sites"] == 2, r

@@ -387,5 +387,18 @@ TEST(PlacementSearch, RejectsMissingCallbacks) {
   EXPECT_THROW(SearchWholeGraphFirst({"inductor"}, WholeGraphMeasurer{}, o), std::invalid_argument);
 }
 
+TEST(PlacementSearch, RejectsOptionsThatWouldEndEveryRace) {
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 5e-3}};
+  WholeGraphSearchOptions turns, close, slack;
+  turns.turns = 0;
+  close.close_ratio = 0.9;  // no graph within 0.9x of the fastest, the fastest included
+  slack.turn_slack = -0.1;
+  for (const auto& o : {turns, close, slack}) {
+    EXPECT_THROW(SearchWholeGraphFirst({"inductor"}, s.Measurer(), o), std::invalid_argument);
+  }
+  EXPECT_NO_THROW(SearchWholeGraphFirst({"inductor"}, s.Measurer(), WholeGraphSearchOptions{}));
+}
+
 }  // namespace
 }  // namespace tp::passes
