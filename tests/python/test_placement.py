@@ -71,6 +71,63 @@ def test_fused_kernels_compile_and_match_eager_on_their_groups(name: str, tmp_pa
     assert not [f for f in placed.placement.failures if "numerics" in f]
 
 
+def test_measuring_stops_at_the_time_budget_and_goes_on_from_the_cache(
+    tmp_path, fixed_profile, caplog
+) -> None:
+    """time_budget_s bounds measuring: with none, eager's groups are all timed (every node
+    needs one), the fused ones are left out, loudly, and the placement is eager's, equal to
+    eager. The next search, with a budget, starts from the cache: it times only the fused
+    groups and places some."""
+    fixed_profile({"fused": 1e-5})
+    model, inputs = small_model("bert")
+    model.eval()
+    with torch.no_grad():
+        want = output_tensors(model(*inputs))
+    db = str(tmp_path / "p.db")
+    kw = {"backends": ["aten", "fused"], "cache_path": db, "samples": 3}
+    with caplog.at_level(logging.WARNING, logger="torch_plugin"):
+        placed = torch_plugin.place(copy.deepcopy(model), inputs, time_budget_s=0, **kw)
+    first = placed.placement
+    assert first.unmeasured.get("fused", 0) > 0 and set(first.unmeasured) == {"fused"}
+    assert "time_budget_s=0 s ran out while measuring" in caplog.text
+    assert set(first.backend_counts()) == {"aten"}
+    for a, b in zip(output_tensors(placed(*inputs)), want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+    placed = torch_plugin.place(copy.deepcopy(model), inputs, time_budget_s=600, **kw)
+    second = placed.placement
+    assert second.unmeasured == {}
+    assert second.cache_hits >= first.measured  # eager's groups from the cache
+    assert second.measured <= first.unmeasured["fused"]
+    assert "fused" in second.backend_counts()
+    for a, b in zip(output_tensors(placed(*inputs)), want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * max(1.0, float(b.abs().max())))
+
+
+def test_no_evolution_past_the_time_budget(tmp_path, fixed_profile, caplog) -> None:
+    """A search whose time_budget_s is spent before the evolutionary rounds skips them (their
+    finalists, each compiler's whole graph, would still be built and timed), loudly; the DP's
+    placement stands and equals eager."""
+    fixed_profile({"onnxruntime": 1e-5})
+    model, inputs = small_model("mlp")
+    model.eval()
+    with torch.no_grad():
+        want = output_tensors(model(*inputs))
+    with caplog.at_level(logging.WARNING, logger="torch_plugin"):
+        placed = torch_plugin.place(
+            model,
+            inputs,
+            backends=["aten", "onnxruntime"],
+            cache_path=str(tmp_path / "p.db"),
+            samples=3,
+            time_budget_s=0,
+        )
+    assert "spent before the evolutionary search" in caplog.text
+    assert placed.placement.evolution is None
+    for a, b in zip(output_tensors(placed(*inputs)), want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 def test_groups_of_a_model_larger_than_the_cache_are_timed_cold(tmp_path, monkeypatch) -> None:
     """A graph whose tensors outgrow the last-level cache has its groups timed after a flush
     that evicts the cache and reads back the group's activation inputs, never its weights

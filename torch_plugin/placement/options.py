@@ -41,7 +41,10 @@ class PlacementOptions:
     evolve: run the evolutionary search after the DP (graph-level compilers).
     evolve_backend: the graph-level compiler it offloads to; None = the first available of
       inductor, openvino, onnxruntime among `backends`.
-    time_budget_s / max_evaluations: bounds of the evolutionary search.
+    time_budget_s: bounds the search from its start: measuring candidate groups (eager's are
+      all timed; the others, not in the profile cache, until it is spent: the rest are left
+      out, loudly), then the evolutionary search in what is left.
+    max_evaluations: the evolutionary search's other bound.
     samples: timed samples per measurement (median taken).
     switch_penalty_s: seconds per group run outside the host graph; None = measured.
     max_states: DP states before it switches to its bounded form.

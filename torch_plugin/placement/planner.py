@@ -142,10 +142,15 @@ def place_graph(
     seen_sig: dict[tuple[str, str], Entry] = {}
     by_rule: dict[str, list[int]] = {}
 
-    # At real sizes measuring takes minutes the first time (GPT-2: ~3 of place()'s ~3.5 here).
+    # At real sizes measuring takes minutes the first time (GPT-2: ~3 of place()'s ~3.5 here),
+    # so it stops at time_budget_s: eager's groups first (every node needs one, and they
+    # compile nothing), then the others until the budget is spent; what was measured is cached,
+    # so the next search goes on from there. The evolutionary rounds get what is left.
+    measure_deadline = t_start + opts.time_budget_s
+    left_out: dict[str, int] = {}
     bar = opts.progress_bar(len(cands), "placement: measuring")
     try:
-        for c in cands:
+        for c in sorted(cands, key=lambda c: c["backend"] != "aten"):
             bar.update(1)
             backend = by_name[c["backend"]]
             signature = c["signature"] + ("|cold" if cold else "")
@@ -158,6 +163,9 @@ def place_graph(
             key = ProfileCache.key(backend.name, signature, machine)
             if entry is None:
                 entry = cache.get(key)
+            if entry is None and backend.name != "aten" and time.perf_counter() > measure_deadline:
+                left_out[backend.name] = left_out.get(backend.name, 0) + 1
+                continue
             if entry is None:
                 entry = _measure(gm, c, backend, values, opts.samples, frozen, weights, flush)
                 measured += 1
@@ -183,6 +191,16 @@ def place_graph(
         bar.close()
     hits = cache.hits
     phase("measure")
+    if left_out:
+        log.warning(
+            "torch_plugin placement: time_budget_s=%g s ran out while measuring candidate "
+            "groups: %s left out (the placement is the best of the %d measured or cached; "
+            "a larger time_budget_s, or another run, which starts from the profile cache, "
+            "measures more)",
+            opts.time_budget_s,
+            ", ".join(f"{n} of {b}'s" for b, n in sorted(left_out.items())),
+            len(cands) - sum(left_out.values()),
+        )
     # The recorded intermediates served the measurements (real inputs, eager's references).
     # From here on they only give compiles their example arguments, which are traced, not
     # read: each becomes an untouched buffer of its shape and strides (no resident pages).
@@ -255,6 +273,7 @@ def place_graph(
         switch_penalty_s=penalty,
         boundary_s=boundary,
         cold_cache=cold,
+        unmeasured=dict(left_out),
     )
     phase("dp")
     # Compiled on first use: a warm compile builds only the groups its replayed rounds and
@@ -280,12 +299,31 @@ def place_graph(
                 machine,
             )
             cached = cache.get_decision(decision_key)
+            if cached is None and time.perf_counter() > t_start + opts.time_budget_s:
+                # Its rounds would have no time, but their finalists (each compiler's whole
+                # graph) would still be built and timed: GPT-2's took 41 s past the budget.
+                evolving = False
+                log.warning(
+                    "torch_plugin placement: time_budget_s=%g s spent before the evolutionary "
+                    "search: the DP's placement stands (a larger time_budget_s, or another "
+                    "run, which starts from the profile cache, evolves it)",
+                    opts.time_budget_s,
+                )
         if cached is None:
             compiled.compile_all()  # a cold search runs the DP's placement first
         phase("compile")
         if evolving:
             groups, compiled, evolution = _evolve(
-                gm, groups, compiled, evolve_backends, values, inputs, opts, cached, frozen
+                gm,
+                groups,
+                compiled,
+                evolve_backends,
+                values,
+                inputs,
+                opts,
+                cached,
+                frozen,
+                t_start + opts.time_budget_s,
             )
             if not evolution["cached"]:
                 cache.put_decision(decision_key, evolution)
@@ -377,10 +415,11 @@ def _evolve(
     opts: PlacementOptions,
     cached: dict[str, Any] | None,
     frozen: dict[str, torch.Tensor],
+    deadline: float,
 ) -> tuple[list[Group], Sequence[Callable[..., Any] | None], dict[str, Any]]:
     """One evolutionary round per graph-level compiler, each seeded with the previous result
-    (the first with the DP's): so the final program can mix regions of several compilers."""
-    deadline = time.perf_counter() + opts.time_budget_s
+    (the first with the DP's): so the final program can mix regions of several compilers.
+    The rounds share what is left of the search's time_budget_s until `deadline`."""
     rounds: list[dict[str, Any]] = []
     cached_rounds = (cached or {}).get("rounds", [])
     # The seed, then per round the whole graph on its compiler and the round's result, as

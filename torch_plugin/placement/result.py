@@ -43,6 +43,8 @@ class PlacementResult:
     candidates_by_rule: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     measured: int = 0
     cache_hits: int = 0
+    # Per backend, the candidate groups left unmeasured when time_budget_s ran out.
+    unmeasured: dict[str, int] = dataclasses.field(default_factory=dict)
     failures: list[str] = dataclasses.field(default_factory=list)
     search_s: float = 0.0
     switch_penalty_s: float = 0.0

@@ -261,7 +261,9 @@ def place_whole_graph_first(
     # The explicit pass searches again from a cached pick (the finer search has a cache of its
     # own); the default compile replays the cached decision.
     if plan["refine"] and (always_refine or not plan["cached"]):
-        budget = opts.time_budget_s if always_refine else float(plan["refine_budget_s"])
+        # The explicit pass's finer search gets the user's time_budget_s as given; the default
+        # compile's, what is left of its budget but at least a second.
+        budget = opts.time_budget_s if always_refine else max(1.0, plan["refine_budget_s"])
         placed, result = _refine(
             gm, example_inputs, opts, input_kinds, placed, result, plan, budget
         )
@@ -411,6 +413,7 @@ _FINER_STATS = (
     "candidates_by_rule",
     "measured",
     "cache_hits",
+    "unmeasured",
     "cold_cache",
     "evolution",
     "phase_s",
@@ -441,7 +444,7 @@ def _refine(
     finer_opts = dataclasses.replace(
         opts,
         search="exhaustive",
-        time_budget_s=max(1.0, budget_s),
+        time_budget_s=budget_s,
         precision=None,
     )
     try:
