@@ -263,7 +263,7 @@ def place_whole_graph_first(
     if plan["refine"] and (always_refine or not plan["cached"]):
         # The explicit pass's finer search gets the user's time_budget_s as given; the default
         # compile's, what is left of its budget but at least a second.
-        budget = opts.time_budget_s if always_refine else max(1.0, plan["refine_budget_s"])
+        budget = opts.time_budget_s if always_refine else max(1.0, float(plan["refine_budget_s"]))
         placed, result = _refine(
             gm, example_inputs, opts, input_kinds, placed, result, plan, budget
         )
