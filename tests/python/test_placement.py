@@ -113,15 +113,9 @@ def test_no_evolution_past_the_time_budget(tmp_path, fixed_profile, caplog) -> N
     model.eval()
     with torch.no_grad():
         want = output_tensors(model(*inputs))
+    kw = {"backends": ["aten", "onnxruntime"], "cache_path": str(tmp_path / "p.db"), "samples": 3}
     with caplog.at_level(logging.WARNING, logger="torch_plugin"):
-        placed = torch_plugin.place(
-            model,
-            inputs,
-            backends=["aten", "onnxruntime"],
-            cache_path=str(tmp_path / "p.db"),
-            samples=3,
-            time_budget_s=0,
-        )
+        placed = torch_plugin.place(model, inputs, time_budget_s=0, **kw)
     assert "spent before the evolutionary search" in caplog.text
     assert placed.placement.evolution is None
     for a, b in zip(output_tensors(placed(*inputs)), want, strict=True):
