@@ -193,10 +193,10 @@ def place_graph(
     phase("measure")
     if left_out:
         log.warning(
-            "torch_plugin placement: time_budget_s=%g s ran out while measuring candidate "
-            "groups: %s left out (the placement is the best of the %d measured or cached; "
-            "a larger time_budget_s, or another run, which starts from the profile cache, "
-            "measures more)",
+            "torch_plugin placement: the search's time budget (%.1f s) ran out while measuring "
+            "candidate groups: %s left out (the placement is the best of the %d measured or "
+            "cached; a larger time_budget_s, or another run, which starts from the profile "
+            "cache, measures more)",
             opts.time_budget_s,
             ", ".join(f"{n} of {b}'s" for b, n in sorted(left_out.items())),
             len(cands) - sum(left_out.values()),
@@ -304,9 +304,9 @@ def place_graph(
                 # graph) would still be built and timed: GPT-2's took 41 s past the budget.
                 evolving = False
                 log.warning(
-                    "torch_plugin placement: time_budget_s=%g s spent before the evolutionary "
-                    "search: the DP's placement stands (a larger time_budget_s, or another "
-                    "run, which starts from the profile cache, evolves it)",
+                    "torch_plugin placement: the search's time budget (%.1f s) was spent before "
+                    "the evolutionary search: the DP's placement stands (a larger time_budget_s, "
+                    "or another run, which starts from the profile cache, evolves it)",
                     opts.time_budget_s,
                 )
         if cached is None:

@@ -261,9 +261,12 @@ def place_whole_graph_first(
     # The explicit pass searches again from a cached pick (the finer search has a cache of its
     # own); the default compile replays the cached decision.
     if plan["refine"] and (always_refine or not plan["cached"]):
-        # The explicit pass's finer search gets the user's time_budget_s as given; the default
-        # compile's, what is left of its budget but at least a second.
-        budget = opts.time_budget_s if always_refine else max(1.0, float(plan["refine_budget_s"]))
+        # The explicit pass's finer search gets what the whole-graph search left of the user's
+        # time_budget_s; the default compile's, what is left of its budget but at least a second.
+        if always_refine:
+            budget = max(0.0, opts.time_budget_s - (time.perf_counter() - t_start))
+        else:
+            budget = max(1.0, float(plan["refine_budget_s"]))
         placed, result = _refine(
             gm, example_inputs, opts, input_kinds, placed, result, plan, budget
         )
