@@ -146,7 +146,7 @@ def place_graph(
     # so it stops at time_budget_s: eager's groups first (every node needs one, and they
     # compile nothing), then the others until the budget is spent; what was measured is cached,
     # so the next search goes on from there. The evolutionary rounds get what is left.
-    measure_deadline = t_start + opts.time_budget_s
+    deadline = t_start + opts.time_budget_s  # of measuring, then of the evolutionary rounds
     left_out: dict[str, int] = {}
     bar = opts.progress_bar(len(cands), "placement: measuring")
     try:
@@ -163,7 +163,7 @@ def place_graph(
             key = ProfileCache.key(backend.name, signature, machine)
             if entry is None:
                 entry = cache.get(key)
-            if entry is None and backend.name != "aten" and time.perf_counter() > measure_deadline:
+            if entry is None and backend.name != "aten" and time.perf_counter() > deadline:
                 left_out[backend.name] = left_out.get(backend.name, 0) + 1
                 continue
             if entry is None:
@@ -299,7 +299,7 @@ def place_graph(
                 machine,
             )
             cached = cache.get_decision(decision_key)
-            if cached is None and time.perf_counter() > t_start + opts.time_budget_s:
+            if cached is None and time.perf_counter() > deadline:
                 # Its rounds would have no time, but their finalists (each compiler's whole
                 # graph) would still be built and timed: GPT-2's took 41 s past the budget.
                 evolving = False
@@ -323,7 +323,7 @@ def place_graph(
                 opts,
                 cached,
                 frozen,
-                t_start + opts.time_budget_s,
+                deadline,
             )
             if not evolution["cached"]:
                 cache.put_decision(decision_key, evolution)
