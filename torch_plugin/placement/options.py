@@ -63,7 +63,8 @@ class PlacementOptions:
       "whole_graph_first" (the default backend's: each compiler's whole graph first, the
       finer search only within the budget; csrc/passes/placement_search.h).
     budget_factor: whole_graph_first's compile budget, in multiples of Inductor's compile of
-      the same graph; time_budget_s when Inductor cannot compile it.
+      the same graph; time_budget_s when Inductor cannot compile it, and in the explicit
+      placement pass (which then runs the finer search in what is left).
     allow_refine: whether whole_graph_first may run the finer search at all.
     precision: "f32" or "bf16" (placement/precision.py): what inference graphs' compilers may
       compute in, and the tolerance each candidate is held to against eager; None = f32 unless
