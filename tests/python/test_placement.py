@@ -767,7 +767,7 @@ def test_the_placement_pass_starts_from_the_default_pick(
         want = model(*inputs)
     finer_runs: list[str] = []
 
-    def slower_finer(gm, example_inputs, opts, kinds=None):  # noqa: ANN001, ANN202
+    def slower_finer(gm, example_inputs, opts, kinds=None, **_k):  # noqa: ANN001, ANN003, ANN202
         # The graph as it is (ATen): the stub times it as eager, 100x the whole graph.
         finer_runs.append(opts.search)
         return gm, whole_graph.PlacementResult([], 0.0, True, 0)
@@ -810,6 +810,52 @@ def test_the_placement_pass_starts_from_the_default_pick(
     (r,) = results
     assert r.whole_graph is not None and r.whole_graph.get("refined")
     assert r.measured_final_s == 1e-7
+
+
+def test_the_placement_pass_compiles_each_whole_graph_once(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """The explicit pass's evolution times each compiler's whole graph among its finalists;
+    those graphs were compiled by the whole-graph search before it and are taken from there,
+    not compiled again (NasNet's three, after the rounds had spent the budget). In bf16 the
+    whole-graph search's graphs are bf16 and the finer search's f32: nothing is shared."""
+    from torch_plugin.placement import planner, whole_graph
+
+    fixed_profile({"onnxruntime": 1e-5, "openvino": 2e-5})
+    model, inputs = small_model("mlp")
+    model.eval()
+    with torch.no_grad():
+        want = model(*inputs)
+    whole: list[str] = []
+
+    def counting(compile_region):  # noqa: ANN001, ANN202
+        def wrapped(gm, nodes, backend, values, consts, rule="region"):  # noqa: ANN001, ANN202
+            if rule == "graph":
+                whole.append(backend.name)
+            return compile_region(gm, nodes, backend, values, consts, rule)
+
+        return wrapped
+
+    monkeypatch.setattr(planner, "compile_region", counting(planner.compile_region))
+    monkeypatch.setattr(whole_graph, "compile_region", counting(whole_graph.compile_region))
+    for precision, compiles in ((None, 1), ("bf16", 2)):
+        whole.clear()
+        torch._dynamo.reset()
+        placed = torch_plugin.place(
+            model,
+            inputs,
+            backends=["aten", "openvino", "onnxruntime"],
+            cache_path=str(tmp_path / f"{precision}.db"),
+            samples=1,
+            time_budget_s=60.0,
+            precision=precision,
+        )
+        with torch.no_grad():
+            torch.testing.assert_close(placed(*inputs), want, rtol=2e-2, atol=2e-2)
+        r = placed.placement
+        assert r.evolution is not None and len(r.evolution["rounds"]) == 2, r.evolution
+        # The finalists were built: each compiler's whole graph is among them.
+        assert sorted(whole) == sorted(["openvino", "onnxruntime"] * compiles), whole
 
 
 def test_whole_graph_first_is_the_search_asked_for(tmp_path, fixed_profile, monkeypatch) -> None:

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -62,12 +62,16 @@ def place_graph(
     example_inputs: Sequence[Any] | None,
     opts: PlacementOptions,
     input_kinds: Sequence[tuple[str, str]] | None = None,
+    whole_graphs: Mapping[str, tuple[Group, Callable[..., Any]]] | None = None,
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """Places one ATen graph (inference, or a training graph's forward or backward, which
     AOTAutograd makes pure functions); returns the materialised module and the decision.
 
     input_kinds: (kind, source) per placeholder; "parameter"/"buffer" inputs are frozen into
-    graph compilers' subgraphs when opts.freeze and real example inputs are given."""
+    graph compilers' subgraphs when opts.freeze and real example inputs are given.
+    whole_graphs: per compiler, its whole graph already compiled (compile_region's "graph"
+    region, f32, the same frozen weights), which the evolution's finalists take instead of
+    compiling it again: the explicit pass's whole-graph search has built them."""
     t_start = time.perf_counter()
     if opts.precision == "bf16":
         log.warning(
@@ -324,6 +328,7 @@ def place_graph(
                 cached,
                 frozen,
                 deadline,
+                whole_graphs or {},
             )
             if not evolution["cached"]:
                 cache.put_decision(decision_key, evolution)
@@ -416,6 +421,7 @@ def _evolve(
     cached: dict[str, Any] | None,
     frozen: dict[str, torch.Tensor],
     deadline: float,
+    whole_graphs: Mapping[str, tuple[Group, Callable[..., Any]]],
 ) -> tuple[list[Group], Sequence[Callable[..., Any] | None], dict[str, Any]]:
     """One evolutionary round per graph-level compiler, each seeded with the previous result
     (the first with the DP's): so the final program can mix regions of several compilers.
@@ -440,6 +446,7 @@ def _evolve(
             hit,
             _C.round_budget(deadline - time.perf_counter(), len(evolve_backends) - k),
             _frozen_for(backend, frozen),
+            whole_graphs.get(backend.name),
         )
         rounds.append(info)
         finalists += [whole, lambda g=groups, c=compiled: (g, c)]
@@ -513,11 +520,13 @@ def _evolve_round(
     cached: dict[str, Any] | None,
     budget_s: float,
     consts: dict[str, torch.Tensor],
+    whole_graph: tuple[Group, Callable[..., Any]] | None = None,
 ) -> tuple[list[Group], Sequence[Callable[..., Any] | None], dict[str, Any], Callable[[], Built]]:
     """Bits over the current groups: set = run by `backend`, with consecutive set groups (a
     contiguous stretch of a topological order, hence convex) merged into one region; a clear
     bit keeps the group as it is (a group of `backend` goes back to ATen). Returns the round's
-    result and a thunk that builds the whole graph as one region of `backend`."""
+    result and a thunk that builds the whole graph as one region of `backend` (`whole_graph`
+    where it was compiled before)."""
     region_cache: dict[tuple[str, ...], tuple[Group, Callable[..., Any]] | None] = {}
     seed = [g.backend == backend.name for g in groups]
 
@@ -540,6 +549,10 @@ def _evolve_round(
             j = runs[i]
             nodes = [n for g in groups[i:j] for n in g.nodes]
             key = tuple(nodes)
+            if key not in region_cache and i == 0 and j == len(groups) and whole_graph:
+                # NasNet's explicit pass compiled its three whole graphs twice, the second
+                # time after the rounds had spent the budget.
+                region_cache[key] = whole_graph
             if key not in region_cache:
                 # "graph": the whole graph, with no other runtime between its calls.
                 rule = "graph" if i == 0 and j == len(groups) else "region"

@@ -115,6 +115,7 @@ def place_whole_graph_first(
         machine,
     )
     built: dict[str, fx.GraphModule] = {"eager": gm}
+    regions: dict[str, tuple[Group, Any]] = {}  # each checked graph's region, for the finer search
     failures: list[str] = []
     errors: dict[str, float] = {}
     want: list[Any] = []
@@ -148,6 +149,7 @@ def place_whole_graph_first(
             mod = materialize(gm, [group], [fn])
             if not check:
                 built[name] = mod
+                regions[name] = (group, fn)
                 return True
             expected = reference()
             with torch.no_grad():
@@ -170,6 +172,7 @@ def place_whole_graph_first(
             )
             return False
         built[name] = mod
+        regions[name] = (group, fn)
         passed.append(name)
         return True
 
@@ -276,8 +279,11 @@ def place_whole_graph_first(
             budget = max(0.0, opts.time_budget_s - (time.perf_counter() - t_start))
         else:
             budget = max(1.0, float(plan["refine_budget_s"]))
+        # Its evolution's finalists include each compiler's whole graph: built above where the
+        # finer search would build the same (f32: it builds f32 regions).
+        reuse = regions if compute == "f32" else {}
         placed, result = _refine(
-            gm, example_inputs, opts, input_kinds, placed, result, plan, budget
+            gm, example_inputs, opts, input_kinds, placed, result, plan, budget, reuse
         )
     checked = passed if digest is not None else []
     if not plan["cached"] or checked:
@@ -444,6 +450,7 @@ def _refine(
     result: PlacementResult,
     plan: dict[str, Any],
     budget_s: float,
+    whole_graphs: dict[str, tuple[Group, Any]] | None = None,
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """The finer search in what is left of the budget; kept only if it measures faster than
     the whole-graph pick, the two timed in turns."""
@@ -460,7 +467,9 @@ def _refine(
         precision=None,
     )
     try:
-        finer, finer_result = place_graph(gm, example_inputs, finer_opts, input_kinds)
+        finer, finer_result = place_graph(
+            gm, example_inputs, finer_opts, input_kinds, whole_graphs=whole_graphs
+        )
     except Exception as e:  # noqa: BLE001 - the whole-graph pick stands
         log.info(
             "torch_plugin placement: the finer search failed (%s); keeping %s", e, plan["pick"]
