@@ -1364,6 +1364,12 @@ class PlacementRoundOptions:
     def to_dict(self) -> dict:
         ...
     @property
+    def hopeless_ratio(self) -> float:
+        ...
+    @hopeless_ratio.setter
+    def hopeless_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
     def keep_eager_margin(self) -> float:
         ...
     @keep_eager_margin.setter
@@ -2041,6 +2047,10 @@ class RewriteOptions:
         ...
     def to_dict(self) -> dict:
         ...
+def builds_dp_placement(dp_cost_s: typing.SupportsFloat | typing.SupportsIndex, beat_s: typing.SupportsFloat | typing.SupportsIndex, options: PlacementRoundOptions) -> bool:
+    """
+    Whether the finer search builds the DP's placement for a graph that already runs in beat_s (<= 0: nothing to beat): not when the DP predicts over hopeless_ratio times it.
+    """
 def cluster_profile(name: str) -> ClusterProfile:
     """
     A preset cluster profile by name (see cluster_profile_names()).

@@ -239,13 +239,13 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("median_s", &WholeGraphTrial::median_s)
       .field("skipped", &WholeGraphTrial::skipped);
   using passes::WholeGraphSearchPlan;
-  Struct<WholeGraphSearchPlan>(m, "WholeGraphPlan", "The default placement's pick.",
-                               [](const WholeGraphSearchPlan& p) {
-                                 return "WholeGraphPlan(pick=" + p.pick + ", " +
-                                        std::to_string(p.pick_s * 1e3) + " ms vs eager " +
-                                        std::to_string(p.eager_s * 1e3) + " ms, refine=" +
-                                        (p.refine ? "True" : "False") + ": " + p.reason + ")";
-                               })
+  Struct<WholeGraphSearchPlan>(
+      m, "WholeGraphPlan", "The default placement's pick.",
+      [](const WholeGraphSearchPlan& p) {
+        return "WholeGraphPlan(pick=" + p.pick + ", " + std::to_string(p.pick_s * 1e3) +
+               " ms vs eager " + std::to_string(p.eager_s * 1e3) +
+               " ms, refine=" + (p.refine ? "True" : "False") + ": " + p.reason + ")";
+      })
       .field("trials", &WholeGraphSearchPlan::trials)
       .field("pick", &WholeGraphSearchPlan::pick)
       .field("pick_s", &WholeGraphSearchPlan::pick_s)
@@ -306,9 +306,8 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
 
   pm.def(
       "evolve_placement",
-      [](passes::PassManager& self, const std::vector<bool>& seed,
-         const passes::FitnessFn& fitness, const EvolveOptions& options,
-         const passes::ProgressFn& progress) {
+      [](passes::PassManager& self, const std::vector<bool>& seed, const passes::FitnessFn& fitness,
+         const EvolveOptions& options, const passes::ProgressFn& progress) {
         return passes::EvolvePlacement(seed, fitness, options, self.context(), progress);
       },
       py::arg("seed"), py::arg("fitness"), py::arg("options"), py::kw_only(),
@@ -321,7 +320,8 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
                                 "Options of the finer search's rounds "
                                 "(csrc/passes/placement_rounds.h).")
       .field("only", &PlacementRoundOptions::only, "one compiler's round only; empty: all")
-      .field("keep_eager_margin", &PlacementRoundOptions::keep_eager_margin);
+      .field("keep_eager_margin", &PlacementRoundOptions::keep_eager_margin)
+      .field("hopeless_ratio", &PlacementRoundOptions::hopeless_ratio);
   using passes::FinalistPick;
   Struct<FinalistPick>(
       m, "FinalistPick", "The finalist kept and each finalist's median.",
@@ -347,6 +347,10 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
         "The fastest finalist by median over its turns; empty turns are not measured.");
   m.def("keeps_eager", &passes::KeepsEager, py::arg("placed_s"), py::arg("eager_s"),
         py::arg("options"), "Whether eager is kept over the placed graph (measured side by side).");
+  m.def("builds_dp_placement", &passes::BuildsDpPlacement, py::arg("dp_cost_s"), py::arg("beat_s"),
+        py::arg("options"),
+        "Whether the finer search builds the DP's placement for a graph that already runs in "
+        "beat_s (<= 0: nothing to beat): not when the DP predicts over hopeless_ratio times it.");
 }
 
 }  // namespace tp::bindings

@@ -60,4 +60,8 @@ bool KeepsEager(double placed_s, double eager_s, const PlacementRoundOptions& op
   return placed_s > eager_s * (1.0 + options.keep_eager_margin);
 }
 
+bool BuildsDpPlacement(double dp_cost_s, double beat_s, const PlacementRoundOptions& options) {
+  return beat_s <= 0 || dp_cost_s <= options.hopeless_ratio * beat_s;
+}
+
 }  // namespace tp::passes

@@ -25,6 +25,7 @@ _VALID_KEYS = (
     "budget_factor",
     "allow_refine",
     "precision",
+    "dp_hopeless_ratio",
 )
 
 
@@ -66,6 +67,9 @@ class PlacementOptions:
       the same graph; time_budget_s when Inductor cannot compile it, and in the explicit
       placement pass (which then runs the finer search in what is left).
     allow_refine: whether whole_graph_first may run the finer search at all.
+    dp_hopeless_ratio: the explicit pass's finer search builds the DP's placement (and evolves
+      from it) only where the DP predicts at most this multiple of the time the whole-graph
+      pick measured (_C.builds_dp_placement); math.inf: always.
     precision: "f32" or "bf16" (placement/precision.py): what inference graphs' compilers may
       compute in, and the tolerance each candidate is held to against eager; None = f32 unless
       the graph already computes in bf16. Set by the backend's top-level `precision` option.
@@ -89,6 +93,7 @@ class PlacementOptions:
     search: str = "exhaustive"
     budget_factor: float = 1.25
     allow_refine: bool = True
+    dp_hopeless_ratio: float = 2.0
     precision: str | None = None
     cuda_graphs: bool = True
 
@@ -149,11 +154,10 @@ class PlacementOptions:
                 f"torch_plugin placement option 'search' must be one of {', '.join(_SEARCHES)}, "
                 f"got {kwargs['search']!r}"
             )
-        v = kwargs.get("budget_factor")
-        if v is not None and (not isinstance(v, (int, float)) or v <= 0):
-            raise ValueError(
-                f"torch_plugin placement option 'budget_factor' must be > 0, got {v!r}"
-            )
+        for key in ("budget_factor", "dp_hopeless_ratio"):
+            v = kwargs.get(key)
+            if v is not None and (not isinstance(v, (int, float)) or not v > 0):
+                raise ValueError(f"torch_plugin placement option {key!r} must be > 0, got {v!r}")
         from .precision import check_precision
 
         check_precision(kwargs.get("precision"))

@@ -63,6 +63,7 @@ def place_graph(
     opts: PlacementOptions,
     input_kinds: Sequence[tuple[str, str]] | None = None,
     whole_graphs: Mapping[str, tuple[Group, Callable[..., Any]]] | None = None,
+    beat_s: float = 0.0,
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """Places one ATen graph (inference, or a training graph's forward or backward, which
     AOTAutograd makes pure functions); returns the materialised module and the decision.
@@ -71,7 +72,10 @@ def place_graph(
     graph compilers' subgraphs when opts.freeze and real example inputs are given.
     whole_graphs: per compiler, its whole graph already compiled (compile_region's "graph"
     region, f32, the same frozen weights), which the evolution's finalists take instead of
-    compiling it again: the explicit pass's whole-graph search has built them."""
+    compiling it again: the explicit pass's whole-graph search has built them.
+    beat_s: what the graph already runs in (the explicit pass's whole-graph pick); where the
+    DP predicts far slower (_C.builds_dp_placement), nothing is built or evolved: the graph is
+    returned as it is and result.not_built says why."""
     t_start = time.perf_counter()
     if opts.precision == "bf16":
         log.warning(
@@ -280,6 +284,17 @@ def place_graph(
         unmeasured=dict(left_out),
     )
     phase("dp")
+    rounds = _C.PlacementRoundOptions(hopeless_ratio=float(opts.dp_hopeless_ratio))
+    if not _C.builds_dp_placement(dp.cost, beat_s, rounds):
+        result.not_built = (
+            f"the DP's placement predicts {dp.cost * 1e3:.3f} ms, the graph already runs in "
+            f"{beat_s * 1e3:.3f} ms: not built or evolved"
+        )
+        log.info("torch_plugin placement: %s", result.not_built)
+        cache.close()
+        result.phase_s = phases
+        result.search_s = time.perf_counter() - t_start
+        return gm, result
     # Compiled on first use: a warm compile builds only the groups its replayed rounds and
     # pick use (the pick is often one whole-graph region; a wide graph's DP has hundreds).
     compiled = _LazyCompiled(gm, groups, by_name, values, frozen)

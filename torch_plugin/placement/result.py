@@ -52,6 +52,9 @@ class PlacementResult:
     kept_eager: bool = False  # the placement measured slower than the unplaced graph
     cold_cache: bool = False  # groups were timed with the last-level cache evicted
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Why the finer search stopped after its DP without building a placement (place_graph's
+    # beat_s); empty when it built one.
+    not_built: str = ""
     kind: str = "inference"  # or a training graph's "forward" / "backward"
     # whole_graph_first: the C++ driver's plan (trials, pick, reason); frozen weights.
     whole_graph: dict[str, Any] | None = None
@@ -91,6 +94,8 @@ class PlacementResult:
     def table(self) -> str:
         """One line per group run outside ATen, and totals per backend."""
         if self.whole_graph is not None and not self.whole_graph.get("refined"):
+            if "finer_not_built" in self.whole_graph:
+                return f"{self.summary()}\nfiner search: {self.whole_graph['finer_not_built']}"
             if "finer_s" not in self.whole_graph:
                 return self.summary()
             # The finer search ran (the explicit pass) and measured slower: what it saw.

@@ -468,12 +468,21 @@ def _refine(
     )
     try:
         finer, finer_result = place_graph(
-            gm, example_inputs, finer_opts, input_kinds, whole_graphs=whole_graphs
+            gm,
+            example_inputs,
+            finer_opts,
+            input_kinds,
+            whole_graphs=whole_graphs,
+            beat_s=float(plan["pick_s"]) if plan["pick"] != "eager" else 0.0,
         )
     except Exception as e:  # noqa: BLE001 - the whole-graph pick stands
         log.info(
             "torch_plugin placement: the finer search failed (%s); keeping %s", e, plan["pick"]
         )
+        return placed, result
+    if finer_result.not_built:  # the pick stands, nothing to time against it
+        plan["finer_not_built"] = finer_result.not_built
+        _keep_pick_with(result, finer_result)
         return placed, result
     inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
     times: dict[int, list[float]] = {0: [], 1: []}
@@ -490,9 +499,13 @@ def _refine(
         finer_result.frozen = result.frozen
         finer_result.measured_final_s = finer_s
         return finer, finer_result
-    # The pick stands; what the finer search saw (candidates per rule, their failures) is
-    # reported with it.
+    _keep_pick_with(result, finer_result)
+    return placed, result
+
+
+def _keep_pick_with(result: PlacementResult, finer_result: PlacementResult) -> None:
+    """The pick stands; what the finer search saw (candidates per rule, their failures) is
+    reported with it."""
     for field in _FINER_STATS:
         setattr(result, field, getattr(finer_result, field))
     result.failures = [*result.failures, *finer_result.failures]
-    return placed, result

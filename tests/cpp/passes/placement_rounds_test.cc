@@ -62,5 +62,18 @@ TEST(PlacementRounds, EagerKeptOnlyBeyondTheMargin) {
   EXPECT_FALSE(KeepsEager(1.03, 1.0, options));
 }
 
+TEST(PlacementRounds, TheDpPlacementIsBuiltUnlessItPredictsFarSlowerThanWhatRuns) {
+  PlacementRoundOptions options;
+  // NasNet: the DP predicted 2.1 ms against ONNX Runtime's whole graph at 0.53 ms.
+  EXPECT_FALSE(BuildsDpPlacement(2.1e-3, 0.53e-3, options));
+  // Within the margin the prediction may be wrong either way: built.
+  EXPECT_TRUE(BuildsDpPlacement(0.9e-3, 0.53e-3, options));
+  EXPECT_TRUE(BuildsDpPlacement(0.1e-3, 0.53e-3, options));
+  // Nothing to beat (no whole-graph pick measured): always built.
+  EXPECT_TRUE(BuildsDpPlacement(2.1e-3, 0.0, options));
+  options.hopeless_ratio = 5.0;
+  EXPECT_TRUE(BuildsDpPlacement(2.1e-3, 0.53e-3, options));
+}
+
 }  // namespace
 }  // namespace tp::passes
