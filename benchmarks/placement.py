@@ -234,7 +234,12 @@ def main() -> None:
     ap.add_argument("--full-size", action="store_true")
     ap.add_argument("--backends", default="aten,fused,openvino,onnxruntime,inductor")
     ap.add_argument("--evals", type=int, default=12, help="evaluations per evolution round")
-    ap.add_argument("--budget-s", type=float, default=120.0, help="evolution time budget")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=120.0,
+        help="place()'s time_budget_s: the whole search (whole graphs, measuring, evolution)",
+    )
     ap.add_argument(
         "--merge",
         action="store_true",
