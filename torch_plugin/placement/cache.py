@@ -15,7 +15,6 @@ import os
 import platform
 import sqlite3
 import time
-from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,18 +200,6 @@ class ProfileCache:
             )
         except sqlite3.Error as e:
             log.warning("torch_plugin placement: decision not cached (%s)", e)
-
-    def measured_decision(
-        self, key: str, fields: Collection[str], measure: Callable[[], dict]
-    ) -> dict:
-        """The decision cached under `key` when it has every one of `fields`; otherwise what
-        `measure()` returns, cached. For verdicts measured side by side: a warm compile must
-        replay the cold one's, since a re-measured near tie could flip it."""
-        got = self.get_decision(key)
-        if not isinstance(got, dict) or not set(fields) <= got.keys():
-            got = measure()
-            self.put_decision(key, got)
-        return got
 
     def close(self) -> None:
         try:

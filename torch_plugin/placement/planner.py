@@ -368,19 +368,18 @@ def place_graph(
             _C.graph_signature(graph) + repr(_placement_key(result.groups, frozen)),
             machine,
         )
-
-        def measure() -> dict[str, float]:
+        verdict = cache.get_decision(check_key)
+        if not isinstance(verdict, dict) or not {"eager_s", "final_s"} <= verdict.keys():
             with torch.no_grad():
                 eager_s = time_end_to_end(gm, inputs, opts.samples)
                 final_s = time_end_to_end(placed, inputs, opts.samples)
-            return {"eager_s": eager_s, "final_s": final_s}
-
-        verdict = cache.measured_decision(check_key, ("eager_s", "final_s"), measure)
+            verdict = {"eager_s": eager_s, "final_s": final_s}
+            cache.put_decision(check_key, verdict)
         result.measured_eager_s = float(verdict["eager_s"])
         final_s = float(verdict["final_s"])
     finally:
         cache.close()
-    if _C.keeps_eager(final_s, result.measured_eager_s, rounds):
+    if _C.keeps_eager(final_s, result.measured_eager_s, _C.PlacementRoundOptions()):
         log.info(
             "torch_plugin placement: the placed graph measured %.3f ms, eager %.3f ms; "
             "keeping eager",

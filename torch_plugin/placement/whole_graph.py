@@ -36,7 +36,6 @@ from .planner import (
     PlacementOptions,
     PlacementResult,
     _frozen_for,
-    _placement_key,
     compile_region,
     frozen_inputs,
     materialize,
@@ -454,8 +453,8 @@ def _refine(
     result: PlacementResult,
     plan: dict[str, Any],
     budget_s: float,
-    whole_graphs: dict[str, tuple[Group, Any]],
-    decision_key: str,
+    whole_graphs: dict[str, tuple[Group, Any]] | None = None,
+    decision_key: str = "",
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """The finer search in what is left of the budget; kept only if it measures faster than
     the whole-graph pick, the two timed in turns. The verdict is cached under the decision and
@@ -492,23 +491,24 @@ def _refine(
         plan["finer_not_built"] = finer_result.not_built
         _keep_pick_with(result, finer_result)
         return placed, result
-    # The decision key carries the frozen weights' names and the machine.
     verdict_key = ProfileCache.key(
-        "refine-verdict", decision_key + repr(_placement_key(finer_result.groups, {})), ""
+        "refine-verdict",
+        decision_key + repr([(g.backend, g.rule, tuple(g.nodes)) for g in finer_result.groups]),
+        "",
     )
-
-    def measure() -> dict[str, float]:
-        inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
-        times: dict[int, list[float]] = {0: [], 1: []}
-        with torch.no_grad():
-            for _ in range(3):
-                times[0].append(time_end_to_end(placed, inputs, opts.samples))
-                times[1].append(time_end_to_end(finer, inputs, opts.samples))
-        return {k: statistics.median(times[i]) for i, k in enumerate(("whole_s", "finer_s"))}
-
     cache = ProfileCache(opts.cache_path)
     try:
-        verdict = cache.measured_decision(verdict_key, ("whole_s", "finer_s"), measure)
+        verdict = cache.get_decision(verdict_key) if decision_key else None
+        if not isinstance(verdict, dict) or not {"whole_s", "finer_s"} <= verdict.keys():
+            inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
+            times: dict[int, list[float]] = {0: [], 1: []}
+            with torch.no_grad():
+                for _ in range(3):
+                    times[0].append(time_end_to_end(placed, inputs, opts.samples))
+                    times[1].append(time_end_to_end(finer, inputs, opts.samples))
+            verdict = {k: statistics.median(times[i]) for i, k in enumerate(("whole_s", "finer_s"))}
+            if decision_key:
+                cache.put_decision(verdict_key, verdict)
     finally:
         cache.close()
     whole_s, finer_s = float(verdict["whole_s"]), float(verdict["finer_s"])
