@@ -19,6 +19,11 @@ bit-equal to eager's); the row records that as a failure and its convert_model p
 Each contender's error is the relative L2 error of its output against f32 eager; a ratio is
 the best contender of the same precision over ours (above 1: ours is faster).
 
+Each row also says how near the hardware's limit its contenders run: the forward's FLOPs
+(torch's FlopCounterMode) over the time, against the machine's f32 multiply-add peak measured
+in the same process on either side of the timing (bf16: twice that, avx512_bf16's dot
+products). A contender at 90% of the peak leaves no compiler more than 1.11x.
+
 Compile times come from fresh processes with empty caches (Inductor's FX cache, our profile
 cache): Inductor with freezing, ours cold, ours warm (same process after torch._dynamo.reset())
 and ours in a second process with the caches the first filled. Ours also records the
@@ -271,15 +276,67 @@ def time_row(name: str, batch: int, rounds: int, only: str | None = None) -> dic
     except ImportError:  # run as a script: benchmarks/ itself is on sys.path
         from timing import round_robin
 
-    # A 0.1 s pause before each block: another runtime's spinning pool winds down.
+    if only in (None, F32[0]):  # one child of a row split by contender counts them
+        row["gflop"] = _gflop(model, args)
+    # A 0.1 s pause before each block: another runtime's spinning pool winds down. The peak is
+    # measured on either side of the timing: a reading taken while the host is busy is low.
+    before = _f32_peak_gflops()
     per = round_robin(fns, args, rounds, pause_s=0.1, window_s=0.5, min_samples=2)
+    row["f32_peak_gflops"] = max(before, _f32_peak_gflops())
     row["ms"] = {k: statistics.median(v) * 1e3 for k, v in per.items()}
     row["spread_ms"] = {k: (min(v) * 1e3, max(v) * 1e3) for k, v in per.items()}
     return _ratios(row)
 
 
+def _gflop(model: torch.nn.Module, args: tuple) -> float:
+    """The forward's GFLOP as torch counts them (2 per multiply-add of its matmuls,
+    convolutions and attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(*args)
+    return counter.get_total_flops() / 1e9
+
+
+def _f32_peak_gflops() -> float:
+    """This machine's f32 multiply-add peak at torch's thread count, measured now (a register-
+    only FMA loop: the physical limit, which no GEMM library exceeds)."""
+    from torch_plugin import _C
+
+    return float(_C.measure_f32_peak(torch.get_num_threads())) / 1e9
+
+
+def _bf16_limit_gflops(f32_peak: float) -> float | None:
+    """bf16's limit: avx512_bf16's dot product does two multiply-adds per f32 lane in an f32
+    FMA's slot, so twice the f32 peak; None where the CPU has other bf16 units (AMX) or none."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if "amx_bf16" in flags or "avx512_bf16" not in flags:
+        return None
+    return 2.0 * f32_peak
+
+
+def _peak_fractions(row: dict[str, Any]) -> dict[str, float]:
+    """Each contender's GFLOP/s over its precision's limit (f32: the measured peak; bf16:
+    _bf16_limit_gflops), or nothing when the row has no FLOP count or peak."""
+    gflop, peak = row.get("gflop"), row.get("f32_peak_gflops")
+    if not gflop or not peak:
+        return {}
+    limits = {"f32": peak, "bf16": _bf16_limit_gflops(peak)}
+    out = {}
+    for prec, names in (("f32", F32), ("bf16", BF16)):
+        for k in names:
+            if k in row.get("ms", {}) and limits[prec]:
+                out[k] = gflop / (row["ms"][k] * 1e-3) / limits[prec]
+    return out
+
+
 def _ratios(row: dict[str, Any]) -> dict[str, Any]:
-    """The best other contender of each precision and its time over ours."""
+    """The best other contender of each precision and its time over ours; each contender's
+    fraction of its precision's peak."""
+    row["peak_fraction"] = _peak_fractions(row)
     for prec, names, ours in (("f32", F32, "ours"), ("bf16", BF16, "ours_bf16")):
         others = {k: row["ms"][k] for k in names if k in row["ms"] and k != ours}
         if ours in row["ms"] and others:
@@ -344,13 +401,19 @@ ONE_PER_PROCESS = {"llama_1b"}
 
 def _time_apart(spec: list[str], rounds: int, caches: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"error": {}, "failed": {}, "ran": {}, "ms": {}, "spread_ms": {}}
+    peaks = []
     for c in F32 + BF16:
         part = _child(["--time", *spec, str(rounds), c], caches(f"timing_{c}"))
         if "model" not in part:  # the child itself failed (memory, timeout)
             row["failed"][c] = "; ".join(part.get("failed", []))[:200]
-        for k in row:
+        for k in ("error", "failed", "ran", "ms", "spread_ms"):
             row[k].update(part.get(k, {}))
+        if part.get("gflop"):
+            row["gflop"] = part["gflop"]
+        peaks += [part["f32_peak_gflops"]] if part.get("f32_peak_gflops") else []
         print(spec, c, json.dumps(part.get("ms")), json.dumps(part.get("failed")), flush=True)
+    # Each contender ran in a process of its own: the highest reading stands for the machine.
+    row["f32_peak_gflops"] = max(peaks, default=None)
     row["timed"] = "one process per contender, one after another (memory)"
     return _ratios(row)
 
@@ -420,6 +483,14 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "geomean_compile_ratio_second_process": geomean(
             [r.get("compile_ratio_second_process") for r in rows]
         ),
+        # Ours' share of the machine's limit (rows that measured it): what a faster compiler
+        # could still gain is at most its inverse.
+        "geomean_peak_fraction_f32": geomean(
+            [r.get("peak_fraction", {}).get("ours") for r in rows]
+        ),
+        "geomean_peak_fraction_bf16": geomean(
+            [r.get("peak_fraction", {}).get("ours_bf16") for r in rows]
+        ),
     }
 
 
@@ -435,6 +506,12 @@ def tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
                 rec[n] = r.get("ms", {}).get(n, r.get("failed", {}).get(n, "-")[:40])
             rec["best other"] = r.get(f"best_{prec}")
             rec["ratio"] = r.get(f"ratio_{prec}")
+            # How near the hardware's limit the fastest runs: the room left for any compiler.
+            frac = r.get("peak_fraction", {})
+            rec["GFLOP"] = r.get("gflop")
+            ours = "ours" if prec == "f32" else "ours_bf16"
+            rec["ours, of peak"] = frac.get(ours)
+            rec["best other, of peak"] = frac.get(r.get(f"best_{prec}"))
             rec["error of ours"] = r.get("error", {}).get("ours" if prec == "f32" else "ours_bf16")
             out[f"{prec}_ms"].append(rec)
         c = r.get("compile", {})

@@ -60,3 +60,26 @@ def test_real_size_ratios_compare_within_a_precision(monkeypatch: pytest.MonkeyP
     )
     assert row["best_f32"] == "ov_convert_f32" and row["ratio_f32"] == 0.8
     assert row["best_bf16"] == "openvino" and row["ratio_bf16"] == 0.8
+
+
+def test_real_size_rows_say_how_near_the_peak_each_contender_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import real_size_inference as rsi
+
+    monkeypatch.setattr(rsi, "_bf16_limit_gflops", lambda peak: 2.0 * peak)
+    # 10 GFLOP in 50 ms is 200 GFLOP/s: 0.8 of a 250 GFLOP/s f32 peak, 0.4 of bf16's 500.
+    row = rsi._ratios(
+        {"gflop": 10.0, "f32_peak_gflops": 250.0, "ms": {"ours": 50.0, "ours_bf16": 50.0}}
+    )
+    assert row["peak_fraction"] == pytest.approx({"ours": 0.8, "ours_bf16": 0.4})
+    table = rsi.tables([{"model": "bert", "batch": 1, **row}])
+    assert table["f32_ms"][0]["ours, of peak"] == pytest.approx(0.8)
+    assert table["bf16_ms"][0]["GFLOP"] == 10.0
+    # No bf16 limit known (AMX, or no bf16 units): no bf16 fraction, f32's stands.
+    monkeypatch.setattr(rsi, "_bf16_limit_gflops", lambda peak: None)
+    assert rsi._peak_fractions(row) == pytest.approx({"ours": 0.8})
+    # A row measured before the counts were recorded has none.
+    assert rsi._ratios({"ms": {"ours": 50.0}})["peak_fraction"] == {}
+    assert rsi.summarise([row])["geomean_peak_fraction_f32"] == pytest.approx(0.8)
