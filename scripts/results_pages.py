@@ -253,11 +253,13 @@ def provenance_note(data: Any, command: str, code: list[str]) -> str:
     # A command's script ("python benchmarks/placement.py --full-size"), or a path as it is.
     paths = [next((w for w in c.split() if w.endswith(".py")), c) for c in code]
     paths = [p if "/" in p or p in DEFAULT_CODE else f"benchmarks/{p}" for p in paths]
-    stale = [c for c in commits if _git("log", "--format=%h", f"{c}..HEAD", "--", *paths)]
+    # What the code is now, not which commits touched it: a change and its revert leave the
+    # result current.
+    stale = [c for c in commits if _git("diff", "--name-only", c, "HEAD", "--", *paths)]
     if stale:
         lines.append(
-            f"> **Possibly stale**: later commits changed what it measures (since "
-            f"{', '.join(f'`{c}`' for c in stale)}: `git log {stale[0]}..HEAD -- <paths>`) "
+            f"> **Possibly stale**: the code it measures has changed (since "
+            f"{', '.join(f'`{c}`' for c in stale)}: `git diff {stale[0]} HEAD -- <paths>`) "
             f"({', '.join(paths)}); rerun `{command}`."
         )
     missing = [c for c in commits if not _git("cat-file", "-t", c)]
