@@ -512,7 +512,7 @@ def tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
             ours = "ours" if prec == "f32" else "ours_bf16"
             rec["ours, of peak"] = frac.get(ours)
             rec["best other, of peak"] = frac.get(r.get(f"best_{prec}"))
-            rec["error of ours"] = r.get("error", {}).get("ours" if prec == "f32" else "ours_bf16")
+            rec["error of ours"] = r.get("error", {}).get(ours)
             out[f"{prec}_ms"].append(rec)
         c = r.get("compile", {})
         plans = c.get("ours", {}).get("plans", [])
