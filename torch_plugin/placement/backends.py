@@ -51,6 +51,9 @@ class Backend:
     # Device types whose tensors the compiled graph takes; a graph on another device never
     # sees this backend (for_device).
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # The profile cache for what a backend measures of its own (OpenVINO's GEMM kernels);
+    # get_backends sets the placement's. ":memory:" keeps it to this instance.
+    cache_path: str | None = ":memory:"
 
     def unavailable(self) -> str | None:
         """Why the backend cannot run here, or None."""
@@ -205,12 +208,13 @@ class OpenVINOBackend(_NumpyBackend):
         import openvino as ov
 
         self._check_inputs(inputs)
+        gm = _with_kv_heads_repeated(_without_legacy_empty_cat_inputs(gm))
+        if self.compute == "f32":  # MLAS runs f32 only: at bf16 oneDNN runs every matmul
+            gm = self._steered(gm)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                model = self._convert_fx(
-                    _with_kv_heads_repeated(_without_legacy_empty_cat_inputs(gm)), inputs
-                )
+                model = self._convert_fx(gm, inputs)
             except Exception:  # noqa: BLE001 - TorchScript's frontend may take what FX's cannot
                 model = ov.convert_model(gm, example_input=tuple(inputs))
         # f32 unless the precision option allows bf16: OpenVINO would otherwise pick bf16 on
@@ -247,6 +251,29 @@ class OpenVINOBackend(_NumpyBackend):
             )
 
         return run
+
+    @functools.cached_property
+    def gemms(self) -> Any:
+        """Which matmul shapes OpenVINO runs faster on oneDNN than on MLAS (openvino_gemm.py)."""
+        from .openvino_gemm import GemmChooser
+
+        return GemmChooser(self.cache_path, torch.get_num_threads())
+
+    def _steered(self, gm: fx.GraphModule) -> fx.GraphModule:
+        """`gm` (a copy where it changes) with each large matmul that oneDNN runs faster
+        handed to it (openvino_gemm.steer)."""
+        from .openvino_gemm import MAX_WEIGHTS, MIN_MACS, gemm_shapes, steer
+
+        big = {
+            s
+            for s in gemm_shapes(gm).values()
+            if math.prod(s) >= MIN_MACS and s[1] * s[2] <= MAX_WEIGHTS
+        }
+        if not big or not any(self.gemms(*s) for s in big):
+            return gm
+        gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        steer(gm, lambda *s: s in big and self.gemms(*s))
+        return gm
 
     @staticmethod
     def _convert_fx(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Any:
@@ -794,9 +821,12 @@ def for_device(backends: Sequence[Backend], device: str) -> list[Backend]:
     return kept
 
 
-def get_backends(names: Sequence[str], compute: str = "f32") -> list[Backend]:
+def get_backends(
+    names: Sequence[str], compute: str = "f32", cache_path: str | None = ":memory:"
+) -> list[Backend]:
     """Instances of the named backends that can run here; 'aten' is always included first.
-    compute: "bf16" lets the backends in LOWER_PRECISION compute in it."""
+    compute: "bf16" lets the backends in LOWER_PRECISION compute in it. cache_path: the
+    profile cache the backends keep their own measurements in (None: the default one)."""
     unknown = [n for n in names if n not in BACKENDS]
     if unknown:
         raise ValueError(
@@ -810,6 +840,7 @@ def get_backends(names: Sequence[str], compute: str = "f32") -> list[Backend]:
         backend = BACKENDS[name]()
         if compute != "f32" and name in LOWER_PRECISION:
             backend.compute = compute
+        backend.cache_path = cache_path
         reason = backend.unavailable()
         if reason is not None:
             log.warning("torch_plugin placement: skipping backend %s: %s", name, reason)

@@ -83,7 +83,7 @@ def place_graph(
             "inference graphs; this search (a training graph's, or the finer search) builds "
             "f32 regions"
         )
-    backends = get_backends(opts.backends)
+    backends = get_backends(opts.backends, cache_path=opts.cache_path)
     graph, _ = fx_bridge.to_ir(gm)
     inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
     recorder = _Recorder(gm)

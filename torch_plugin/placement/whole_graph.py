@@ -70,7 +70,7 @@ def place_whole_graph_first(
     compute = "bf16" if opts.precision == "bf16" and kind == "inference" else "f32"
     inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
     device = device_key(inputs)
-    backends = for_device(get_backends(opts.backends, compute), device)
+    backends = for_device(get_backends(opts.backends, compute, opts.cache_path), device)
     by_name = {b.name: b for b in backends}
     if (
         device.startswith("cuda")

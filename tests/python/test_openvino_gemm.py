@@ -1,0 +1,145 @@
+"""OpenVINO's GEMM kernel per weight shape (torch_plugin/placement/openvino_gemm.py): which
+matmuls a graph has, the identity clamp that hands one to oneDNN, and the measured choice kept
+in the profile cache. Timings are stubs: no test depends on this machine's speed."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from torch_plugin.placement import openvino_gemm
+from torch_plugin.placement.backends import get_backends
+from torch_plugin.placement.openvino_gemm import MIN_MACS, GemmChooser, gemm_shapes, steer
+
+aten = torch.ops.aten
+
+
+def _propagate(gm: fx.GraphModule, *inputs: torch.Tensor) -> None:
+    """Fake values on every node (what AOTAutograd's graphs carry), constants included."""
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
+
+
+def _frozen_mlp(rows: int, width: int, hidden: int) -> tuple[fx.GraphModule, torch.Tensor]:
+    """An ATen graph as the frozen inference graph has it: x [rows, width] -> addmm to `hidden`
+    -> gelu -> addmm back to `width`, weights as graph attributes (t(W) on the right)."""
+    torch.manual_seed(0)
+    root = torch.nn.Module()
+    root.register_buffer("w1", torch.randn(hidden, width) * 0.05)
+    root.register_buffer("b1", torch.randn(hidden) * 0.05)
+    root.register_buffer("w2", torch.randn(width, hidden) * 0.05)
+    root.register_buffer("b2", torch.randn(width) * 0.05)
+    g = fx.Graph()
+    x = g.placeholder("x")
+    h = g.call_function(
+        aten.addmm.default,
+        (g.get_attr("b1"), x, g.call_function(aten.t.default, (g.get_attr("w1"),))),
+    )
+    h = g.call_function(aten.gelu.default, (h,))
+    y = g.call_function(
+        aten.addmm.default,
+        (g.get_attr("b2"), h, g.call_function(aten.t.default, (g.get_attr("w2"),))),
+    )
+    g.output((y,))
+    gm = fx.GraphModule(root, g)
+    inp = torch.randn(rows, width)
+    _propagate(gm, inp)
+    return gm, inp
+
+
+def test_steer_puts_an_identity_clamp_after_the_chosen_matmuls_only() -> None:
+    gm, x = _frozen_mlp(rows=8, width=16, hidden=64)
+    want = gm(x)[0]
+    shapes = sorted(gemm_shapes(gm).values())
+    assert shapes == [(8, 16, 64), (8, 64, 16)]
+    asked = []
+
+    def down_projections(m: int, k: int, n: int) -> bool:
+        asked.append((m, k, n))
+        return k >= 2 * n
+
+    assert steer(gm, down_projections) == 1
+    assert sorted(asked) == shapes
+    clamps = [n for n in gm.graph.nodes if n.target is aten.clamp.default]
+    assert len(clamps) == 1
+    (clamp,) = clamps
+    assert clamp.args[0].target is aten.addmm.default and clamp.args[1:] == (
+        float("-inf"),
+        float("inf"),
+    )
+    # The clamp took the second matmul's users; the first matmul's feed gelu as before.
+    assert [u.op for u in clamp.users] == ["output"]
+    torch.testing.assert_close(gm(x)[0], want, rtol=0, atol=0)
+    assert steer(gm, lambda *s: False) == 0
+
+
+def test_matmuls_on_weights_fed_as_inputs_are_not_steered() -> None:
+    """An unfrozen graph's weights are inputs: OpenVINO keeps such a MatMul (no MLAS path)."""
+    g = fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    g.output((g.call_function(aten.mm.default, (x, g.call_function(aten.t.default, (w,)))),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    _propagate(gm, torch.randn(4, 8), torch.randn(3, 8))
+    assert gemm_shapes(gm) == {}
+
+
+def test_the_choice_is_measured_once_per_shape_and_kept_in_the_profile_cache(tmp_path) -> None:
+    db = str(tmp_path / "profile.db")
+    times = {(64, 1024, 256): (1.00, 0.90), (64, 256, 1024): (1.00, 0.98)}
+    calls = []
+
+    def timer(m: int, k: int, n: int) -> tuple[float, float]:
+        calls.append((m, k, n))
+        return times[(m, k, n)]
+
+    chooser = GemmChooser(db, threads=2, timer=timer)
+    assert chooser(64, 1024, 256) is True  # oneDNN 10% faster
+    assert chooser(64, 256, 1024) is False  # 2%: within the margin, left to MLAS
+    assert chooser(64, 1024, 256) is True
+    assert calls == [(64, 1024, 256), (64, 256, 1024)]
+    # A second process (a new chooser on the same cache) measures nothing.
+    again = GemmChooser(db, threads=2, timer=lambda *s: (_ for _ in ()).throw(AssertionError))
+    assert again(64, 1024, 256) is True and again(64, 256, 1024) is False
+    # Another thread count is another machine setting: measured again.
+    other = GemmChooser(db, threads=1, timer=timer)
+    assert other(64, 1024, 256) is True
+    assert len(calls) == 3
+
+
+def test_openvino_runs_a_steered_graph_as_eager_does() -> None:
+    """The OpenVINO backend asks its chooser about each large matmul of an f32 graph (small
+    ones never) and compiles the steered graph; outputs match eager."""
+    import pytest
+
+    backend = get_backends(["openvino"])[-1]
+    if backend.name != "openvino":
+        pytest.skip("no openvino")
+    gm, x = _frozen_mlp(rows=64, width=256, hidden=1024)
+    assert 64 * 256 * 1024 >= MIN_MACS
+    asked = []
+
+    def timer(m: int, k: int, n: int) -> tuple[float, float]:
+        asked.append((m, k, n))
+        return (1.0, 0.5) if k > n else (1.0, 1.0)
+
+    backend.gemms = GemmChooser(":memory:", threads=2, timer=timer)
+    got = backend.compile(gm, [x], "graph")(x)[0]
+    assert sorted(asked) == [(64, 256, 1024), (64, 1024, 256)]
+    torch.testing.assert_close(got, gm(x)[0], rtol=1e-4, atol=1e-4)
+    # The graph it was handed is unchanged (the backend steers a copy).
+    assert not any(n.target is aten.clamp.default for n in gm.graph.nodes)
+
+    small, xs = _frozen_mlp(rows=8, width=16, hidden=64)
+    asked.clear()
+    torch.testing.assert_close(backend.compile(small, [xs], "graph")(xs)[0], small(xs)[0])
+    assert asked == []
+
+
+def test_time_fully_connected_times_both_kernels() -> None:
+    import pytest
+
+    if get_backends(["openvino"])[-1].name != "openvino":
+        pytest.skip("no openvino")
+    mlas, onednn = openvino_gemm.time_fully_connected(16, 128, 96, threads=1)
+    assert 0 < mlas < 1 and 0 < onednn < 1
