@@ -2,16 +2,19 @@
 
 OpenVINO's CPU plugin runs an f32 FullyConnected on MLAS's sgemm when nothing is fused after
 it, and on oneDNN's (a 1x1 brgconv or an inner product) when an activation is. Neither wins
-everywhere. On this 2-core avx512 host, oneDNN ran bert-base's 3072->768 projection at
-1024 rows in 23.1 ms against MLAS's 25.0 ms. Whole models followed: ov.convert_model's bert-base
-ran 828 ms against 859 ms at batch 8 and 115 ms against 120 ms at batch 1 with its 3072->768
-projections moved to oneDNN. MLAS ran the 768->768 projections about 2% faster.
+everywhere. On this 2-core avx512 host, oneDNN ran bert-base's 3072->768 projection at 1024 rows
+in 22.5 ms against MLAS's 25.2 ms, and MLAS was as fast or faster on its 768->768 and 768->3072
+ones. Timed in turns in one process, ov.convert_model's own bert-base graph ran 828 ms against
+859 ms at batch 8, and 115 ms against 120 ms at batch 1, with its 3072->768 projections moved to
+oneDNN.
 
-So each distinct (rows, in, out) shape of a graph's matmuls with constant weights is timed both
+So each distinct (rows, in, out) shape of a graph's matmuls on constant weights is timed both
 ways on a one-layer model, and where oneDNN wins by more than MARGIN, the graph gets an identity
 activation after that matmul: a clamp to [-inf, inf], which OpenVINO fuses into the
-FullyConnected and so runs on oneDNN. The choices are kept in the profile cache per machine,
-so a warm compile or a second process measures nothing.
+FullyConnected and so runs on oneDNN. A matmul whose result goes to an activation OpenVINO fuses
+(GELU, ReLU, ...) is on oneDNN already and is left alone. The choices are kept in the profile
+cache per shape, thread count, OpenVINO version and machine, so a warm compile or a second
+process measures nothing.
 
 One difference from eager: OpenVINO's clamp turns a NaN into -inf. So a NaN coming out of a
 steered matmul (from a NaN or an infinity in its input) leaves it as -inf.
@@ -69,11 +72,44 @@ def gemm_shapes(gm: fx.GraphModule) -> dict[fx.Node, tuple[int, int, int]]:
         val, xv = n.meta.get("val"), x.meta.get("val") if isinstance(x, fx.Node) else None
         if w is None or not isinstance(val, torch.Tensor) or not isinstance(xv, torch.Tensor):
             continue
-        if val.dtype != torch.float32 or xv.dim() < 2:
+        wv = getattr(gm, str(w.target), None) if isinstance(w.target, str) else None
+        if val.dtype != torch.float32 or xv.dim() < 2 or getattr(wv, "ndim", 2) != 2:
+            continue
+        if _feeds_fused_activation(n) or not _static(xv, val):
             continue
         k, m = int(xv.shape[-1]), int(xv.numel()) // max(int(xv.shape[-1]), 1)
         out[n] = (m, k, int(val.shape[-1]))
     return out
+
+
+# Activations OpenVINO fuses into a FullyConnected (which puts it on oneDNN already).
+_ACTIVATIONS = {
+    aten.gelu.default,
+    aten.relu.default,
+    aten.silu.default,
+    aten.sigmoid.default,
+    aten.tanh.default,
+    aten.hardswish.default,
+    aten.hardtanh.default,
+    aten.elu.default,
+    aten.clamp.default,
+}
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+
+
+def _feeds_fused_activation(n: fx.Node) -> bool:
+    """Whether `n`'s result (through reshapes) goes to one activation and nothing else."""
+    while len(n.users) == 1:
+        (n,) = n.users
+        if n.target in _ACTIVATIONS:
+            return True
+        if n.target not in _VIEWS:
+            return False
+    return False
+
+
+def _static(*values: torch.Tensor) -> bool:
+    return all(isinstance(d, int) for v in values for d in v.shape)
 
 
 def _is_constant(a: Any) -> bool:
@@ -99,7 +135,8 @@ def steer(gm: fx.GraphModule, prefers_onednn: Callable[[int, int, int], bool]) -
         with gm.graph.inserting_after(node):
             clamp = gm.graph.call_function(aten.clamp.default, (node, float("-inf"), float("inf")))
         node.replace_all_uses_with(clamp, delete_user_cb=lambda u, c=clamp: u is not c)
-        clamp.meta["val"] = node.meta.get("val")
+        # The converter reads each node's type and shape off these.
+        clamp.meta.update({k: node.meta[k] for k in ("val", "tensor_meta") if k in node.meta})
         steered += 1
     if steered:
         gm.recompile()
@@ -111,12 +148,18 @@ class GemmChooser:
     once per shape and machine (`timer`, by default a one-layer OpenVINO model), kept in the
     profile cache at `cache_path` (None: the default cache; ":memory:": this process only)."""
 
-    def __init__(self, cache_path: str | None, threads: int, timer: Timer | None = None) -> None:
+    def __init__(
+        self, cache_path: str | None, threads: int | None = None, timer: Timer | None = None
+    ) -> None:
         self.cache_path = cache_path
-        self.threads = threads
-        self.timer = timer or (lambda m, k, n: time_fully_connected(m, k, n, threads))
-        self.choices: dict[tuple[int, int, int], bool] = {}
+        self._threads = threads  # None: torch's at each call, as OpenVINO is compiled with
+        self.timer = timer or (lambda m, k, n: time_fully_connected(m, k, n, self.threads))
+        self.choices: dict[tuple[tuple[int, int, int], int], bool] = {}
         self.measured = 0
+
+    @property
+    def threads(self) -> int:
+        return self._threads or torch.get_num_threads()
 
     def _key(self, shape: tuple[int, int, int]) -> str:
         import openvino
@@ -126,15 +169,15 @@ class GemmChooser:
 
     def __call__(self, m: int, k: int, n: int) -> bool:
         shape = (m, k, n)
-        if shape in self.choices:
-            return self.choices[shape]
+        if (shape, self.threads) in self.choices:
+            return self.choices[(shape, self.threads)]
         cache = ProfileCache(self.cache_path)
         try:
             key = self._key(shape)
             cached = cache.get_decision(key)
             if isinstance(cached, dict) and "onednn" in cached:
-                self.choices[shape] = bool(cached["onednn"])
-                return self.choices[shape]
+                self.choices[(shape, self.threads)] = bool(cached["onednn"])
+                return bool(cached["onednn"])
             mlas, onednn = self.timer(*shape)
             self.measured += 1
             choice = onednn < (1.0 - MARGIN) * mlas
@@ -151,7 +194,7 @@ class GemmChooser:
                 onednn * 1e3,
                 mlas * 1e3,
             )
-        self.choices[shape] = choice
+        self.choices[(shape, self.threads)] = choice
         return choice
 
 
