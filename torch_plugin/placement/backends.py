@@ -270,17 +270,16 @@ class OpenVINOBackend(_NumpyBackend):
     def _steered(self, gm: fx.GraphModule) -> fx.GraphModule:
         """`gm` (a copy where it changes) with each large matmul that oneDNN runs faster
         handed to it (openvino_gemm.steer)."""
-        from .openvino_gemm import MAX_WEIGHTS, MIN_MACS, gemm_shapes, steer
+        from .openvino_gemm import gemm_shapes, steer, worth_timing
 
-        big = {
-            s
-            for s in gemm_shapes(gm).values()
-            if math.prod(s) >= MIN_MACS and s[1] * s[2] <= MAX_WEIGHTS
-        }
-        if not big or not any(self.gemms(*s) for s in big):
+        def chosen(*shape: int) -> bool:
+            return worth_timing(shape) and self.gemms(*shape)
+
+        # Copied only where a matmul moves: the shapes are all timed (or cached) first.
+        if not any([chosen(*s) for s in set(gemm_shapes(gm).values())]):
             return gm
         gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
-        steer(gm, lambda *s: s in big and self.gemms(*s))
+        steer(gm, chosen)
         return gm
 
     @staticmethod

@@ -23,6 +23,7 @@ steered matmul (from a NaN or an infinity in its input) leaves it as -inf.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -125,6 +126,12 @@ def _transposed_weight(a: Any) -> fx.Node | None:
     return None
 
 
+def worth_timing(shape: tuple[int, int, int]) -> bool:
+    """Whether a (rows, in, out) matmul is within MIN_MACS and MAX_WEIGHTS."""
+    _, k, n = shape
+    return math.prod(shape) >= MIN_MACS and k * n <= MAX_WEIGHTS
+
+
 def steer(gm: fx.GraphModule, prefers_onednn: Callable[[int, int, int], bool]) -> int:
     """Puts the identity clamp after each matmul of `gm` whose shape `prefers_onednn`; returns
     how many (the graph is changed in place and recompiled where any)."""
@@ -155,31 +162,26 @@ class GemmChooser:
         self._threads = threads  # None: torch's at each call, as OpenVINO is compiled with
         self.timer = timer or (lambda m, k, n: time_fully_connected(m, k, n, self.threads))
         self.choices: dict[tuple[tuple[int, int, int], int], bool] = {}
-        self.measured = 0
 
     @property
     def threads(self) -> int:
         return self._threads or torch.get_num_threads()
 
-    def _key(self, shape: tuple[int, int, int]) -> str:
+    def __call__(self, m: int, k: int, n: int) -> bool:
         import openvino
 
+        memo = ((m, k, n), self.threads)
+        if memo in self.choices:
+            return self.choices[memo]
         machine = machine_key("cpu", {"openvino": openvino.__version__})
-        return ProfileCache.key(CHOICE_VERSION, repr((shape, self.threads)), machine)
-
-    def __call__(self, m: int, k: int, n: int) -> bool:
-        shape = (m, k, n)
-        if (shape, self.threads) in self.choices:
-            return self.choices[(shape, self.threads)]
+        key = ProfileCache.key(CHOICE_VERSION, repr(memo), machine)
         cache = ProfileCache(self.cache_path)
         try:
-            key = self._key(shape)
             cached = cache.get_decision(key)
             if isinstance(cached, dict) and "onednn" in cached:
-                self.choices[(shape, self.threads)] = bool(cached["onednn"])
-                return bool(cached["onednn"])
-            mlas, onednn = self.timer(*shape)
-            self.measured += 1
+                self.choices[memo] = bool(cached["onednn"])
+                return self.choices[memo]
+            mlas, onednn = self.timer(m, k, n)
             choice = onednn < (1.0 - MARGIN) * mlas
             cache.put_decision(key, {"onednn": choice, "mlas_s": mlas, "onednn_s": onednn})
         finally:
@@ -194,7 +196,7 @@ class GemmChooser:
                 onednn * 1e3,
                 mlas * 1e3,
             )
-        self.choices[(shape, self.threads)] = choice
+        self.choices[memo] = choice
         return choice
 
 
