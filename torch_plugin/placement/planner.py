@@ -545,6 +545,11 @@ def _evolve_round(
     where it was compiled before)."""
     region_cache: dict[tuple[str, ...], tuple[Group, Callable[..., Any]] | None] = {}
     seed = [g.backend == backend.name for g in groups]
+    # A region's nodes in the graph's order, whatever order its groups came in: the same region
+    # then has one key (its compile, the cached verdicts on placements holding it). The whole
+    # graph built here in the DP groups' order missed the final check the cold compile had
+    # cached for the whole-graph search's region: a warm compile measured again.
+    position = {n.name: i for i, n in enumerate(gm.graph.nodes)}
 
     def build(bits: Sequence[bool]) -> Built:
         out_groups: list[Group] = []
@@ -563,7 +568,7 @@ def _evolve_round(
                 i += 1
                 continue
             j = runs[i]
-            nodes = [n for g in groups[i:j] for n in g.nodes]
+            nodes = sorted((n for g in groups[i:j] for n in g.nodes), key=position.__getitem__)
             key = tuple(nodes)
             if key not in region_cache and i == 0 and j == len(groups) and whole_graph:
                 # NasNet's explicit pass compiled its three whole graphs twice, the second
