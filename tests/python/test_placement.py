@@ -516,11 +516,12 @@ def test_openvino_takes_whole_transformer_graphs(name: str, monkeypatch) -> None
 
 
 @pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
-def test_openvino_writes_large_outputs_into_tensors_it_does_not_reuse() -> None:
-    """Outputs from PRESET_MIN_BYTES on are OpenVINO's writes into fresh tensors of ours, the
-    rest copies of its buffers: either way a result is the caller's alone, and the next call
-    (which reuses the request's buffers) leaves it as it was."""
-    import torch.fx as fx
+def test_openvino_writes_large_outputs_into_tensors_no_caller_holds() -> None:
+    """Outputs from PRESET_MIN_BYTES on are OpenVINO's writes into tensors of ours that no
+    earlier result still holds, the rest copies of its buffers: either way a result is the
+    caller's alone, and the next call leaves it as it was. A result the caller dropped is
+    written again (its pages are faulted in already)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     from torch_plugin.placement import backends
 
@@ -529,8 +530,11 @@ def test_openvino_writes_large_outputs_into_tensors_it_does_not_reuse() -> None:
             return torch.relu(x) * 2.0, x.sum(-1), (x > 0).to(torch.int64)
 
     x = torch.randn(64, 512)  # 128 KB: the first and third outputs are preset
-    gm = fx.symbolic_trace(ThreeOutputs())
+    # Traced with shapes, as every graph placed is (symbolic_trace's has none: OpenVINO then
+    # sees dynamic shapes, and presets nothing).
+    gm = make_fx(ThreeOutputs())(x)
     fn = get_backends(["openvino"])[-1].compile(gm, [x], "region")
+    assert sorted(fn.output_buffers) == [0, 2]
     first = fn(x)
     kept = [t.clone() for t in first]
     second = fn(-x)
@@ -540,6 +544,17 @@ def test_openvino_writes_large_outputs_into_tensors_it_does_not_reuse() -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     assert [r.dtype for r in second] == [torch.float32, torch.float32, torch.int64]
     assert second[0].data_ptr() != first[0].data_ptr()
+    # The first results dropped: the third call writes into their arrays, never the second's.
+    ptrs = [first[i].data_ptr() for i in (0, 2)]
+    del first, got
+    third = fn(x * 3.0)
+    for i, ptr in zip((0, 2), ptrs, strict=True):
+        arrays = [a.ctypes.data for a in fn.output_buffers[i].arrays]
+        assert third[i].data_ptr() == ptr == arrays[0] != second[i].data_ptr() == arrays[1]
+    for got, want in zip(third, gm(x * 3.0), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    for got, want in zip(second, gm(-x), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     # Which outputs are preset: the two of 128 KB and 256 KB, not the 256-byte sum.
     import numpy
     import openvino as ov
@@ -548,6 +563,26 @@ def test_openvino_writes_large_outputs_into_tensors_it_does_not_reuse() -> None:
     model = ov.Model([ov.opset13.relu(p), ov.opset13.reduce_sum(p, [1], False)], [p])
     outputs = list(ov.Core().compile_model(model, "CPU").outputs)
     assert backends._preset_outputs(outputs) == [(0, (64, 512), numpy.dtype("float32"))]
+
+
+def test_output_buffers_hand_out_only_arrays_nothing_holds() -> None:
+    """An array is handed out again only once no tensor, nor view of one, refers to it; at
+    most KEEP are kept (a caller holding every result gets fresh ones)."""
+    import numpy
+
+    from torch_plugin.placement.backends import OutputBuffers
+
+    pool = OutputBuffers((4, 5), numpy.dtype(numpy.float32))
+    a = torch.from_numpy(pool.take())
+    b = torch.from_numpy(pool.take())
+    assert a.data_ptr() != b.data_ptr()
+    view = a[1:]
+    del a
+    c = torch.from_numpy(pool.take())  # a's array is still held by the view
+    assert len({view.data_ptr() - 20, b.data_ptr(), c.data_ptr()}) == 3
+    assert len(pool.arrays) == OutputBuffers.KEEP == 2
+    del view
+    assert torch.from_numpy(pool.take()).data_ptr() == pool.arrays[0].ctypes.data
 
 
 @pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")

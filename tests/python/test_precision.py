@@ -16,6 +16,7 @@ from torch_plugin.models import hf_suite, output_tensors
 from torch_plugin.placement import backends as placement_backends
 from torch_plugin.placement.precision import (
     TOLERANCE,
+    defer_output_casts,
     fold_constants,
     lower_precision_graph,
     output_error,
@@ -164,6 +165,53 @@ def test_lowering_casts_matmuls_and_folds_the_weight_casts() -> None:
     ref = lin(inp)
     assert 0 < output_error((out,), (ref,)) <= TOLERANCE["bf16"]
     assert fold_constants(low) == 0  # nothing left to fold
+
+
+def _linear_graph(rows: int, cols: int) -> tuple[torch.fx.GraphModule, torch.Tensor]:
+    """addmm of a [rows, 16] input by frozen weights (get_attr) to `cols` outputs."""
+    lin = torch.nn.Linear(16, cols)
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(rows, 16)
+    wn, bn = g.get_attr("w"), g.get_attr("b")
+    mm = g.call_function(
+        torch.ops.aten.addmm.default, (bn, x, g.call_function(torch.ops.aten.t.default, (wn,)))
+    )
+    mm.meta["val"] = torch.empty(rows, cols)
+    g.output((mm,))
+    weights = {"w": lin.weight.detach(), "b": lin.bias.detach()}
+    return torch.fx.GraphModule(weights, g), torch.randn(rows, 16)
+
+
+def test_large_outputs_are_cast_back_outside_the_graph() -> None:
+    """An output from DEFER_CAST_MIN_BYTES on leaves the lowered graph in bf16, its cast back to
+    f32 the caller's (into memory it reuses); a smaller one is cast in the graph."""
+    gm, x = _linear_graph(4, 8)
+    low = lower_precision_graph(gm, [x], "bf16")
+    assert defer_output_casts(low) == [None]  # 128 bytes: cast in the graph
+    assert low(x)[0].dtype == torch.float32
+    assert defer_output_casts(low, min_bytes=128) == [torch.float32]
+    (out,) = low(x)
+    assert out.dtype == torch.bfloat16
+    back = [n for n in low.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    assert [n.kwargs["dtype"] for n in back] == [torch.bfloat16]  # the input's cast alone
+
+
+def test_inductor_casts_a_large_bf16_output_into_memory_no_result_holds() -> None:
+    """Inductor at bf16 returns a large output in the graph's dtype (f32), cast outside the
+    compiled graph into arrays it hands out again: a result the caller holds is never written
+    by the next call, and every result matches the graph."""
+    gm, x = _linear_graph(256, 4096)  # 4 MB of f32 output
+    (inductor,) = [b for b in placement_backends.get_backends(["inductor"], "bf16")[1:]]
+    with torch.no_grad():
+        fn = inductor.compile(gm, [x], "graph")
+        first = fn(x)[0]
+        kept = first.clone()
+        second = fn(x * 2.0)[0]
+        want = gm(x * 2.0)[0]
+    assert first.dtype == second.dtype == torch.float32
+    assert first.data_ptr() != second.data_ptr() and torch.equal(first, kept)
+    assert 0 < output_error((second,), (want,)) <= TOLERANCE["bf16"]
 
 
 def test_output_error_is_infinite_where_outputs_cannot_be_compared() -> None:

@@ -18,6 +18,7 @@ import math
 import operator
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -110,10 +111,12 @@ class InductorBackend(Backend):
         # The inputs are given as fake tensors of static shapes: real ones, AOTAutograd would
         # make every size a symbol of that shape env, and Inductor then spent a third of its
         # compile on symbolic size arithmetic (ResNet-50: 17.4 s against 11.2 s).
+        casts: list[Any] = []
         if self.compute != "f32":
-            from .precision import lower_precision_graph
+            from .precision import defer_output_casts, lower_precision_graph
 
             gm = lower_precision_graph(gm, inputs, self.compute)
+            casts = defer_output_casts(gm)
         mode = FakeTensorMode(shape_env=ShapeEnv())
         fake_inputs = [
             mode.from_tensor(x, static_shapes=True)
@@ -132,7 +135,8 @@ class InductorBackend(Backend):
         ):
             warnings.simplefilter("ignore")
             compiled = compile_fx(gm, fake_inputs)
-        return _with_strides(compiled, inputs)
+        compiled = _with_strides(compiled, inputs)
+        return _cast_outputs(compiled, casts) if any(c is not None for c in casts) else compiled
 
 
 def _graph_key(gm: fx.GraphModule, inputs: Sequence[Any], compute: str) -> Any:
@@ -173,6 +177,30 @@ def _with_strides(fn: Any, inputs: Sequence[Any]) -> Any:
     return run
 
 
+def _cast_outputs(fn: Any, casts: Sequence[Any]) -> Any:
+    """`fn` with its outputs cast to `casts[i]` where not None (precision.defer_output_casts),
+    each into an array no earlier result still holds (OutputBuffers); a dtype numpy lacks, a
+    non-contiguous or non-CPU output is cast as torch casts it."""
+    import numpy
+
+    np_dtypes = {torch.float32: numpy.float32, torch.float64: numpy.float64}
+    pools: dict[tuple[Any, ...], OutputBuffers] = {}
+
+    def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in np_dtypes or not x.is_contiguous() or x.device.type != "cpu":
+            return x.to(dtype)
+        key = (tuple(x.shape), dtype)
+        if key not in pools:
+            pools[key] = OutputBuffers(key[0], numpy.dtype(np_dtypes[dtype]))
+        return torch.from_numpy(pools[key].take()).copy_(x)
+
+    def run(*args: Any) -> Any:
+        outs = fn(*args)
+        return type(outs)(o if c is None else cast(o, c) for o, c in zip(outs, casts, strict=True))
+
+    return run
+
+
 class _NumpyBackend(Backend):
     """Shared by the backends that take numpy arrays and return numpy arrays."""
 
@@ -204,7 +232,6 @@ class OpenVINOBackend(_NumpyBackend):
     compile_s_per_node = 0.001  # 0.3-0.8 s per real-size graph
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
-        import numpy
         import openvino as ov
 
         self._check_inputs(inputs)
@@ -238,16 +265,15 @@ class OpenVINOBackend(_NumpyBackend):
         )
         request = compiled.create_infer_request()
         outputs = list(compiled.outputs)
-        preset = _preset_outputs(outputs)
+        preset = [(i, OutputBuffers(shape, dtype)) for i, shape, dtype in _preset_outputs(outputs)]
 
         def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            # Large outputs are written by OpenVINO straight into fresh tensors of ours; the
-            # rest are views of its buffers (reused by the next call), copied once.
+            # Large outputs are written by OpenVINO straight into tensors of ours, each one no
+            # earlier output still holds; the rest are views of its buffers (reused by the
+            # next call), copied once.
             fresh = {}
-            for i, shape, dtype in preset:
-                # numpy's buffers: it asks for huge pages where the kernel offers them on
-                # request (torch.empty does not), so a large output faults in 2 MB at a time.
-                a = numpy.empty(shape, dtype)
+            for i, buffers in preset:
+                a = buffers.take()
                 request.set_output_tensor(i, ov.Tensor(a, shared_memory=True))
                 fresh[i] = torch.from_numpy(a)
             res = request.infer(
@@ -258,6 +284,7 @@ class OpenVINOBackend(_NumpyBackend):
                 for i, o in enumerate(outputs)
             )
 
+        run.output_buffers = dict(preset)  # type: ignore[attr-defined] - what the tests inspect
         return run
 
     @functools.cached_property
@@ -320,6 +347,38 @@ class OpenVINOBackend(_NumpyBackend):
 # Outputs from this size on are preset (OpenVINO writes into a tensor of ours); smaller ones are
 # copied out, which costs less than presetting (about 2 us) below it.
 PRESET_MIN_BYTES = 64 << 10
+
+
+class OutputBuffers:
+    """Arrays for one output of a compiled graph, each handed out again once nothing holds it.
+
+    A fresh array per call is fresh memory per call: past glibc's mmap threshold (32 MB at
+    most) every allocation is mapped anew and faults in on first write. GPT-2's 206 MB of f32
+    logits at batch 8 cost 73 ms a call in 4 KB faults, 16 ms in numpy's huge pages, and on a
+    VM that reports free memory to its host the huge pages stalled whole calls by 150-250 ms
+    (the host faults them in again). An array that no tensor, view or request refers to any
+    more (its reference count: only this pool's) is written again instead. A caller that keeps
+    each output (`out = model(x)` holds the last one during the next call) gets the other of
+    two arrays; one that keeps more gets fresh ones, never one it still holds."""
+
+    KEEP = 2  # arrays kept for reuse: a loop that holds the last output alternates two
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+        self.shape, self.dtype = shape, dtype
+        self.arrays: list[Any] = []
+
+    def take(self) -> Any:
+        import numpy
+
+        for k in range(len(self.arrays)):
+            # References: this list's and getrefcount's argument. Any other (a tensor made by
+            # torch.from_numpy, its views through the storage, OpenVINO's tensor) keeps it.
+            if sys.getrefcount(self.arrays[k]) <= 2:
+                return self.arrays[k]
+        a = numpy.empty(self.shape, self.dtype)
+        if len(self.arrays) < self.KEEP:
+            self.arrays.append(a)
+        return a
 
 
 def _preset_outputs(outputs: Sequence[Any]) -> list[tuple[int, tuple[int, ...], Any]]:
