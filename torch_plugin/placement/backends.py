@@ -18,9 +18,9 @@ import math
 import operator
 import os
 import shutil
-import sys
 import tempfile
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -356,29 +356,36 @@ class OutputBuffers:
     most) every allocation is mapped anew and faults in on first write. GPT-2's 206 MB of f32
     logits at batch 8 cost 73 ms a call in 4 KB faults, 16 ms in numpy's huge pages, and on a
     VM that reports free memory to its host the huge pages stalled whole calls by 150-250 ms
-    (the host faults them in again). An array that no tensor, view or request refers to any
-    more (its reference count: only this pool's) is written again instead. A caller that keeps
-    each output (`out = model(x)` holds the last one during the next call) gets the other of
-    two arrays; one that keeps more gets fresh ones, never one it still holds."""
+    (the host faults them in again). So each array is handed out as a view of it, and written
+    again only once that view is gone: the tensor torch.from_numpy makes of it holds it, and so
+    do that tensor's views (through its storage) and OpenVINO's tensor. A weak reference tells,
+    where a reference count would depend on the interpreter. A caller that keeps each output
+    (`out = model(x)` holds the last one during the next call) gets the other of two arrays;
+    one that keeps more gets fresh ones, never one it still holds."""
 
     KEEP = 2  # arrays kept for reuse: a loop that holds the last output alternates two
 
     def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
         self.shape, self.dtype = shape, dtype
-        self.arrays: list[Any] = []
+        self.slots: list[tuple[Any, weakref.ref[Any]]] = []  # (array, its view handed out)
+
+    @property
+    def arrays(self) -> list[Any]:
+        return [a for a, _ in self.slots]
 
     def take(self) -> Any:
         import numpy
 
-        for k in range(len(self.arrays)):
-            # References: this list's and getrefcount's argument. Any other (a tensor made by
-            # torch.from_numpy, its views through the storage, OpenVINO's tensor) keeps it.
-            if sys.getrefcount(self.arrays[k]) <= 2:
-                return self.arrays[k]
+        for k, (a, handed) in enumerate(self.slots):
+            if handed() is None:
+                view = a.view()
+                self.slots[k] = (a, weakref.ref(view))
+                return view
         a = numpy.empty(self.shape, self.dtype)
-        if len(self.arrays) < self.KEEP:
-            self.arrays.append(a)
-        return a
+        view = a.view()
+        if len(self.slots) < self.KEEP:
+            self.slots.append((a, weakref.ref(view)))
+        return view
 
 
 def _preset_outputs(outputs: Sequence[Any]) -> list[tuple[int, tuple[int, ...], Any]]:
