@@ -179,24 +179,27 @@ def _with_strides(fn: Any, inputs: Sequence[Any]) -> Any:
 
 def _cast_outputs(fn: Any, casts: Sequence[Any]) -> Any:
     """`fn` with its outputs cast to `casts[i]` where not None (precision.defer_output_casts),
-    each into an array no earlier result still holds (OutputBuffers); a dtype numpy lacks, a
-    non-contiguous or non-CPU output is cast as torch casts it."""
+    each into an array no earlier result still holds (OutputBuffers, one per output); a dtype
+    numpy lacks, a non-contiguous or non-CPU output is cast as torch casts it."""
     import numpy
 
     np_dtypes = {torch.float32: numpy.float32, torch.float64: numpy.float64}
-    pools: dict[tuple[Any, ...], OutputBuffers] = {}
+    pools: dict[int, OutputBuffers] = {}
 
-    def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def cast(i: int, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if dtype not in np_dtypes or not x.is_contiguous() or x.device.type != "cpu":
             return x.to(dtype)
-        key = (tuple(x.shape), dtype)
-        if key not in pools:
-            pools[key] = OutputBuffers(key[0], numpy.dtype(np_dtypes[dtype]))
-        return torch.from_numpy(pools[key].take()).copy_(x)
+        pool = pools.get(i)
+        if pool is None or pool.shape != tuple(x.shape):
+            pool = pools[i] = OutputBuffers(tuple(x.shape), numpy.dtype(np_dtypes[dtype]))
+        return torch.from_numpy(pool.take()).copy_(x)
 
     def run(*args: Any) -> Any:
         outs = fn(*args)
-        return type(outs)(o if c is None else cast(o, c) for o, c in zip(outs, casts, strict=True))
+        return type(outs)(
+            o if c is None else cast(i, o, c)
+            for i, (o, c) in enumerate(zip(outs, casts, strict=True))
+        )
 
     return run
 
@@ -271,16 +274,16 @@ class OpenVINOBackend(_NumpyBackend):
             # Large outputs are written by OpenVINO straight into tensors of ours, each one no
             # earlier output still holds; the rest are views of its buffers (reused by the
             # next call), copied once.
-            fresh = {}
+            written = {}
             for i, buffers in preset:
                 a = buffers.take()
                 request.set_output_tensor(i, ov.Tensor(a, shared_memory=True))
-                fresh[i] = torch.from_numpy(a)
+                written[i] = torch.from_numpy(a)
             res = request.infer(
                 [a.detach().numpy() for a in args], share_inputs=True, share_outputs=True
             )
             return tuple(
-                fresh[i] if i in fresh else torch.from_numpy(res[o].copy())
+                written[i] if i in written else torch.from_numpy(res[o].copy())
                 for i, o in enumerate(outputs)
             )
 
