@@ -32,6 +32,11 @@ PAGES = {
         "real_size_inference.py",
         "features/default_compile",
     ),
+    "varying_lengths": (
+        "CPU inference on padded batches of changing lengths",
+        "varying_lengths.py",
+        "features/default_compile",
+    ),
     "checkpoint": ("Checkpoints and restarts", "checkpoint.py", "reliability"),
     "placement": ("Backend placement", "placement.py", PLACE),
     "placement_full": ("Backend placement, published shapes", "placement.py --full-size", PLACE),

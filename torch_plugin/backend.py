@@ -232,7 +232,11 @@ def _place(
         not isinstance(x, torch.Tensor) or not isinstance(x, torch._subclasses.FakeTensor)
         for x in example_inputs
     ):
-        real = list(example_inputs)
+        # A dynamic graph's sizes come as Dynamo's symbols: measured at their values (using a
+        # symbol as an int would specialise the graph to it).
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+        real = [optimization_hint(x) if isinstance(x, torch.SymInt) else x for x in example_inputs]
     from torch._dispatch.python import no_python_dispatcher
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -287,18 +291,12 @@ def _auto_placement_options(base: Any, kind: str, freezable: bool) -> Any:
 
 
 def _symbolic(gm: fx.GraphModule) -> bool:
-    """Whether a graph input has a symbolic size (a dynamic-shape graph), which the default
-    placement does not measure: measuring needs concrete sizes, and reading a symbol's hint
-    would specialise the graph."""
-    for n in gm.graph.nodes:
-        if n.op != "placeholder":
-            continue
-        v = n.meta.get("val")
-        if isinstance(v, torch.SymInt):
-            return True
-        if isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape):
-            return True
-    return False
+    """Whether a graph input has a symbolic size (a dynamic-shape graph): the default placement
+    measures such an inference graph at the sizes of the call that compiled it, on compilers
+    that keep the sizes symbolic only; a training graph runs as aot_eager."""
+    from .placement.backends import symbolic_placeholders
+
+    return any(symbolic_placeholders(gm))
 
 
 def rewrite_aten_graph(
@@ -337,7 +335,10 @@ def rewrite_aten_graph(
         new_gm = fx_bridge.from_ir(new_graph, ctx)
         if opts.runs("placement") or (opts.auto and cache_manager is None):
             has_random = fx_bridge.has_random_ops(new_graph)
-            if opts.auto and _symbolic(new_gm):
+            if opts.auto and _symbolic(new_gm) and (kind != "inference" or example_inputs is None):
+                # An inference graph's whole graph goes to a compiler that keeps its sizes
+                # symbolic (whole_graph.py); a training graph's candidates (Inductor) compile
+                # for the sizes they are shown.
                 log.info(
                     "torch_plugin: %s graph with symbolic sizes (dynamic shapes) runs as "
                     "aot_eager would; compile with dynamic=False to have it placed",

@@ -49,6 +49,10 @@ class Backend:
     # compiles on a 2-core machine (bert-base, GPT-2, ResNet-50, ViT-B/16, T5-base): the search
     # skips a compiler that would overrun its budget (placement_search.h).
     compile_s_per_node = 0.0
+    # Whether it compiles a graph whose sizes are symbolic (a dynamic-shape graph) into code
+    # for every size, taking the symbols' values as integer arguments. The others compile for
+    # the sizes they are shown and must not be given such a graph.
+    dynamic_shapes = False
     # Device types whose tensors the compiled graph takes; a graph on another device never
     # sees this backend (for_device).
     devices: tuple[str, ...] = ("cpu", "cuda")
@@ -72,6 +76,7 @@ class AtenBackend(Backend):
 
     name = rule_set = "aten"
     rtol = atol = 0.0
+    dynamic_shapes = True
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
         return gm
@@ -233,13 +238,22 @@ class OpenVINOBackend(_NumpyBackend):
     graph_level = True
     rtol = atol = 1e-3
     compile_s_per_node = 0.001  # 0.3-0.8 s per real-size graph
+    # Its model keeps a symbolic size as a dynamic dimension (-1) and takes each symbol's
+    # value as a 1-element int64 input, as its own torch.compile backend does.
+    dynamic_shapes = True
 
-    def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
+    def compile(self, gm: fx.GraphModule, inputs: Sequence[Any], rule: str) -> Compiled:
         import openvino as ov
 
+        symbolic = symbolic_placeholders(gm)
+        # A dynamic graph's sizes are read off its tensors' shapes inside the model (what
+        # OpenVINO's frontend converts): their arguments are dropped.
+        gm, keep = _sizes_from_shapes(gm)
+        inputs = [inputs[i] for i in keep]
         self._check_inputs(inputs)
         gm = _with_kv_heads_repeated(_without_legacy_empty_cat_inputs(gm))
-        if self.compute == "f32":  # MLAS runs f32 only: at bf16 oneDNN runs every matmul
+        # Its matmul kernels are timed at the graph's sizes, which a dynamic graph has not.
+        if self.compute == "f32" and not any(symbolic):  # MLAS runs f32 only: at bf16 oneDNN
             try:
                 gm = self._steered(gm)
             except Exception as e:  # noqa: BLE001 - the graph as it is still converts
@@ -254,6 +268,8 @@ class OpenVINOBackend(_NumpyBackend):
             try:
                 model = self._convert_fx(gm, inputs)
             except Exception:  # noqa: BLE001 - TorchScript's frontend may take what FX's cannot
+                if any(symbolic):  # a trace fixes the sizes it is shown
+                    raise
                 model = ov.convert_model(gm, example_input=tuple(inputs))
         # f32 unless the precision option allows bf16: OpenVINO would otherwise pick bf16 on
         # CPUs that have it.
@@ -269,11 +285,14 @@ class OpenVINOBackend(_NumpyBackend):
         request = compiled.create_infer_request()
         outputs = list(compiled.outputs)
         preset = [(i, OutputBuffers(shape, dtype)) for i, shape, dtype in _preset_outputs(outputs)]
+        dropped = len(keep) != len(symbolic)
 
-        def run(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def run(*args: Any) -> tuple[torch.Tensor, ...]:
             # Large outputs are written by OpenVINO straight into tensors of ours, each one no
             # earlier output still holds; the rest are views of its buffers (reused by the
             # next call), copied once.
+            if dropped:
+                args = tuple(args[i] for i in keep)
             written = {}
             for i, buffers in preset:
                 a = buffers.take()
@@ -333,18 +352,77 @@ class OpenVINOBackend(_NumpyBackend):
         frontend = FrontEndManager().load_by_framework("pytorch")
         # Held in a local until convert() returns: the frontend calls back into this Python
         # object, and a temporary is collected first ("pure virtual function" in convert).
-        decoder = TorchFXPythonDecoder(gm)
+        vals = _placeholder_vals(gm)
+        if any(symbolic_placeholders(gm)):
+            # A dynamic graph: each symbolic dimension dynamic (-1) from the start.
+            dyn = torch.SymInt
+            shapes = [[-1 if isinstance(d, dyn) else int(d) for d in v.shape] for v in vals]
+            dtypes = [x.dtype for x in inputs]
+            decoder = TorchFXPythonDecoder(gm, input_shapes=shapes, input_types=dtypes)
+        else:
+            decoder = TorchFXPythonDecoder(gm)
         model = frontend.convert(frontend.load(decoder))
         del decoder
         if len(model.inputs) != len(inputs):
             raise BackendError(f"{len(model.inputs)} model inputs for {len(inputs)} arguments")
-        for port, x in zip(model.inputs, inputs, strict=True):
+        for port, x, val in zip(model.inputs, inputs, vals, strict=True):
             if x.dtype not in types:
                 raise BackendError(f"input dtype {x.dtype}")
             port.get_node().set_element_type(types[x.dtype])
-            port.get_node().set_partial_shape(ov.PartialShape(list(x.shape)))
+            # A symbolic size stays a dynamic dimension; the others are fixed at their value.
+            shape = val.shape if isinstance(val, torch.Tensor) else x.shape
+            dims = [-1 if isinstance(d, torch.SymInt) else int(d) for d in shape]
+            port.get_node().set_partial_shape(ov.PartialShape(dims))
         model.validate_nodes_and_infer_types()
         return model
+
+
+def _sizes_from_shapes(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[int]]:
+    """`gm` (a copy where it changes) with each placeholder that is a symbolic size replaced by
+    that dimension of a tensor placeholder (aten.sym_size), and the placeholders it keeps, by
+    index. Dynamo passes a dynamic graph's sizes as int arguments beside the tensors they size;
+    OpenVINO's frontend converts a size read off a shape, as in the graphs its own backend
+    gets, but no int argument that every op takes (aten.slice wants it 1-D, a size list 0-D)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    sizes = [n for n in placeholders if isinstance(n.meta.get("val"), torch.SymInt)]
+    if not sizes:
+        return gm, list(range(len(placeholders)))
+    dims: dict[Any, tuple[str, int]] = {}  # symbol -> (tensor placeholder, dimension)
+    for n in placeholders:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            for d, size in enumerate(v.shape):
+                if isinstance(size, torch.SymInt):
+                    dims.setdefault(size.node.expr, (n.name, d))
+    missing = [n.name for n in sizes if n.meta["val"].node.expr not in dims]
+    if missing:
+        raise BackendError(f"the sizes {missing} are no tensor argument's dimension")
+    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    by_name = {n.name: n for n in gm.graph.nodes}
+    first = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for old in [by_name[n.name] for n in sizes]:
+        tensor, d = dims[old.meta["val"].node.expr]
+        with gm.graph.inserting_before(first):
+            new = gm.graph.call_function(torch.ops.aten.sym_size.int, (by_name[tensor], d))
+        new.meta = dict(old.meta)
+        old.replace_all_uses_with(new)
+        gm.graph.erase_node(old)
+    gm.recompile()
+    size_names = {n.name for n in sizes}
+    return gm, [i for i, n in enumerate(placeholders) if n.name not in size_names]
+
+
+def _placeholder_vals(gm: fx.GraphModule) -> list[Any]:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def symbolic_placeholders(gm: fx.GraphModule) -> list[bool]:
+    """Per placeholder: whether it is a symbolic size (an int argument) or a tensor with one."""
+    return [
+        isinstance(v, torch.SymInt)
+        or (isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape))
+        for v in _placeholder_vals(gm)
+    ]
 
 
 # Outputs from this size on are preset (OpenVINO writes into a tensor of ours); smaller ones are

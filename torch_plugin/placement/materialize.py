@@ -159,6 +159,10 @@ def _eager_stride(n: fx.Node) -> tuple[int, ...] | None:
     val = n.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return None
+    # Symbolic strides (a dynamic graph): reading them as ints would specialise the graph to
+    # the sizes it was traced at, and Dynamo would compile it again for every other size.
+    if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+        return None
     try:
         stride = tuple(int(s) for s in val.stride())
         # Only a dense layout can be rebuilt with empty_strided (not an expand's zero strides).

@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from .. import _C, fx_bridge
 from .artifacts import artifact_dir, tensor_bytes
-from .backends import InductorBackend, for_device, get_backends
+from .backends import InductorBackend, for_device, get_backends, symbolic_placeholders
 from .cache import ProfileCache, device_key, machine_key
 from .cuda_graphs import CudaGraphBackend
 from .planner import (
@@ -71,6 +71,13 @@ def place_whole_graph_first(
     inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
     device = device_key(inputs)
     backends = for_device(get_backends(opts.backends, compute, opts.cache_path), device)
+    # A dynamic-shape graph (its sizes symbols, their values arguments) goes only to compilers
+    # that keep its sizes symbolic: the others compile for the sizes they are shown, which the
+    # next call's may not be. Nor does the finer search take it (it measures regions at fixed
+    # sizes).
+    dynamic = any(symbolic_placeholders(gm))
+    if dynamic:
+        backends = [b for b in backends if b.dynamic_shapes]
     by_name = {b.name: b for b in backends}
     if (
         device.startswith("cuda")
@@ -233,10 +240,10 @@ def place_whole_graph_first(
                             budget_s=float(opts.time_budget_s) if always_refine else 0.0,
                             budget_factor=float(opts.budget_factor),
                             fallback_budget_s=float(opts.time_budget_s),
-                            allow_refine=bool(opts.allow_refine and opts.evolve),
-                            always_refine=always_refine,
+                            allow_refine=bool(opts.allow_refine and opts.evolve) and not dynamic,
+                            always_refine=always_refine and not dynamic,
                             refine_candidates=len(nodes),
-                            lower_bound_s=lower_bounds(graph, backends, inputs),
+                            lower_bound_s={} if dynamic else lower_bounds(graph, backends, inputs),
                             expected_compile_s={
                                 b.name: rates.get(b.name, b.compile_s_per_node) * len(nodes)
                                 for b in backends
@@ -251,6 +258,12 @@ def place_whole_graph_first(
             if plan["notes"]:
                 log.info("torch_plugin placement: %s", plan["notes"])
             plan["cached"] = False
+            if dynamic:
+                plan["reason"] = (
+                    "sizes symbolic (dynamic shapes): only compilers that keep them so ("
+                    + (", ".join(compilers) or "none here")
+                    + "), no finer search"
+                )
             plan["failures"] = failures
             plan["errors"] = errors
             plan["precision"] = precision
