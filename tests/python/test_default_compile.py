@@ -393,6 +393,25 @@ def test_a_dynamic_inference_graph_runs_on_a_compiler_that_keeps_its_sizes_symbo
     assert "onnxruntime" not in dynamic and "sizes symbolic" in dynamic, dynamic
 
 
+def test_a_size_no_tensor_argument_has_is_a_logged_fallback(tmp_path, fixed_profile) -> None:
+    """An int argument made a symbol (dynamic=True) that sizes no tensor argument: OpenVINO's
+    copy cannot read it off a shape, so OpenVINO is reported failed and eager runs the graph."""
+    pytest.importorskip("openvino")
+    fixed_profile({"openvino": 1e-5})
+    lin = torch.nn.Linear(8, 8).eval()
+
+    def head(x: torch.Tensor, n: int) -> torch.Tensor:
+        return lin(x)[:n] * 2
+
+    f = torch.compile(head, backend="torch_plugin", options=_opts(tmp_path), dynamic=True)
+    with collect_stats() as stats, torch.no_grad():
+        for n in (3, 5):
+            x = torch.randn(7, 8)
+            torch.testing.assert_close(f(x, n), head(x, n))
+    line = _summaries(stats)[0]
+    assert ": eager (" in line and "openvino failed" in line, line
+
+
 def test_a_dynamic_training_graph_runs_as_aot_eager(tmp_path, caplog) -> None:
     mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     g = torch.compile(mlp, backend="torch_plugin", options=_opts(tmp_path), dynamic=True)
