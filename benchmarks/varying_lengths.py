@@ -86,34 +86,22 @@ def batches(vocab: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def contenders(model: torch.nn.Module, example: tuple, which: list[str]) -> dict[str, Any]:
-    import torch._inductor.config as inductor_config
+    """name -> a callable. Eager, Inductor and ours as real_size_inference sets them up (they
+    take any length as they are); OpenVINO and ONNX Runtime exported for any length."""
+    try:
+        from benchmarks.real_size_inference import contenders as same_as_fixed_sizes
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from real_size_inference import contenders as same_as_fixed_sizes
 
     out: dict[str, Any] = {}
     threads = torch.get_num_threads()
     for name in which:
-        if name == "eager":
-            out[name] = model
-        elif name.startswith("inductor_freezing"):
-            compiled = torch.compile(model)
-            bf16 = name.endswith("bf16")
-
-            def run(*a: Any, compiled: Any = compiled, bf16: bool = bf16) -> Any:
-                with (
-                    inductor_config.patch(freezing=True),
-                    torch.autocast("cpu", torch.bfloat16, enabled=bf16),
-                ):
-                    return compiled(*a)
-
-            out[name] = run
-        elif name.startswith("ov_convert"):
+        if name.startswith("ov_convert"):
             out[name] = _ov_convert(model, example, threads, f32=name.endswith("f32"))
         elif name == "onnxruntime":
             out[name] = _onnxruntime(model, example, threads)
-        elif name.startswith("ours"):
-            import torch_plugin  # noqa: F401 - registers the backend
-
-            opts = {"precision": "bf16"} if name.endswith("bf16") else {}
-            out[name] = torch.compile(model, backend="torch_plugin", options=opts)
+        else:
+            out.update(same_as_fixed_sizes(model, example, [name]))
     return out
 
 
