@@ -49,9 +49,9 @@ class Backend:
     # compiles on a 2-core machine (bert-base, GPT-2, ResNet-50, ViT-B/16, T5-base): the search
     # skips a compiler that would overrun its budget (placement_search.h).
     compile_s_per_node = 0.0
-    # Whether it compiles a graph whose sizes are symbolic (a dynamic-shape graph) into code
-    # for every size, taking the symbols' values as integer arguments. The others compile for
-    # the sizes they are shown and must not be given such a graph.
+    # Whether it compiles a graph whose sizes are symbolic (a dynamic-shape graph, called with
+    # the symbols' values among its arguments) into code for every size. The others compile
+    # for the sizes they are shown and must not be given such a graph.
     dynamic_shapes = False
     # Device types whose tensors the compiled graph takes; a graph on another device never
     # sees this backend (for_device).
@@ -238,8 +238,8 @@ class OpenVINOBackend(_NumpyBackend):
     graph_level = True
     rtol = atol = 1e-3
     compile_s_per_node = 0.001  # 0.3-0.8 s per real-size graph
-    # Its model keeps a symbolic size as a dynamic dimension (-1) and takes each symbol's
-    # value as a 1-element int64 input, as its own torch.compile backend does.
+    # Its model keeps a symbolic size as a dynamic dimension (-1) and reads each symbol's value
+    # off a tensor argument's shape (_sizes_from_shapes).
     dynamic_shapes = True
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[Any], rule: str) -> Compiled:
@@ -352,11 +352,16 @@ class OpenVINOBackend(_NumpyBackend):
         frontend = FrontEndManager().load_by_framework("pytorch")
         # Held in a local until convert() returns: the frontend calls back into this Python
         # object, and a temporary is collected first ("pure virtual function" in convert).
-        vals = _placeholder_vals(gm)
-        if any(symbolic_placeholders(gm)):
-            # A dynamic graph: each symbolic dimension dynamic (-1) from the start.
-            dyn = torch.SymInt
-            shapes = [[-1 if isinstance(d, dyn) else int(d) for d in v.shape] for v in vals]
+        # Each input's shape with its symbolic sizes dynamic (-1), the others fixed.
+        shapes = [
+            [-1 if isinstance(d, torch.SymInt) else int(d) for d in shape]
+            for shape in (
+                v.shape if isinstance(v, torch.Tensor) else x.shape
+                for v, x in zip(_placeholder_vals(gm), inputs, strict=True)
+            )
+        ]
+        if any(-1 in shape for shape in shapes):
+            # A dynamic graph: dynamic from the start, so that conversion keeps them so.
             dtypes = [x.dtype for x in inputs]
             decoder = TorchFXPythonDecoder(gm, input_shapes=shapes, input_types=dtypes)
         else:
@@ -365,14 +370,11 @@ class OpenVINOBackend(_NumpyBackend):
         del decoder
         if len(model.inputs) != len(inputs):
             raise BackendError(f"{len(model.inputs)} model inputs for {len(inputs)} arguments")
-        for port, x, val in zip(model.inputs, inputs, vals, strict=True):
+        for port, x, shape in zip(model.inputs, inputs, shapes, strict=True):
             if x.dtype not in types:
                 raise BackendError(f"input dtype {x.dtype}")
             port.get_node().set_element_type(types[x.dtype])
-            # A symbolic size stays a dynamic dimension; the others are fixed at their value.
-            shape = val.shape if isinstance(val, torch.Tensor) else x.shape
-            dims = [-1 if isinstance(d, torch.SymInt) else int(d) for d in shape]
-            port.get_node().set_partial_shape(ov.PartialShape(dims))
+            port.get_node().set_partial_shape(ov.PartialShape(shape))
         model.validate_nodes_and_infer_types()
         return model
 
