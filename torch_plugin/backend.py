@@ -308,6 +308,8 @@ def rewrite_aten_graph(
     example_inputs: Sequence[Any] | None = None,
 ) -> fx.GraphModule:
     """Round-trips one ATen graph through the C++ pipeline; falls back to `gm` on failure."""
+    from torch._dynamo.exc import RestartAnalysis
+
     t0 = time.perf_counter()
     record: dict[str, Any] = {"kind": kind, "nodes": len(gm.graph.nodes), "fallback": None}
     try:
@@ -335,10 +337,9 @@ def rewrite_aten_graph(
         new_gm = fx_bridge.from_ir(new_graph, ctx)
         if opts.runs("placement") or (opts.auto and cache_manager is None):
             has_random = fx_bridge.has_random_ops(new_graph)
-            if opts.auto and _symbolic(new_gm) and (kind != "inference" or example_inputs is None):
-                # An inference graph's whole graph goes to a compiler that keeps its sizes
-                # symbolic (whole_graph.py); a training graph's candidates (Inductor) compile
-                # for the sizes they are shown.
+            if opts.auto and _symbolic(new_gm) and kind == "inference" and example_inputs is None:
+                # Its whole graph goes to a compiler that keeps its sizes symbolic, measured at
+                # the call's sizes (whole_graph.py), which are not known here.
                 log.info(
                     "torch_plugin: %s graph with symbolic sizes (dynamic shapes) runs as "
                     "aot_eager would; compile with dynamic=False to have it placed",
@@ -367,6 +368,8 @@ def rewrite_aten_graph(
             flops=sum(e[3] for e in estimates if e[5]),
             bytes=sum(e[4] for e in estimates if e[5]),
         )
+    except RestartAnalysis:  # Dynamo's to handle: it traces the frame again (whole_graph.py)
+        raise
     except Exception as e:  # noqa: BLE001 - any failure of ours must not break the user's model
         if opts.on_error == "raise":
             raise

@@ -364,33 +364,66 @@ def test_graphs_that_write_their_inputs_run_as_aot_eager(tmp_path, caplog) -> No
     assert any("writes into its inputs" in r.getMessage() for r in caplog.records)
 
 
+def _padded_batch(vocab: int, length: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, vocab, (2, length))
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[1, length - 5 :] = 0  # the shorter sequence of a padded batch
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 def test_a_dynamic_inference_graph_runs_on_a_compiler_that_keeps_its_sizes_symbolic(
     tmp_path, fixed_profile
 ) -> None:
     """A padded batch of another length makes Dynamo trace again with the sequence length a
     symbol (here from the first call: dynamic=True; a static first graph would cost the test
     Inductor's compile). That graph is placed whole on a compiler that compiles for every size
-    (OpenVINO), never on one that compiles for the sizes it is shown (Inductor, ONNX Runtime
-    here), and serves every length without another compile."""
+    (OpenVINO), never on one that compiles for the sizes it is shown (ONNX Runtime, faster in
+    the stub), and serves every length without another compile."""
     pytest.importorskip("openvino")
-    fixed_profile({"openvino": 1e-5, "inductor": 1e-6, "onnxruntime": 1e-6})
+    fixed_profile({"openvino": 1e-5, "onnxruntime": 1e-6})
     model, _ = hf_suite.build("bert", batch=2)
     model.eval()
-    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path), dynamic=True)
+    opts = _opts(tmp_path, backends=("aten", "openvino", "onnxruntime"))
+    f = torch.compile(model, backend="torch_plugin", options=opts, dynamic=True)
     compiles: list[int] = []
     with collect_stats() as stats, torch.no_grad():
         for length in (16, 24, 20, 31, 9):
-            ids = torch.randint(0, model.config.vocab_size, (2, length))
-            mask = torch.ones(2, length, dtype=torch.long)
-            mask[1, length - 5 :] = 0  # the shorter sequence of a padded batch
-            _close(f(input_ids=ids, attention_mask=mask), model(input_ids=ids, attention_mask=mask))
+            batch = _padded_batch(model.config.vocab_size, length)
+            _close(f(**batch), model(**batch))
             compiles.append(len(_summaries(stats)))
     (dynamic,) = _summaries(stats)
     assert compiles == [1] * 5, compiles
     assert ": openvino (" in dynamic and "weights frozen" in dynamic, dynamic
-    # Inductor and ONNX Runtime, faster in the stub, were not candidates for the dynamic graph.
-    assert "whole graphs: eager" in dynamic and "inductor" not in dynamic, dynamic
+    assert "whole graphs: eager" in dynamic, dynamic
     assert "onnxruntime" not in dynamic and "sizes symbolic" in dynamic, dynamic
+
+
+def test_inductor_compiles_a_dynamic_inference_graph_for_every_length(
+    tmp_path, fixed_profile
+) -> None:
+    """Inductor is a candidate for a dynamic graph too: compiled on the frame's symbolic sizes,
+    as it compiles them as the frame's own backend, frozen weights folded. One program serves
+    lengths shorter and longer than the one it was measured at, within f32 rounding of eager,
+    with no other compile."""
+    fixed_profile({"inductor": 1e-5})
+    model, _ = hf_suite.build("gpt2", batch=2)
+    model.eval()
+    f = torch.compile(
+        model,
+        backend="torch_plugin",
+        options=_opts(tmp_path, backends=("aten", "inductor")),
+        dynamic=True,
+    )
+    compiles: list[int] = []
+    with collect_stats() as stats, torch.no_grad():
+        for length in (12, 20, 7, 33):
+            batch = _padded_batch(model.config.vocab_size, length)
+            _close(f(**batch), model(**batch))
+            compiles.append(len(_summaries(stats)))
+    (dynamic,) = _summaries(stats)
+    assert compiles == [1] * 4, compiles
+    assert ": inductor (" in dynamic and "weights frozen" in dynamic, dynamic
+    assert "sizes symbolic" in dynamic, dynamic
 
 
 def test_a_size_no_tensor_argument_has_is_a_logged_fallback(tmp_path, fixed_profile) -> None:
@@ -412,13 +445,28 @@ def test_a_size_no_tensor_argument_has_is_a_logged_fallback(tmp_path, fixed_prof
     assert ": eager (" in line and "openvino failed" in line, line
 
 
-def test_a_dynamic_training_graph_runs_as_aot_eager(tmp_path, caplog) -> None:
-    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+def test_a_dynamic_training_graph_is_placed_and_its_gradients_are_eagers(
+    tmp_path, fixed_profile
+) -> None:
+    """A training step whose batch size changes (dynamic=True: the size a symbol): forward and
+    backward are placed on Inductor's dynamic compile (faster in the stub) once, and every
+    size's loss and gradients are eager's to f32 rounding."""
+    fixed_profile({"inductor": 1e-5})
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    ref = copy.deepcopy(mlp)
     g = torch.compile(mlp, backend="torch_plugin", options=_opts(tmp_path), dynamic=True)
-    x = torch.randn(5, 8)
-    with caplog.at_level(logging.INFO, "torch_plugin"):
-        torch.testing.assert_close(g(x), mlp(x))
-    assert any("symbolic sizes" in r.getMessage() for r in caplog.records)
+    with collect_stats() as stats:
+        for rows in (5, 9, 3):
+            x = torch.randn(rows, 8)
+            g(x).square().mean().backward()
+            ref(x).square().mean().backward()
+            for p, q in zip(mlp.parameters(), ref.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+                p.grad = q.grad = None
+    lines = _summaries(stats)
+    assert sorted(line.split(" graph")[0] for line in lines) == ["backward", "forward"], lines
+    assert all(": inductor (" in line and "sizes symbolic" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("passes", [[], ["dead_code_elimination"]])

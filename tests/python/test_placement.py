@@ -1455,3 +1455,33 @@ def test_compiles_after_measuring_get_shapes_not_the_recorded_activations(
     with torch.no_grad():
         torch.testing.assert_close(placed(x), want, rtol=1e-4, atol=1e-4)
     assert placed.placement.backend_counts().get("onnxruntime", 0) > 0
+
+
+def test_a_dynamic_inductor_graph_gets_its_inputs_in_the_layout_it_compiled() -> None:
+    """An input of a graph compiled on symbolic sizes is copied to the strides Inductor
+    compiled, evaluated at each call's sizes (a backward gets a forward's activation that
+    another backend laid out otherwise); one already laid out so is passed as it is."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    from torch_plugin.placement.backends import _with_symbolic_strides
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dims = [DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.STATIC]
+    fake = mode.from_tensor(
+        torch.empty(4, 6, 8), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)
+    )
+    length = fake.shape[1]  # the size's own argument, as Dynamo passes it
+    assert isinstance(length, torch.SymInt)
+    seen: list[torch.Tensor] = []
+    fn = _with_symbolic_strides(lambda n, x: seen.append(x) or (x,), [length, fake])
+    laid_out = torch.randn(4, 8, 10).transpose(1, 2)  # another length, transposed
+    fn(10, laid_out)
+    assert seen[-1].stride() == (80, 8, 1) and torch.equal(seen[-1], laid_out)
+    contiguous = torch.randn(4, 13, 8)
+    fn(13, contiguous)
+    assert seen[-1] is contiguous

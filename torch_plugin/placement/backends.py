@@ -87,6 +87,10 @@ class InductorBackend(Backend):
     graph_level = True
     rtol = atol = 1e-3
     compile_s_per_node = 0.025  # 17-73 ms (ResNet-50's convolutions the most)
+    # A dynamic graph is compiled on the enclosing frame's symbolic sizes, as Inductor compiles
+    # it as the frame's own backend: one program for every size, and what it assumes of the
+    # sizes becomes the frame's guards (_frame_fakes).
+    dynamic_shapes = True
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
         # A whole graph is compiled once per search: the CUDA-graph candidate
@@ -115,20 +119,25 @@ class InductorBackend(Backend):
         # env'"): with it a warm compile loads the compiled graph instead of rebuilding it.
         # The inputs are given as fake tensors of static shapes: real ones, AOTAutograd would
         # make every size a symbol of that shape env, and Inductor then spent a third of its
-        # compile on symbolic size arithmetic (ResNet-50: 17.4 s against 11.2 s).
+        # compile on symbolic size arithmetic (ResNet-50: 17.4 s against 11.2 s). A graph whose
+        # sizes are symbols (padded batches of changing length) is compiled on them instead.
+        frame = _frame_fakes(gm)
         casts: list[Any] = []
         if self.compute != "f32":
             from .precision import defer_output_casts, lower_precision_graph
 
-            gm = lower_precision_graph(gm, inputs, self.compute)
+            gm = lower_precision_graph(gm, frame[1] if frame else inputs, self.compute)
             casts = defer_output_casts(gm)
-        mode = FakeTensorMode(shape_env=ShapeEnv())
-        fake_inputs = [
-            mode.from_tensor(x, static_shapes=True)
-            if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor)
-            else x
-            for x in inputs
-        ]
+        if frame is not None:
+            mode, fake_inputs = frame
+        else:
+            mode = FakeTensorMode(shape_env=ShapeEnv())
+            fake_inputs = [
+                mode.from_tensor(x, static_shapes=True)
+                if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor)
+                else x
+                for x in inputs
+            ]
         # Frozen weights (module constants): Inductor's freezing folds and prepacks them, as
         # PyTorch recommends for CPU inference (torch._inductor.config.freezing). It bypasses
         # the FX graph cache.
@@ -140,8 +149,37 @@ class InductorBackend(Backend):
         ):
             warnings.simplefilter("ignore")
             compiled = compile_fx(gm, fake_inputs)
-        compiled = _with_strides(compiled, inputs)
+        compiled = (
+            _with_strides(compiled, inputs)
+            if frame is None
+            else _with_symbolic_strides(compiled, frame[1])
+        )
         return _cast_outputs(compiled, casts) if any(c is not None for c in casts) else compiled
+
+
+def _frame_fakes(gm: fx.GraphModule) -> tuple[Any, list[Any]] | None:
+    """For a graph with symbolic sizes: the enclosing frame's fake mode and its placeholders'
+    fake values (tensors of symbolic sizes, the sizes' SymInts), on which Inductor compiles it
+    as it would as the frame's own backend. Its shape env is the frame's, so whatever Inductor
+    assumes of the sizes (a guard it adds) is checked by Dynamo on every call, and a call that
+    breaks it compiles the frame again. None for a graph of static sizes."""
+    if not any(symbolic_placeholders(gm)):
+        return None
+    from torch._guards import TracingContext, detect_fake_mode
+
+    vals = _placeholder_vals(gm)
+    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    if mode is None or mode.shape_env is None:
+        raise BackendError("a graph with symbolic sizes but no fake values to compile it on")
+    # Only while Dynamo compiles that frame are the guards it adds the frame's (a graph placed
+    # again later, when its frozen weights changed, would add them to guards already built).
+    ctx = TracingContext.try_get()
+    if ctx is None or ctx.fake_mode is not mode:
+        raise BackendError(
+            "a graph with symbolic sizes compiles on Inductor only while Dynamo compiles its "
+            "frame, whose guards then check what Inductor assumes of the sizes"
+        )
+    return mode, vals
 
 
 def _graph_key(gm: fx.GraphModule, inputs: Sequence[Any], compute: str) -> Any:
@@ -177,6 +215,56 @@ def _with_strides(fn: Any, inputs: Sequence[Any]) -> Any:
                     torch.empty_strided(shape, stride, dtype=x.dtype, device=x.device).copy_(x),
                     *args[i + 1 :],
                 )
+        return fn(*args)
+
+    return run
+
+
+def _with_symbolic_strides(fn: Any, vals: Sequence[Any]) -> Any:
+    """_with_strides for a graph of symbolic sizes (`vals`: its placeholders' fake values): each
+    tensor input's strides, as Inductor compiled them, are expressions of the sizes, evaluated
+    at each call's sizes (read off the arguments: a size argument, or a tensor's dimension), and
+    an input laid out otherwise is copied to them. Inputs whose strides use a size no argument
+    gives are left to Inductor's own check."""
+    import sympy
+    from torch.utils._sympy.printers import PythonPrinter
+
+    where: dict[Any, str] = {}  # symbol -> the Python expression reading it off the arguments
+    for i, v in enumerate(vals):
+        if isinstance(v, torch.SymInt) and isinstance(v.node.expr, sympy.Symbol):
+            where.setdefault(v.node.expr, f"a[{i}]")
+        elif isinstance(v, torch.Tensor):
+            for d, size in enumerate(v.shape):
+                if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                    where.setdefault(size.node.expr, f"a[{i}].size({d})")
+    printer = PythonPrinter()
+    subs = {sym: sympy.Symbol(f"_tp_{k}") for k, sym in enumerate(where)}
+    checks: list[tuple[int, str]] = []
+    for i, v in enumerate(vals):
+        if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
+            continue
+        exprs = [
+            s.node.expr if isinstance(s, torch.SymInt) else sympy.Integer(s) for s in v.stride()
+        ]
+        if any(not e.free_symbols <= where.keys() for e in exprs):
+            continue
+        texts = [printer.doprint(e.xreplace(subs)) for e in exprs]
+        checks.append((i, "(" + "".join(t + ", " for t in texts) + ")"))
+    if not checks:
+        return fn
+    names = {f"_tp_{k}": text for k, text in enumerate(where.values())}
+    body = "".join(f"    {n} = {text}\n" for n, text in names.items())
+    body += "    return [" + ", ".join(f"({i}, {t})" for i, t in checks) + "]\n"
+    scope: dict[str, Any] = {"math": math}
+    exec(f"def expected(a):\n{body}", scope)  # noqa: S102 - sympy printed from the graph's sizes
+    expected = scope["expected"]
+
+    def run(*args: Any) -> Any:
+        for i, stride in expected(args):
+            x = args[i]
+            if x.stride() != stride and x.numel() > 1:
+                copied = torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
+                args = (*args[:i], copied.copy_(x), *args[i + 1 :])
         return fn(*args)
 
     return run

@@ -38,6 +38,13 @@ class _Recorder(fx.Interpreter):
 def synthesize_inputs(gm: fx.GraphModule) -> list[Any]:
     """Real tensors shaped like the placeholders' fake values: floats random, ints zero (valid
     indices and positions), bools true."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    # A symbolic size at its value: int() of a symbol would add a guard on it, specialising
+    # the user's dynamic graph to this call's length.
+    def size(d: Any) -> int:
+        return int(optimization_hint(d)) if isinstance(d, torch.SymInt) else int(d)
+
     gen = torch.Generator().manual_seed(0)
     out: list[Any] = []
     for n in gm.graph.nodes:
@@ -45,7 +52,7 @@ def synthesize_inputs(gm: fx.GraphModule) -> list[Any]:
             continue
         v = n.meta.get("val")
         if isinstance(v, torch.Tensor):
-            shape = [int(d) for d in v.shape]
+            shape = [size(d) for d in v.shape]
             if v.dtype.is_floating_point:
                 t = torch.randn(shape, generator=gen, dtype=v.dtype) * 0.5
             elif v.dtype == torch.bool:
@@ -54,12 +61,12 @@ def synthesize_inputs(gm: fx.GraphModule) -> list[Any]:
                 t = torch.zeros(shape, dtype=v.dtype)
             # With the traced strides: a compiled graph (Inductor's) asserts its inputs' strides,
             # and a backward's saved activations are often transposed views.
-            stride = tuple(int(s) for s in v.stride())
+            stride = tuple(size(s) for s in v.stride())
             if t.stride() != stride and t.numel() > 0:
                 t = torch.empty_strided(shape, stride, dtype=v.dtype).copy_(t)
             out.append(t)
         elif isinstance(v, (int, torch.SymInt)):
-            out.append(int(v))
+            out.append(size(v))
         else:
             raise BackendError(f"cannot make an input for placeholder '{n.name}'")
     return out

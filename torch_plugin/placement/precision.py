@@ -162,9 +162,21 @@ def lower_precision_graph(
         )
 
     # Outside the enclosing Dynamo frame's tracing context, whose fake mode make_fx would
-    # reuse (and which does not take the real constant weights).
-    with torch.no_grad(), tracing(None):
-        traced = make_fx(run, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
+    # reuse (and which does not take the real constant weights). A dynamic graph's inputs are
+    # that frame's fakes of symbolic sizes (backends._frame_fakes), and make_fx traces in their
+    # mode, so that the sizes stay symbols: that mode takes the constants while it traces.
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([x for x in inputs if isinstance(x, torch.Tensor)])
+    allowed = mode.allow_non_fake_inputs if mode is not None else None
+    try:
+        if mode is not None:
+            mode.allow_non_fake_inputs = True
+        with torch.no_grad(), tracing(None):
+            traced = make_fx(run, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
+    finally:
+        if mode is not None:
+            mode.allow_non_fake_inputs = allowed
     fold_constants(traced)
     return traced
 

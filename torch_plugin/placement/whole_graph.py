@@ -82,6 +82,7 @@ def place_whole_graph_first(
     if (
         device.startswith("cuda")
         and kind == "inference"
+        and not dynamic  # a CUDA graph replays the sizes it captured
         and opts.cuda_graphs
         and isinstance(by_name.get("inductor"), InductorBackend)
     ):
@@ -147,6 +148,8 @@ def place_whole_graph_first(
     digest = _weights_digest(gm, frozen) if _may_skip_check(frozen, inputs) else None
     passed: list[str] = []
 
+    from torch._dynamo.exc import RestartAnalysis
+
     def compile_whole(name: str, check: bool = True) -> bool:
         backend = by_name[name]
         try:
@@ -169,6 +172,16 @@ def place_whole_graph_first(
                         f"the {precision} bound {TOLERANCE[precision]:g})"
                     )
                     return False
+        except RestartAnalysis as e:
+            # Inductor, compiling a dynamic graph on the frame's sizes, asks Dynamo to trace
+            # the frame again with its float arguments fixed (as it does as the frame's own
+            # backend); the next trace's graph is searched afresh. Not from a backward: AOT
+            # would take it for a failure and compile the backward again at its first call,
+            # after the frame's compile, where nothing restarts.
+            if kind != "backward":
+                raise
+            failures.append(f"{name}: {type(e).__name__} (a float argument made a symbol)")
+            return False
         except Exception as e:  # noqa: BLE001 - a compiler failing is a logged fallback
             failures.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
             log.info(
