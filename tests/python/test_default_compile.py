@@ -364,34 +364,39 @@ def test_graphs_that_write_their_inputs_run_as_aot_eager(tmp_path, caplog) -> No
     assert any("writes into its inputs" in r.getMessage() for r in caplog.records)
 
 
-def _padded_batch(vocab: int, length: int) -> dict[str, torch.Tensor]:
-    ids = torch.randint(0, vocab, (2, length))
-    mask = torch.ones(2, length, dtype=torch.long)
-    mask[1, length - 5 :] = 0  # the shorter sequence of a padded batch
-    return {"input_ids": ids, "attention_mask": mask}
+def _serve_lengths(
+    name: str, placement: dict[str, Any], lengths: tuple[int, ...]
+) -> tuple[list[int], list[str]]:
+    """An HF suite model compiled with dynamic=True (the sequence length a symbol from the first
+    call: a static first graph would cost the test Inductor's compile) and run on padded
+    batches of `lengths`, each within f32 rounding of eager: the number of graphs placed after
+    each call, and their summaries."""
+    model, _ = hf_suite.build(name, batch=2)
+    model.eval()
+    f = torch.compile(model, backend="torch_plugin", options=placement, dynamic=True)
+    compiles: list[int] = []
+    with collect_stats() as stats, torch.no_grad():
+        for length in lengths:
+            ids = torch.randint(0, model.config.vocab_size, (2, length))
+            mask = torch.ones(2, length, dtype=torch.long)
+            mask[1, length - 5 :] = 0  # the shorter sequence of a padded batch
+            batch = {"input_ids": ids, "attention_mask": mask}
+            _close(f(**batch), model(**batch))
+            compiles.append(len(_summaries(stats)))
+    return compiles, _summaries(stats)
 
 
 def test_a_dynamic_inference_graph_runs_on_a_compiler_that_keeps_its_sizes_symbolic(
     tmp_path, fixed_profile
 ) -> None:
     """A padded batch of another length makes Dynamo trace again with the sequence length a
-    symbol (here from the first call: dynamic=True; a static first graph would cost the test
-    Inductor's compile). That graph is placed whole on a compiler that compiles for every size
-    (OpenVINO), never on one that compiles for the sizes it is shown (ONNX Runtime, faster in
-    the stub), and serves every length without another compile."""
+    symbol. That graph is placed whole on a compiler that compiles for every size (OpenVINO),
+    never on one that compiles for the sizes it is shown (ONNX Runtime, faster in the stub),
+    and serves every length without another compile."""
     pytest.importorskip("openvino")
     fixed_profile({"openvino": 1e-5, "onnxruntime": 1e-6})
-    model, _ = hf_suite.build("bert", batch=2)
-    model.eval()
     opts = _opts(tmp_path, backends=("aten", "openvino", "onnxruntime"))
-    f = torch.compile(model, backend="torch_plugin", options=opts, dynamic=True)
-    compiles: list[int] = []
-    with collect_stats() as stats, torch.no_grad():
-        for length in (16, 24, 20, 31, 9):
-            batch = _padded_batch(model.config.vocab_size, length)
-            _close(f(**batch), model(**batch))
-            compiles.append(len(_summaries(stats)))
-    (dynamic,) = _summaries(stats)
+    compiles, (dynamic,) = _serve_lengths("bert", opts, (16, 24, 20, 31, 9))
     assert compiles == [1] * 5, compiles
     assert ": openvino (" in dynamic and "weights frozen" in dynamic, dynamic
     assert "whole graphs: eager" in dynamic, dynamic
@@ -403,24 +408,10 @@ def test_inductor_compiles_a_dynamic_inference_graph_for_every_length(
 ) -> None:
     """Inductor is a candidate for a dynamic graph too: compiled on the frame's symbolic sizes,
     as it compiles them as the frame's own backend, frozen weights folded. One program serves
-    lengths shorter and longer than the one it was measured at, within f32 rounding of eager,
-    with no other compile."""
+    lengths shorter and longer than the one it was measured at, with no other compile."""
     fixed_profile({"inductor": 1e-5})
-    model, _ = hf_suite.build("gpt2", batch=2)
-    model.eval()
-    f = torch.compile(
-        model,
-        backend="torch_plugin",
-        options=_opts(tmp_path, backends=("aten", "inductor")),
-        dynamic=True,
-    )
-    compiles: list[int] = []
-    with collect_stats() as stats, torch.no_grad():
-        for length in (12, 20, 7, 33):
-            batch = _padded_batch(model.config.vocab_size, length)
-            _close(f(**batch), model(**batch))
-            compiles.append(len(_summaries(stats)))
-    (dynamic,) = _summaries(stats)
+    opts = _opts(tmp_path, backends=("aten", "inductor"))
+    compiles, (dynamic,) = _serve_lengths("gpt2", opts, (12, 20, 7, 33))
     assert compiles == [1] * 4, compiles
     assert ": inductor (" in dynamic and "weights frozen" in dynamic, dynamic
     assert "sizes symbolic" in dynamic, dynamic
