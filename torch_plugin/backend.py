@@ -211,9 +211,11 @@ def _place(
 
     AOTAutograd's partition makes each of those a pure function: the forward returns the
     activations its backward saves as extra outputs, so a group's outputs include them and
-    no autograd runs inside a group. A graph with random ops stays as is: a graph compiler
-    draws other random numbers than ATen, and measuring it would advance the RNG stream."""
-    if has_random_ops:
+    no autograd runs inside a group. A graph with random ops (dropout) goes to the default's
+    search over eager and Inductor only, which draws them from ATen's generator as eager does,
+    each run from the same generator state (whole_graph.py); the explicit pass leaves it as
+    is (its other compilers draw other random numbers than ATen)."""
+    if has_random_ops and not opts.auto:
         log.info(
             "torch_plugin placement: %s graph left as is: it draws random numbers (dropout?), "
             "which another backend would draw differently",
@@ -258,8 +260,8 @@ def _place(
         )
         search = functools.partial(place_whole_graph_first, kind=kind, always_refine=True)
     if opts.auto:
-        placement_opts = _auto_placement_options(placement_opts, kind, freezable)
-        search = functools.partial(place_whole_graph_first, kind=kind)
+        placement_opts = _auto_placement_options(placement_opts, kind, freezable, has_random_ops)
+        search = functools.partial(place_whole_graph_first, kind=kind, random_ops=has_random_ops)
     with unset_fake_temporarily(), no_python_dispatcher():
         placed, result = search(gm, real, placement_opts, input_kinds)
     result.kind = kind
@@ -275,16 +277,17 @@ def _place(
     return placed
 
 
-def _auto_placement_options(base: Any, kind: str, freezable: bool) -> Any:
+def _auto_placement_options(base: Any, kind: str, freezable: bool, random_ops: bool) -> Any:
     """The default backend's placement: whole graphs first; weights frozen into inference
-    graphs (a guard re-places when they change); training graphs choose between eager and
-    Inductor only, whose gradients match eager's to float32 rounding."""
-    if kind == "inference":
+    graphs (a guard re-places when they change); training graphs, and graphs that draw random
+    numbers, choose between eager and Inductor only: Inductor's gradients match eager's to
+    float32 rounding, and it draws random numbers as eager does."""
+    if kind == "inference" and not random_ops:
         return dataclasses.replace(base, search="whole_graph_first", freeze=freezable)
     return dataclasses.replace(
         base,
         search="whole_graph_first",
-        freeze=False,
+        freeze=freezable and kind == "inference",
         backends=tuple(b for b in base.backends if b in ("aten", "inductor")),
         allow_refine=False,
     )

@@ -61,6 +61,7 @@ def install_whole_graph(seconds: dict[str, float], setattr_: Callable[..., Any] 
 
     def fake(fn, args, samples, warm=False, ran_s=None):  # noqa: ANN001, ANN202
         fn(*args)
+        fn = getattr(fn, "__wrapped__", fn)  # a graph run from a fixed generator state
         names = [n for n, _ in fn.named_children()] if isinstance(fn, torch.nn.Module) else []
         backend = next((n.split("_", 1)[1] for n in names if n.startswith("group")), "eager")
         return seconds.get(backend, 1e-3)

@@ -142,10 +142,13 @@ class InductorBackend(Backend):
         # PyTorch recommends for CPU inference (torch._inductor.config.freezing). It bypasses
         # the FX graph cache.
         freeze = any(True for _ in gm.buffers()) and not torch.is_grad_enabled()
+        # Random ops (dropout) draw from ATen's generator as eager does, in eager's order: the
+        # same masks and the same stream after the call, where Inductor's own generator would
+        # draw others (and its outputs could not be checked against eager's).
         with (
             warnings.catch_warnings(),
             tracing(TracingContext(mode)),
-            torch._inductor.config.patch(freezing=freeze),
+            torch._inductor.config.patch(freezing=freeze, fallback_random=True),
         ):
             warnings.simplefilter("ignore")
             compiled = compile_fx(gm, fake_inputs)

@@ -58,11 +58,15 @@ def place_whole_graph_first(
     input_kinds: Sequence[tuple[str, str]] | None = None,
     kind: str = "inference",
     always_refine: bool = False,
+    random_ops: bool = False,
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """Places one ATen graph as a whole on the compiler that runs it fastest (or leaves it to
     eager); returns the module to run and the decision. always_refine (the explicit placement
     pass): the finer search runs from that pick, in the user's time_budget_s, and replaces it
-    only where it measures faster."""
+    only where it measures faster. random_ops: the graph draws random numbers (dropout); every
+    run of the search starts from the generators' state at the call (so each draws eager's
+    numbers and can be checked against eager's outputs), which is restored at the end: the
+    user's stream is not advanced by measuring."""
     t_start = time.perf_counter()
     # Tolerance: the lower of what was asked and what the graph computes in. Compute: bf16
     # only where asked, for inference graphs (a training graph's gradients stay the user's).
@@ -78,6 +82,9 @@ def place_whole_graph_first(
     dynamic = any(symbolic_placeholders(gm))
     if dynamic:
         backends = [b for b in backends if b.dynamic_shapes]
+    rng = _Generators(inputs) if random_ops else None
+    if rng is not None:  # Inductor draws from ATen's generator; the others would not
+        backends = [b for b in backends if b.name in ("aten", "inductor")]
     by_name = {b.name: b for b in backends}
     if (
         device.startswith("cuda")
@@ -122,8 +129,9 @@ def place_whole_graph_first(
         ),
         machine,
     )
-    built: dict[str, fx.GraphModule] = {"eager": gm}
+    built: dict[str, Any] = {"eager": gm if rng is None else rng.replaying(gm)}
     regions: dict[str, tuple[Group, Any]] = {}  # each checked graph's region, for the finer search
+    placed_by: dict[str, fx.GraphModule] = {"eager": gm}  # what runs each pick for the user
     failures: list[str] = []
     errors: dict[str, float] = {}
     want: list[Any] = []
@@ -138,7 +146,7 @@ def place_whole_graph_first(
         if not want:
             with torch.no_grad():
                 t0 = time.perf_counter()
-                want.append(gm(*inputs))
+                want.append(built["eager"](*inputs))
                 last_run[0] = ("eager", time.perf_counter() - t0)
         return want[0]
 
@@ -156,9 +164,11 @@ def place_whole_graph_first(
             group, fn = compile_region(
                 gm, nodes, backend, values, _frozen_for(backend, frozen), "graph"
             )
-            mod = materialize(gm, [group], [fn])
+            placed_mod = materialize(gm, [group], [fn])
+            mod = placed_mod if rng is None else rng.replaying(placed_mod)
             if not check:
                 built[name] = mod
+                placed_by[name] = placed_mod
                 regions[name] = (group, fn)
                 return True
             expected = reference()
@@ -192,6 +202,7 @@ def place_whole_graph_first(
             )
             return False
         built[name] = mod
+        placed_by[name] = placed_mod
         regions[name] = (group, fn)
         passed.append(name)
         return True
@@ -284,8 +295,10 @@ def place_whole_graph_first(
     finally:
         cache.close()
 
+    if rng is not None:
+        rng.restore()
     pick = plan["pick"]
-    placed = built.get(pick, gm)
+    placed = placed_by.get(pick, gm)
     result = PlacementResult(
         groups=_groups(gm, nodes, pick, float(plan["pick_s"])),
         dp_cost_s=0.0,
@@ -557,3 +570,33 @@ def _keep_pick_with(result: PlacementResult, finer_result: PlacementResult) -> N
     for field in _FINER_STATS:
         setattr(result, field, getattr(finer_result, field))
     result.failures = [*result.failures, *finer_result.failures]
+
+
+class _Generators:
+    """The random generators a graph on these inputs' devices draws from (the CPU's, each CUDA
+    device's), their state taken now: `replaying(fn)` is `fn` run from that state every call,
+    `restore()` sets it back."""
+
+    def __init__(self, inputs: Sequence[Any]) -> None:
+        self.cuda = sorted(
+            {
+                x.device.index or 0
+                for x in inputs
+                if isinstance(x, torch.Tensor) and x.device.type == "cuda"
+            }
+        )
+        self.cpu = torch.get_rng_state()
+        self.states = [torch.cuda.get_rng_state(d) for d in self.cuda]
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        for d, state in zip(self.cuda, self.states, strict=True):
+            torch.cuda.set_rng_state(state, d)
+
+    def replaying(self, fn: Any) -> Any:
+        def run(*args: Any) -> Any:
+            self.restore()
+            return fn(*args)
+
+        run.__wrapped__ = fn  # type: ignore[attr-defined] - what is timed, for inspection
+        return run
