@@ -1485,3 +1485,23 @@ def test_a_dynamic_inductor_graph_gets_its_inputs_in_the_layout_it_compiled() ->
     contiguous = torch.randn(4, 13, 8)
     fn(13, contiguous)
     assert seen[-1] is contiguous
+
+
+def test_inductor_takes_a_view_its_own_tracing_lays_out_otherwise() -> None:
+    """A decoder's first key/value concatenation (the cache empty), then the key transposed and
+    viewed: valid for the strides the graph was traced with, not for Inductor's (its cat of an
+    empty tensor is the key itself, still permuted). Inductor gets the view as a reshape."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_plugin.placement.backends import InductorBackend
+
+    def attention_keys(qkv: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor]:
+        k = qkv.view(4, 16, 2, 8).permute(0, 2, 1, 3)  # heads split off a projection
+        k = torch.cat([cache, k], dim=-2)
+        return (k.transpose(-2, -1).expand(4, 2, 8, 16).reshape(8, 8, 16) * 2,)
+
+    qkv, cache = torch.randn(4, 16, 16), torch.empty(0)
+    gm = make_fx(attention_keys)(qkv, cache)
+    assert sum(n.target is torch.ops.aten.view.default for n in gm.graph.nodes) == 2
+    (got,) = InductorBackend().compile(gm, [qkv, cache], "graph")(qkv, cache)
+    torch.testing.assert_close(got, attention_keys(qkv, cache)[0])

@@ -122,6 +122,7 @@ class InductorBackend(Backend):
         # compile on symbolic size arithmetic (ResNet-50: 17.4 s against 11.2 s). A graph whose
         # sizes are symbols (padded batches of changing length) is compiled on them instead.
         frame = _frame_fakes(gm)
+        gm = _views_as_reshapes(gm)
         casts: list[Any] = []
         if self.compute != "f32":
             from .precision import defer_output_casts, lower_precision_graph
@@ -158,6 +159,29 @@ class InductorBackend(Backend):
             else _with_symbolic_strides(compiled, frame[1])
         )
         return _cast_outputs(compiled, casts) if any(c is not None for c in casts) else compiled
+
+
+def _views_as_reshapes(gm: fx.GraphModule) -> fx.GraphModule:
+    """`gm` (a copy where it changes) with each aten.view a reshape. A view in an ATen graph
+    was valid for the strides its tracer saw; Inductor traces the graph again with its own
+    decompositions, which may lay a value out otherwise (a cat whose other input is empty, as
+    in a decoder's first key/value concatenation, becomes the key itself, still transposed):
+    GPT-2's training forward then failed ("Cannot view a tensor with shape [4, 12, 64, 128]
+    and strides (98304, 64, 1, 768)"). A reshape is that view where the layout allows it and a
+    copy where not."""
+    views = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is torch.ops.aten.view.default
+    ]
+    if not views:
+        return gm
+    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.view.default:
+            n.target = torch.ops.aten.reshape.default
+    gm.recompile()
+    return gm
 
 
 def _frame_fakes(gm: fx.GraphModule) -> tuple[Any, list[Any]] | None:
