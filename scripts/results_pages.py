@@ -37,6 +37,11 @@ PAGES = {
         "varying_lengths.py",
         "features/default_compile",
     ),
+    "training_lengths": (
+        "Fine-tuning under the default compile: dropout on, batches of changing length",
+        "training_lengths.py",
+        "features/default_compile",
+    ),
     "checkpoint": ("Checkpoints and restarts", "checkpoint.py", "reliability"),
     "placement": ("Backend placement", "placement.py", PLACE),
     "placement_full": ("Backend placement, published shapes", "placement.py --full-size", PLACE),
