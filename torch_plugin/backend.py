@@ -206,6 +206,7 @@ def _place(
     record: dict[str, Any],
     input_kinds: Sequence[tuple[str, str]] | None,
     has_random_ops: bool = False,
+    reference_sink: list[Any] | None = None,
 ) -> fx.GraphModule:
     """Backend placement of an inference graph, or of a training graph's forward or backward.
 
@@ -261,7 +262,12 @@ def _place(
         search = functools.partial(place_whole_graph_first, kind=kind, always_refine=True)
     if opts.auto:
         placement_opts = _auto_placement_options(placement_opts, kind, freezable, has_random_ops)
-        search = functools.partial(place_whole_graph_first, kind=kind, random_ops=has_random_ops)
+        search = functools.partial(
+            place_whole_graph_first,
+            kind=kind,
+            random_ops=has_random_ops,
+            reference_sink=reference_sink,
+        )
     with unset_fake_temporarily(), no_python_dispatcher():
         placed, result = search(gm, real, placement_opts, input_kinds)
     result.kind = kind
@@ -309,8 +315,11 @@ def rewrite_aten_graph(
     input_kinds: Sequence[tuple[str, str]] | None = None,
     cache_manager: Any = None,
     example_inputs: Sequence[Any] | None = None,
+    reference_sink: list[Any] | None = None,
 ) -> fx.GraphModule:
-    """Round-trips one ATen graph through the C++ pipeline; falls back to `gm` on failure."""
+    """Round-trips one ATen graph through the C++ pipeline; falls back to `gm` on failure.
+    reference_sink: gets the graph's eager outputs on `example_inputs` where the default
+    placement ran them."""
     from torch._dynamo.exc import RestartAnalysis
 
     t0 = time.perf_counter()
@@ -357,7 +366,16 @@ def rewrite_aten_graph(
                     kind,
                 )
             else:
-                new_gm = _place(new_gm, opts, kind, example_inputs, record, input_kinds, has_random)
+                new_gm = _place(
+                    new_gm,
+                    opts,
+                    kind,
+                    example_inputs,
+                    record,
+                    input_kinds,
+                    has_random,
+                    reference_sink,
+                )
         t3 = time.perf_counter()
         estimates = new_graph.estimate() if _STATS_SINKS else []
         record.update(
@@ -481,11 +499,20 @@ def torch_plugin_backend(
     wants_cache_parallel = opts.runs("cache_parallel") or (opts.auto and opts.mesh is not None)
     manager = _manager_for_compile(options, opts) if wants_cache_parallel else None
 
+    # The training forward's outputs on the real example inputs (its eager reference run), by
+    # node name: its backward's search runs on the activations they save, not on random ones.
+    forward_values: dict[str, Any] = {}
+
     def forward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
         kinds = input_kinds if n_inputs == len(input_kinds) else None
         real = list(example_inputs) if opts.auto and n_inputs == len(example_inputs) else None
-        return _boxed(rewrite_aten_graph(fx_g, opts, "forward", kinds, manager, real), inputs)
+        sink: list[Any] = []
+        placed = rewrite_aten_graph(fx_g, opts, "forward", kinds, manager, real, sink)
+        forward_values.clear()
+        if sink:
+            forward_values.update(_values_by_name(fx_g, sink[0]))
+        return _boxed(placed, inputs)
 
     def inference_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
@@ -507,7 +534,10 @@ def torch_plugin_backend(
         return _recordable(fn, placed) if opts.runs("placement") or opts.auto else fn
 
     def backward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
-        return _boxed(rewrite_aten_graph(fx_g, opts, "backward", None, manager), inputs)
+        real = _backward_inputs(fx_g, forward_values) if opts.auto else None
+        forward_values.clear()
+        placed = rewrite_aten_graph(fx_g, opts, "backward", None, manager, real)
+        return _boxed(placed, inputs)
 
     # Same configuration as torch's aot_eager, so the identity path is bit-identical to it.
     return aot_autograd(
@@ -517,6 +547,41 @@ def torch_plugin_backend(
         partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,
     )(gm, example_inputs)
+
+
+def _values_by_name(fx_g: fx.GraphModule, outputs: Sequence[Any]) -> dict[str, Any]:
+    """A forward graph's output values by the name of the node that made each (the names
+    AOTAutograd's partition gives its backward's placeholders for the values it saves)."""
+    out_node = next(n for n in fx_g.graph.nodes if n.op == "output")
+    nodes = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else [out_node.args[0]]
+    if len(nodes) != len(outputs):
+        return {}
+    return {n.name: v for n, v in zip(nodes, outputs, strict=True) if isinstance(n, fx.Node)}
+
+
+def _backward_inputs(fx_g: fx.GraphModule, saved: dict[str, Any]) -> list[Any] | None:
+    """A backward graph's example inputs: each saved value as its forward computed it on the
+    real inputs, each incoming gradient (tangent) random at its traced shape, at half the unit
+    scale (measure.synthesize_inputs' floats). None where the forward's values are not all
+    known (its search did not run it: a warm compile), and the backward's search synthesizes
+    every input, as before. Random saved activations made deep models' gradients overflow:
+    GPT-2's 12-layer backward came out inf on eager and on Inductor alike, and Inductor was
+    dropped as differing."""
+    from .placement.measure import synthesize_inputs
+
+    if not saved:
+        return None
+    placeholders = [n for n in fx_g.graph.nodes if n.op == "placeholder"]
+    made = synthesize_inputs(fx_g)
+    values = []
+    for n, random_value in zip(placeholders, made, strict=True):
+        if n.name in saved:
+            values.append(saved[n.name])
+        elif n.name.startswith("tangents"):
+            values.append(random_value)
+        else:
+            return None
+    return values
 
 
 def register() -> None:

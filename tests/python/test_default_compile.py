@@ -495,6 +495,39 @@ def test_a_training_graph_with_dropout_runs_on_inductor_with_eagers_masks(
     assert "openvino" not in forward and "onnxruntime" not in forward, forward
 
 
+def test_the_backward_is_searched_on_the_activations_its_forward_saved(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """The backward's candidates run on what the forward computed from the real inputs (its
+    eager reference run), not on random tensors of the same shapes: random saved activations
+    made a 12-layer GPT-2's gradients overflow on eager and Inductor alike, and Inductor was
+    dropped as differing. Incoming gradients stay random."""
+    from torch_plugin.placement import whole_graph
+
+    fixed_profile({"inductor": 1e-5})
+    seen: dict[str, list[Any]] = {}
+    search = whole_graph.place_whole_graph_first
+
+    def spy(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        seen[kwargs.get("kind", "inference")] = list(example_inputs or [])
+        return search(gm, example_inputs, *args, **kwargs)
+
+    monkeypatch.setattr(whole_graph, "place_whole_graph_first", spy)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    g = torch.compile(lambda x: lin(x).sin().sum(), backend="torch_plugin", options=_opts(tmp_path))
+    x = torch.randn(4, 8)
+    g(x).backward()
+    assert set(seen) == {"forward", "backward"}, sorted(seen)
+    # The backward of sin saves its input: the linear layer's output on x.
+    with torch.no_grad():
+        pre = lin(x)
+    assert any(
+        isinstance(v, torch.Tensor) and v.shape == pre.shape and torch.allclose(v, pre)
+        for v in seen["backward"]
+    ), [tuple(v.shape) for v in seen["backward"] if isinstance(v, torch.Tensor)]
+
+
 @pytest.mark.parametrize("passes", [[], ["dead_code_elimination"]])
 def test_named_passes_turn_the_default_off(tmp_path, passes: list[str]) -> None:
     model, x = _vit()

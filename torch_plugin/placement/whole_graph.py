@@ -59,6 +59,7 @@ def place_whole_graph_first(
     kind: str = "inference",
     always_refine: bool = False,
     random_ops: bool = False,
+    reference_sink: list[Any] | None = None,
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """Places one ATen graph as a whole on the compiler that runs it fastest (or leaves it to
     eager); returns the module to run and the decision. always_refine (the explicit placement
@@ -66,7 +67,9 @@ def place_whole_graph_first(
     only where it measures faster. random_ops: the graph draws random numbers (dropout); every
     run of the search starts from the generators' state at the call (so each draws eager's
     numbers and can be checked against eager's outputs), which is restored at the end: the
-    user's stream is not advanced by measuring."""
+    user's stream is not advanced by measuring. reference_sink: gets eager's outputs on the
+    example inputs where the search ran them (a training forward's: the real activations its
+    backward's search then runs on)."""
     t_start = time.perf_counter()
     # Tolerance: the lower of what was asked and what the graph computes in. Compute: bf16
     # only where asked, for inference graphs (a training graph's gradients stay the user's).
@@ -343,6 +346,8 @@ def place_whole_graph_first(
         finally:
             cache.close()
     result.search_s = time.perf_counter() - t_start
+    if reference_sink is not None and want:
+        reference_sink.append(want[0])
     return placed, result
 
 
