@@ -460,6 +460,39 @@ def test_a_dynamic_training_graph_is_placed_and_its_gradients_are_eagers(
     assert all(": inductor (" in line and "sizes symbolic" in line for line in lines), lines
 
 
+def test_a_dynamic_backward_is_searched_on_real_tensors(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """A backward that takes a symbolic size from its forward is compiled by AOTAutograd right
+    after the forward, inside its fake mode: the search's inputs (the forward's activations and
+    random incoming gradients) must still be real tensors, or every candidate but eager reads
+    as differing (GPT-2 124M's dynamic backward stayed on eager)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from torch_plugin.placement import whole_graph
+
+    fixed_profile({"inductor": 1e-5})
+    searched: list[tuple[str, Any]] = []
+    search = whole_graph.place_whole_graph_first
+
+    def spy(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        searched.append((kwargs.get("kind", "inference"), example_inputs))
+        return search(gm, example_inputs, *args, **kwargs)
+
+    monkeypatch.setattr(whole_graph, "place_whole_graph_first", spy)
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    g = torch.compile(mlp, backend="torch_plugin", options=_opts(tmp_path), dynamic=True)
+    with collect_stats() as stats:
+        g(torch.randn(5, 8)).square().mean().backward()
+    backward = [inputs for kind, inputs in searched if kind == "backward"]
+    assert len(backward) == 1 and backward[0] is not None, searched
+    tensors = [a for a in backward[0] if isinstance(a, torch.Tensor)]
+    assert tensors and not any(isinstance(a, FakeTensor) for a in tensors), backward
+    lines = [line for line in _summaries(stats) if line.startswith("backward")]
+    assert len(lines) == 1 and ": inductor (" in lines[0], lines
+
+
 def test_a_training_graph_with_dropout_runs_on_inductor_with_eagers_masks(
     tmp_path, fixed_profile
 ) -> None:
