@@ -26,7 +26,6 @@ import io
 import json
 import os
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -35,8 +34,10 @@ from typing import Any
 import torch
 
 try:
+    from benchmarks.children import run_child
     from benchmarks.provenance import write_results
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+    from children import run_child
     from provenance import write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -224,24 +225,7 @@ def measure(name: str, passes: int, which: list[str]) -> dict[str, Any]:
 
 
 def _child(name: str, passes: int, only: str | None = None) -> dict[str, Any]:
-    """A process of its own for one model (one contender): fresh profile and Inductor caches."""
-    import subprocess
-    import tempfile
-
-    cmd = [sys.executable, __file__, "--one", name, "--passes", str(passes)]
-    cmd += ["--only", only] if only else []
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {
-            **os.environ,
-            "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
-            "TORCH_PLUGIN_PROFILE_DB": f"{tmp}/profile.db",
-        }
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
-    if res.returncode != 0 or not lines:
-        tail = res.stderr.strip().splitlines()[-1:] or [f"rc {res.returncode}"]
-        return {"model": name, "failed": {"run": tail[0][:300]}}
-    return json.loads(lines[-1])
+    return run_child(__file__, name, passes, only)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
