@@ -534,14 +534,7 @@ def torch_plugin_backend(
         return _recordable(fn, placed) if opts.runs("placement") or opts.auto else fn
 
     def backward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-        # A backward that takes sizes from its forward (symbolic sizes) is compiled by
-        # AOTAutograd right after the forward, inside its fake mode: incoming gradients made
-        # here would be fake, and every candidate but eager was dropped as differing (GPT-2's
-        # dynamic backward: "error inf").
-        with unset_fake_temporarily():
-            real = _backward_inputs(fx_g, forward_values) if opts.auto else None
+        real = _backward_inputs(fx_g, forward_values) if opts.auto else None
         forward_values.clear()
         placed = rewrite_aten_graph(fx_g, opts, "backward", None, manager, real)
         return _boxed(placed, inputs)

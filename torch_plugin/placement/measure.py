@@ -37,7 +37,17 @@ class _Recorder(fx.Interpreter):
 
 def synthesize_inputs(gm: fx.GraphModule) -> list[Any]:
     """Real tensors shaped like the placeholders' fake values: floats random, ints zero (valid
-    indices and positions), bools true."""
+    indices and positions), bools true. Real also when called inside a fake mode: AOTAutograd
+    compiles a backward that takes sizes from its forward right after the forward, inside its
+    fake mode, and tensors made there were fake (every candidate but eager then read as
+    differing: GPT-2's dynamic backward, "error inf")."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return _synthesized(gm)
+
+
+def _synthesized(gm: fx.GraphModule) -> list[Any]:
     from torch.fx.experimental.symbolic_shapes import optimization_hint
 
     # A symbolic size at its value: int() of a symbol would add a guard on it, specialising
