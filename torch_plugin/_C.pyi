@@ -2034,6 +2034,18 @@ class LayoutPlan:
     @feasible.setter
     def feasible(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
+class FrozenArguments:
+    """
+    Snapshot of a graph's frozen weight arguments (their positions in its argument list): each tensor, its data pointer and its version counter (torch_plugin/backend.py).
+    """
+    def __init__(self, args: collections.abc.Sequence, index: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+        ...
+    def __len__(self) -> int:
+        ...
+    def first_changed(self, args: typing.Any) -> int:
+        """
+        -1 when every frozen argument is the tensor it was frozen from (or another on the same data) and unchanged since (its version counter); else the first that is not.
+        """
 class RewriteOptions:
     """
     Typed options of the graph rewrites, one field per rewrite.

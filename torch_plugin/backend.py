@@ -409,10 +409,12 @@ def rewrite_aten_graph(
 
 class FrozenWeightsGuard:
     """An inference graph whose weights were frozen into its compiled regions, guarded: each
-    call checks that every frozen argument is the tensor it was frozen from (by storage) and
-    unchanged since (its version counter), and re-places the graph with the new weights when
-    not. Re-placing twice means the weights keep changing: the graph is then placed once more
-    without freezing and runs that way from then on."""
+    call checks that every frozen argument still holds the data it was frozen from (the same
+    tensor object, or another on the same storage) unchanged since (its version counter), and
+    re-places the graph with the new weights when not. Re-placing twice means the weights keep
+    changing: the graph is then placed once more without freezing and runs that way from then
+    on. The check runs in C++ (_C.FrozenArguments): a Python loop over ResNet-50's 268 weights
+    cost 170 us a call right after an inference had evicted the caches."""
 
     _boxed_call = True
 
@@ -427,17 +429,12 @@ class FrozenWeightsGuard:
         self.fn = fn
         self.replace = replace
         self.replaced = 0
-        self._snapshot(args)
-
-    def _snapshot(self, args: Sequence[Any]) -> None:
-        self.expect = [(i, args[i], args[i].data_ptr(), args[i]._version) for i in self.index]
+        self.frozen = _C.FrozenArguments(list(args), self.index)
 
     def __call__(self, args: list[Any]) -> Any:
-        for i, t, ptr, version in self.expect:
-            a = args[i]
-            # The same tensor object, unchanged: one identity test and one counter read.
-            if a is not t and a.data_ptr() != ptr or a._version != version:
-                return self._changed(args, i)
+        i = self.frozen.first_changed(args)
+        if i >= 0:
+            return self._changed(args, i)
         return self.fn(args)
 
     def _changed(self, args: list[Any], i: int) -> Any:
@@ -450,10 +447,7 @@ class FrozenWeightsGuard:
             "" if freeze else " without freezing (its weights keep changing)",
         )
         self.fn = self.replace(list(args) if freeze else None)
-        if freeze:
-            self._snapshot(args)
-        else:
-            self.expect = []
+        self.frozen = _C.FrozenArguments(list(args), self.index if freeze else [])
         return self.fn(args)
 
 

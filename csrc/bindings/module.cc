@@ -3,7 +3,8 @@
 // The boundary carries records, never tensors: a graph crosses as (inputs, nodes, output)
 // made of Python primitives and tagged tuples (see torch_plugin/fx_bridge.py for the format).
 // Every malformed record becomes torch_plugin.GraphError naming the node; C++ exceptions never
-// escape as crashes. This file needs pybind11 only, not LibTorch.
+// escape as crashes. This file needs pybind11 only, not LibTorch. (The one binding that takes
+// tensors, the per-call weight check of frozen graphs, is frozen_weights.cc.)
 #include <pybind11/eval.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
@@ -282,6 +283,7 @@ void BindSharding(py::module_& m, PassManagerClass& pm);       // sharding.cc
 void BindPlacement(py::module_& m, PassManagerClass& pm);      // placement.cc
 void BindSchedule(py::module_& m, PassManagerClass& pm);       // schedule.cc
 void BindLayout(py::module_& m);                               // layout.cc
+void BindFrozenWeights(py::module_& m);                        // frozen_weights.cc
 }  // namespace tp::bindings
 
 PYBIND11_MODULE(_C, m) {
@@ -359,6 +361,7 @@ class PassError(RuntimeError):
   BindPlacement(m, pm);
   BindSchedule(m, pm);
   BindLayout(m);
+  BindFrozenWeights(m);
 
   Struct<passes::RewriteOptions>(m, "RewriteOptions",
                                  "Typed options of the graph rewrites, one field per rewrite.")

@@ -172,8 +172,8 @@ def test_dynamic_batch_compiles_once_for_all_sizes() -> None:
 
 def test_frozen_weights_guard_replaces_on_change_only() -> None:
     """A frozen graph's weight guard: unchanged weights run the graph; another tensor object on
-    the same storage is the same weight; an in-place change or a new tensor places the graph
-    again (twice with freezing, then without)."""
+    the same storage is the same weight; an in-place change, a new tensor or new data under the
+    same object (`.data = ...`) places the graph again (twice with freezing, then without)."""
     from torch_plugin.backend import FrozenWeightsGuard
 
     w1, w2, x = torch.randn(3), torch.randn(2), torch.randn(4)
@@ -200,3 +200,26 @@ def test_frozen_weights_guard_replaces_on_change_only() -> None:
     assert guard([x, w1, w2]) == "graph" and placed == [True, True, False]  # now unfrozen
     w1.mul_(2.0)
     assert guard([x, w1, w2]) == "graph" and placed == [True, True, False]
+
+
+def test_frozen_weights_guard_sees_new_data_under_the_same_object() -> None:
+    """`weight.data = other` keeps the tensor object and its version counter: only its data
+    pointer tells, and the guard places the graph again with it."""
+    from torch_plugin.backend import FrozenWeightsGuard
+
+    w, x = torch.nn.Parameter(torch.randn(3)), torch.randn(2)
+    placed = []
+
+    def replace(args: list | None) -> object:
+        placed.append(args[1].data_ptr())
+        return lambda args: "graph"
+
+    guard = FrozenWeightsGuard(
+        lambda args: "graph", [x, w], [("input", "x"), ("parameter", "w")], replace
+    )
+    version = w._version
+    w.data = torch.randn(3)
+    assert w._version == version and guard([x, w]) == "graph" and placed == [w.data_ptr()]
+    assert guard([x, w]) == "graph" and len(placed) == 1  # the new snapshot holds
+    with pytest.raises(TypeError, match="list"):
+        guard.frozen.first_changed((x, w))

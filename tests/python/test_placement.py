@@ -565,6 +565,44 @@ def test_openvino_writes_large_outputs_into_tensors_no_caller_holds() -> None:
     assert backends._preset_outputs(outputs) == [(0, (64, 512), numpy.dtype("float32"))]
 
 
+@pytest.mark.skipif(get_backends(["openvino"])[-1].name != "openvino", reason="no openvino")
+def test_openvino_takes_inputs_on_their_memory_and_converts_the_others(monkeypatch) -> None:
+    """Inputs already in the compiled model's dtype and layout are handed to the request as
+    tensors on their own memory (set_input_tensor, no conversion); a non-contiguous one (a
+    transpose) goes through infer's conversion. Both give eager's results, and a call's small
+    outputs are its own copies."""
+    import openvino as ov
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (x * 2.0).sum(-1), ids + 1
+
+    handed = []
+    real = ov.InferRequest.set_input_tensor
+
+    def spy(self, *args):  # noqa: ANN001, ANN002, ANN202
+        handed.append(args[0])
+        return real(self, *args)
+
+    monkeypatch.setattr(ov.InferRequest, "set_input_tensor", spy)
+    x, ids = torch.randn(8, 16), torch.arange(8)
+    gm = make_fx(TwoInputs())(x, ids)
+    fn = get_backends(["openvino"])[-1].compile(gm, [x, ids], "region")
+    first = fn(x, ids)
+    assert handed == [0, 1]
+    for got, want in zip(first, gm(x, ids), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    kept = [t.clone() for t in first]
+    xt = torch.randn(16, 8).t()  # not contiguous: converted, not handed over
+    second = fn(xt, ids * 3)
+    assert handed == [0, 1]
+    for got, want in zip(second, gm(xt, ids * 3), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for got, want in zip(first, kept, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_output_buffers_hand_out_only_arrays_nothing_holds() -> None:
     """An array is handed out again only once no tensor, nor view of one, refers to it; at
     most KEEP are kept (a caller holding every result gets fresh ones)."""
