@@ -412,7 +412,7 @@ class OpenVINOBackend(_NumpyBackend):
         set_input, get_output = request.set_input_tensor, request.get_output_tensor
 
         def direct(arrays: list[Any]) -> bool:
-            if not direct_outputs:
+            if not direct_outputs or len(arrays) != len(in_dtypes):
                 return False
             for a, dtype in zip(arrays, in_dtypes, strict=True):
                 if a.dtype != dtype or a.ndim == 0 or not a.flags.c_contiguous:
