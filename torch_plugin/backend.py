@@ -413,7 +413,7 @@ class FrozenWeightsGuard:
     tensor object, or another on the same storage) unchanged since (its version counter), and
     re-places the graph with the new weights when not. Re-placing twice means the weights keep
     changing: the graph is then placed once more without freezing and runs that way from then
-    on. The check runs in C++ (_C.FrozenArguments): a Python loop over ResNet-50's 268 weights
+    on. The check runs in C++ (_C.FrozenArguments): a Python loop over ResNet-50's 267 weights
     cost 170 us a call right after an inference had evicted the caches."""
 
     _boxed_call = True

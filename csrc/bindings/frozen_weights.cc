@@ -2,7 +2,7 @@
 // FrozenWeightsGuard): is every frozen argument still the tensor it was frozen from, unchanged?
 //
 // It runs on every call of a compiled model, at batch 1 right after an inference has evicted
-// the caches. As a Python loop, ResNet-50's 268 weights cost 170 us a call there (53 us warm),
+// the caches. As a Python loop, ResNet-50's 267 weights cost 170 us a call there (53 us warm),
 // 0.8% of a 21 ms bf16 call; here only the memory each test touches is left. The one file of
 // the bindings that touches LibTorch: it reads tensors' storages and version counters.
 #include <pybind11/pybind11.h>

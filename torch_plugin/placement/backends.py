@@ -403,9 +403,9 @@ class OpenVINOBackend(_NumpyBackend):
         dropped = len(keep) != len(symbolic)
         # Inputs are handed to the request as tensors on their own memory where they already
         # are what it takes (its dtype, C-contiguous, not 0-d), and outputs read off its
-        # tensors: infer(list)'s conversion of its arguments and its result dict cost ResNet-50
-        # 50 us a call warm and 100-200 us right after an inference evicted the caches. Any
-        # other input goes through that conversion (a cast, a copy).
+        # tensors: infer(list)'s conversion of its arguments and its result dict cost a
+        # one-input model 50 us more a call warm and 90-200 us more right after the caches were
+        # evicted. Any other input goes through that conversion (a cast, a copy).
         types = _numpy_types()
         in_dtypes = [types.get(p.get_element_type()) for p in compiled.inputs]
         direct_outputs = all(types.get(o.get_element_type()) for o in outputs)
