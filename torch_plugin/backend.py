@@ -216,6 +216,7 @@ def _place(
     search over eager and Inductor only, which draws them from ATen's generator as eager does,
     each run from the same generator state (whole_graph.py); the explicit pass leaves it as
     is (its other compilers draw other random numbers than ATen)."""
+    writes = fx_bridge.written_inputs(gm)
     if has_random_ops and not opts.auto:
         log.info(
             "torch_plugin placement: %s graph left as is: it draws random numbers (dropout?), "
@@ -250,7 +251,12 @@ def _place(
     freezable = real is not None and not any(
         isinstance(x, torch.Tensor) and x.is_inference() for x in real
     )
-    if placement_opts.search == "whole_graph_first":
+    if writes:
+        # A graph that writes into its inputs (a static KV cache's update): its whole graph on
+        # eager or Inductor, the only compilers that write as eager does (whole_graph.py).
+        placement_opts = _auto_placement_options(placement_opts, kind, freezable, True)
+        search = functools.partial(place_whole_graph_first, kind=kind, writes=writes)
+    elif placement_opts.search == "whole_graph_first":
         search = functools.partial(place_whole_graph_first, kind=kind)
     elif kind == "inference":
         # The explicit pass on an inference graph starts from the default compile's pick
@@ -261,12 +267,15 @@ def _place(
         )
         search = functools.partial(place_whole_graph_first, kind=kind, always_refine=True)
     if opts.auto:
-        placement_opts = _auto_placement_options(placement_opts, kind, freezable, has_random_ops)
+        placement_opts = _auto_placement_options(
+            placement_opts, kind, freezable, has_random_ops or bool(writes)
+        )
         search = functools.partial(
             place_whole_graph_first,
             kind=kind,
             random_ops=has_random_ops,
             reference_sink=reference_sink,
+            writes=writes,
         )
     with unset_fake_temporarily(), no_python_dispatcher():
         placed, result = search(gm, real, placement_opts, input_kinds)
@@ -286,8 +295,9 @@ def _place(
 def _auto_placement_options(base: Any, kind: str, freezable: bool, random_ops: bool) -> Any:
     """The default backend's placement: whole graphs first; weights frozen into inference
     graphs (a guard re-places when they change); training graphs, and graphs that draw random
-    numbers, choose between eager and Inductor only: Inductor's gradients match eager's to
-    float32 rounding, and it draws random numbers as eager does."""
+    numbers or write into their inputs (`random_ops`), choose between eager and Inductor only:
+    Inductor's gradients match eager's to float32 rounding, it draws random numbers as eager
+    does, and it writes into a graph's inputs as eager does."""
     if kind == "inference" and not random_ops:
         return dataclasses.replace(base, search="whole_graph_first", freeze=freezable)
     return dataclasses.replace(
@@ -357,12 +367,15 @@ def rewrite_aten_graph(
                     "aot_eager would; compile with dynamic=False to have it placed",
                     kind,
                 )
-            elif opts.auto and fx_bridge.mutates_inputs(new_gm):
-                # Measuring would run its writes again on the caller's tensors, and the
-                # numpy runtimes would return the new values instead of writing them.
-                log.info(
+            elif fx_bridge.mutates_inputs(new_gm) and (
+                kind != "inference" or example_inputs is None
+            ):
+                # Measured, its writes are run on copies of the inputs they land in (the
+                # caller's own inputs), which only an inference graph called with them has.
+                log.warning(
                     "torch_plugin: %s graph writes into its inputs (a KV cache, a running "
-                    "statistic); it runs as aot_eager would",
+                    "statistic) and was compiled without its real inputs; it runs as "
+                    "aot_eager would",
                     kind,
                 )
             else:
@@ -511,6 +524,11 @@ def torch_plugin_backend(
     def inference_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
         kinds = input_kinds if n_inputs == len(input_kinds) else None
+        if kinds is not None:
+            # A buffer the graph writes into (a running statistic, a cache registered as a
+            # buffer) is state: neither frozen nor guarded as a weight.
+            written = set(fx_bridge.written_inputs(fx_g))
+            kinds = [("user", k[1]) if i in written else k for i, k in enumerate(kinds)]
         real = list(example_inputs) if n_inputs == len(example_inputs) else None
         with collect_stats() as stats:
             placed = rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real)

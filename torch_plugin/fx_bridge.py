@@ -89,15 +89,22 @@ def has_random_ops(graph: _C.Graph) -> bool:
 def mutates_inputs(gm: fx.GraphModule) -> bool:
     """Whether a node writes into a graph input (AOTAutograd keeps an inference graph's input
     mutations, such as a KV cache's copy_, as ops on its placeholders)."""
-    placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
+    return bool(written_inputs(gm))
+
+
+def written_inputs(gm: fx.GraphModule) -> list[int]:
+    """The index of each placeholder some node writes into (an op whose schema marks that
+    argument written: copy_, index_copy_, add_ ...), in placeholder order."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    written: set[int] = set()
     for n in gm.graph.nodes:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
         schema = n.target._schema
         for arg, value in zip(schema.arguments, n.args, strict=False):
             if arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
-                return True
-    return False
+                written.add(placeholders[value])
+    return sorted(written)
 
 
 def _dim(d: Any) -> Any:

@@ -345,23 +345,126 @@ def test_a_warm_compile_reuses_the_exported_onnx_model_of_the_same_weights(
     assert len(exports) == 2
 
 
-def test_graphs_that_write_their_inputs_run_as_aot_eager(tmp_path, caplog) -> None:
-    class Cache(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("kv", torch.zeros(4, 8))
-            self.proj = torch.nn.Linear(8, 8)
+class _Cache(torch.nn.Module):
+    """A static cache as modules keep one: a buffer written at a position each call, and a
+    step counter added to (a write that is not idempotent: run twice, it counts twice)."""
 
-        def forward(self, x: torch.Tensor, pos: int) -> torch.Tensor:
-            self.kv[pos] = self.proj(x)
-            return self.kv.sum(0)
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("kv", torch.zeros(4, 8))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        self.proj = torch.nn.Linear(8, 8)
 
-    model = Cache()
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.kv.index_copy_(0, pos, self.proj(x)[None])
+        self.steps.add_(1)
+        return torch.tanh(self.kv).sum(0) * self.steps
+
+
+def test_a_graph_that_writes_its_inputs_runs_on_inductor_writing_them_as_eager(
+    tmp_path, fixed_profile, caplog
+) -> None:
+    """Its whole graph goes to eager or Inductor (faster in the stub), the only compilers that
+    write into a graph's inputs as eager does; measuring runs on copies of the written inputs
+    (the counter is added to once per call, not once per run of the search), the written
+    buffers are state (not frozen as weights, not guarded), and what it writes is eager's."""
+    fixed_profile({"inductor": 1e-5, "openvino": 1e-6, "onnxruntime": 1e-6})
+    model = _Cache()
+    ref = copy.deepcopy(model)
     f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
-    with torch.no_grad(), caplog.at_level(logging.INFO, "torch_plugin"):
-        x = torch.randn(8)
-        assert torch.equal(f(x, 1), model(x, 1))
-    assert any("writes into its inputs" in r.getMessage() for r in caplog.records)
+    with collect_stats() as stats, torch.no_grad(), caplog.at_level(logging.INFO, "torch_plugin"):
+        for pos in (1, 3, 0):
+            x, at = torch.randn(8), torch.tensor([pos])
+            torch.testing.assert_close(f(x, at), ref(x, at), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(model.kv, ref.kv, rtol=1e-5, atol=1e-6)
+    assert int(model.steps) == int(ref.steps) == 3
+    (line,) = _summaries(stats)
+    assert ": inductor (" in line and "openvino" not in line and "onnxruntime" not in line, line
+    assert "2 weights frozen" in line, line  # proj's weight and bias; not kv nor steps
+    assert not any("changed in place" in r.getMessage() for r in caplog.records)
+
+
+def test_a_graph_whose_writes_inductor_gets_wrong_runs_as_eager(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """What a candidate writes into its inputs is checked as its outputs are: a compile that
+    computes the outputs right but writes the cache wrong is not picked."""
+    fixed_profile({"inductor": 1e-5})
+    real = placement_backends.InductorBackend._compile
+
+    def writes_wrong(self, gm, inputs):  # noqa: ANN001, ANN202
+        fn = real(self, gm, inputs)
+        kv = next(i for i, x in enumerate(inputs) if x.dim() == 2)
+
+        def run(*args):  # noqa: ANN002, ANN202
+            out = fn(*args)
+            args[kv].add_(1.0)
+            return out
+
+        return run
+
+    monkeypatch.setattr(placement_backends.InductorBackend, "_compile", writes_wrong)
+    model = _Cache()
+    ref = copy.deepcopy(model)
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
+    with collect_stats() as stats, torch.no_grad():
+        x, at = torch.randn(8), torch.tensor([2])
+        torch.testing.assert_close(f(x, at), ref(x, at), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(model.kv, ref.kv, rtol=0, atol=0)
+    (line,) = _summaries(stats)
+    assert ": eager (" in line and "inductor failed" in line, line
+
+
+def test_a_decoder_whose_cache_buffers_it_writes_runs_placed_and_writes_them_as_eager(
+    tmp_path, fixed_profile
+) -> None:
+    """The zoo's Llama keeps its KV cache in module buffers, written in place each step: the
+    prefill's and each decode step's graph go to Inductor (faster in the stub) with only the
+    weights frozen, and the logits and every cache buffer stay within f32 rounding of eager's."""
+    from roundtrip import small_model
+
+    fixed_profile({"inductor": 1e-5})
+    model, _ = small_model("llama")
+    model.eval()
+    tokens = torch.randint(0, model.vocab_size, (2, 6))
+    ref = copy.deepcopy(model)
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path))
+    with collect_stats() as stats, torch.no_grad():
+        for a, b, pos in ((0, 4, 0), (4, 5, 4), (5, 6, 5)):
+            _close(f(tokens[:, a:b], pos), ref(tokens[:, a:b], pos), tol=1e-5)
+    for (n, a), (_, b) in zip(model.named_buffers(), ref.named_buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"buffer {n}")
+    lines = _summaries(stats)
+    assert lines and all(": inductor (" in line for line in lines), lines
+
+
+def test_generate_with_a_static_cache_runs_placed_and_gives_eagers_tokens(
+    tmp_path, fixed_profile
+) -> None:
+    """HF's recipe for a compiled generate(): a static cache and the model's forward compiled.
+    Both graphs (the prompt's, and a step's, which writes the cache) are placed on Inductor
+    (faster in the stub), and the tokens are eager's, padded prompts included."""
+    import transformers
+
+    fixed_profile({"inductor": 1e-5})
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 256, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    kw = {"attention_mask": mask, "max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        model.generation_config.cache_implementation = "static"
+        opts = _opts(tmp_path)
+        model.forward = torch.compile(model.forward, backend="torch_plugin", options=opts)
+        with collect_stats() as stats:
+            got = model.generate(ids, **kw)
+            again = model.generate(ids, **kw)
+    assert torch.equal(got, want) and torch.equal(again, want)
+    lines = _summaries(stats)
+    assert lines and all(": inductor (" in line for line in lines), lines
 
 
 def _serve_lengths(

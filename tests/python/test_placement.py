@@ -1543,3 +1543,24 @@ def test_inductor_takes_a_view_its_own_tracing_lays_out_otherwise() -> None:
     assert sum(n.target is torch.ops.aten.view.default for n in gm.graph.nodes) == 2
     (got,) = InductorBackend().compile(gm, [qkv, cache], "graph")(qkv, cache)
     torch.testing.assert_close(got, attention_keys(qkv, cache)[0])
+
+
+def test_inductor_writes_into_an_input_it_was_handed_in_another_layout() -> None:
+    """An input that comes laid out otherwise than the graph was compiled for is copied to the
+    compiled layout (_with_strides); where the graph writes into it (a cache), the copy's new
+    values are written back into the caller's tensor."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_plugin.placement.backends import InductorBackend
+
+    def step(cache: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor]:
+        cache.add_(x)
+        return (cache * 2,)
+
+    cache, x = torch.zeros(4, 4), torch.randn(4, 4)
+    gm = make_fx(step)(cache.clone(), x)
+    fn = InductorBackend().compile(gm, [cache, x], "graph")
+    other = torch.zeros(4, 4).t()  # the same shape, transposed
+    (out,) = fn(other, x)
+    torch.testing.assert_close(other, x, rtol=0, atol=0)
+    torch.testing.assert_close(out, 2 * x, rtol=0, atol=0)

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..fx_bridge import written_inputs
+
 log = logging.getLogger("torch_plugin")
 
 Compiled = Callable[..., Sequence[torch.Tensor]]
@@ -154,7 +156,7 @@ class InductorBackend(Backend):
             warnings.simplefilter("ignore")
             compiled = compile_fx(gm, fake_inputs)
         compiled = (
-            _with_strides(compiled, inputs)
+            _with_strides(compiled, inputs, written_inputs(gm))
             if frame is None
             else _with_symbolic_strides(compiled, frame[1])
         )
@@ -222,27 +224,32 @@ def _graph_key(gm: fx.GraphModule, inputs: Sequence[Any], compute: str) -> Any:
     return (gm.code, metas, consts, compute, torch.is_grad_enabled())
 
 
-def _with_strides(fn: Any, inputs: Sequence[Any]) -> Any:
+def _with_strides(fn: Any, inputs: Sequence[Any], written: Sequence[int] = ()) -> Any:
     """Inductor's code asserts the strides it was compiled for. A graph's input may come with
     others at run time (a training backward compiled on the traced strides of an activation
     that the forward, placed elsewhere, returns laid out otherwise: Phi-3's fused qkv split):
-    such an input is copied to the compiled layout first. One tuple compare per input."""
+    such an input is copied to the compiled layout first, and where the graph writes into it
+    (`written`), the copy's new values are copied back. One tuple compare per input."""
     expect = [
         (i, tuple(x.shape), x.stride())
         for i, x in enumerate(inputs)
         if isinstance(x, torch.Tensor) and x.layout == torch.strided
     ]
+    writes = set(written)
 
     def run(*args: Any) -> Any:
+        back = []
         for i, shape, stride in expect:
             x = args[i]
             if x.stride() != stride and tuple(x.shape) == shape and x.numel() > 1:
-                args = (
-                    *args[:i],
-                    torch.empty_strided(shape, stride, dtype=x.dtype, device=x.device).copy_(x),
-                    *args[i + 1 :],
-                )
-        return fn(*args)
+                y = torch.empty_strided(shape, stride, dtype=x.dtype, device=x.device).copy_(x)
+                args = (*args[:i], y, *args[i + 1 :])
+                if i in writes:
+                    back.append((x, y))
+        out = fn(*args)
+        for x, y in back:
+            x.copy_(y)
+        return out
 
     return run
 

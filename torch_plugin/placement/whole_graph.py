@@ -41,6 +41,7 @@ from .planner import (
     materialize,
     place_graph,
     synthesize_inputs,
+    time_call,
     time_end_to_end,
 )
 from .precision import TOLERANCE, resolve, within
@@ -60,6 +61,7 @@ def place_whole_graph_first(
     always_refine: bool = False,
     random_ops: bool = False,
     reference_sink: list[Any] | None = None,
+    writes: Sequence[int] = (),
 ) -> tuple[fx.GraphModule, PlacementResult]:
     """Places one ATen graph as a whole on the compiler that runs it fastest (or leaves it to
     eager); returns the module to run and the decision. always_refine (the explicit placement
@@ -69,7 +71,10 @@ def place_whole_graph_first(
     numbers and can be checked against eager's outputs), which is restored at the end: the
     user's stream is not advanced by measuring. reference_sink: gets eager's outputs on the
     example inputs where the search ran them (a training forward's: the real activations its
-    backward's search then runs on)."""
+    backward's search then runs on). writes: the placeholders the graph writes into (a static
+    KV cache's update): it goes to eager and Inductor only (the numpy runtimes return new values
+    instead of writing them), measured on copies of those inputs, each check run from their
+    values at the call, and what it writes is checked against eager's as its outputs are."""
     t_start = time.perf_counter()
     # Tolerance: the lower of what was asked and what the graph computes in. Compute: bf16
     # only where asked, for inference graphs (a training graph's gradients stay the user's).
@@ -87,6 +92,9 @@ def place_whole_graph_first(
         backends = [b for b in backends if b.dynamic_shapes]
     rng = _Generators(inputs) if random_ops else None
     if rng is not None:  # Inductor draws from ATen's generator; the others would not
+        backends = [b for b in backends if b.name in ("aten", "inductor")]
+    written = _Writes(inputs, writes) if writes else None
+    if written is not None:  # Inductor writes into its inputs as eager does; the others cannot
         backends = [b for b in backends if b.name in ("aten", "inductor")]
     by_name = {b.name: b for b in backends}
     if (
@@ -106,6 +114,9 @@ def place_whole_graph_first(
     frozen: dict[str, torch.Tensor] = {}
     if opts.freeze and example_inputs is not None and input_kinds is not None:
         frozen = frozen_inputs(gm, inputs, input_kinds)
+        # A buffer it writes into (a running statistic) is state, not a weight.
+        for i in writes:
+            frozen.pop(placeholders[i], None)
     nodes = [n.name for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     compilers = [b.name for b in backends if b.graph_level]
     computes = {n: by_name[n].compute for n in compilers}  # the precision each computes in
@@ -132,12 +143,20 @@ def place_whole_graph_first(
         ),
         machine,
     )
-    built: dict[str, Any] = {"eager": gm if rng is None else rng.replaying(gm)}
+
+    def replaying(fn: Any) -> Any:
+        """`fn` as the search runs it: from the generators' state at the call (random ops)
+        and from its written inputs' values at the call (`writes`), every run."""
+        fn = fn if rng is None else rng.replaying(fn)
+        return fn if written is None else written.replaying(fn)
+
+    built: dict[str, Any] = {"eager": replaying(gm)}
     regions: dict[str, tuple[Group, Any]] = {}  # each checked graph's region, for the finer search
     placed_by: dict[str, fx.GraphModule] = {"eager": gm}  # what runs each pick for the user
     failures: list[str] = []
     errors: dict[str, float] = {}
     want: list[Any] = []
+    want_written: list[Any] = []  # what eager's reference run wrote into its inputs (`writes`)
     # The graph that ran last, and for eager's reference run its seconds: the next timing of
     # that graph needs no warm-up call, and eager's reference run is its first sample where it
     # lasted 0.5 s or more (the 1.2B Llama's: ~6 s). A compiled graph's check is not: its
@@ -151,6 +170,8 @@ def place_whole_graph_first(
                 t0 = time.perf_counter()
                 want.append(built["eager"](*inputs))
                 last_run[0] = ("eager", time.perf_counter() - t0)
+                if written is not None:
+                    want_written.append(written.values())
         return want[0]
 
     # A graph checked before on these very weights is not checked again when a warm compile
@@ -168,7 +189,7 @@ def place_whole_graph_first(
                 gm, nodes, backend, values, _frozen_for(backend, frozen), "graph"
             )
             placed_mod = materialize(gm, [group], [fn])
-            mod = placed_mod if rng is None else rng.replaying(placed_mod)
+            mod = replaying(placed_mod)
             if not check:
                 built[name] = mod
                 placed_by[name] = placed_mod
@@ -178,6 +199,9 @@ def place_whole_graph_first(
             with torch.no_grad():
                 got = mod(*inputs)
                 last_run[0] = (name, None)
+                if written is not None:  # what it wrote into its inputs counts as outputs do
+                    got = (*_outputs(got), *written.values())
+                    expected = (*_outputs(expected), *want_written[0])
                 ok, errors[name] = within(got, expected, precision)
                 if not ok:
                     failures.append(
@@ -218,7 +242,9 @@ def place_whole_graph_first(
         warm = ran == name
         ran_s = ran_s if warm else None
         with torch.no_grad():
-            return time_end_to_end(built[name], inputs, opts.samples, warm=warm, ran_s=ran_s)
+            seconds = time_end_to_end(built[name], inputs, opts.samples, warm=warm, ran_s=ran_s)
+        # Less the copies that set its written inputs back before each run.
+        return seconds if written is None else max(seconds - written.restore_s(), 0.0)
 
     cache = ProfileCache(opts.cache_path)
     try:
@@ -575,6 +601,48 @@ def _keep_pick_with(result: PlacementResult, finer_result: PlacementResult) -> N
     for field in _FINER_STATS:
         setattr(result, field, getattr(finer_result, field))
     result.failures = [*result.failures, *finer_result.failures]
+
+
+def _outputs(out: Any) -> tuple[Any, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class _Writes:
+    """The inputs a graph writes into, as its search runs it: each a copy of the caller's in
+    `inputs` (measuring must not write into the user's tensors), set back to its value at the
+    call before every run (`replaying`): a write that is not idempotent (a static cache's
+    length counter, added to each call) would otherwise land once per run, and GPT-2's next
+    write went past its cache's end. `values()` copies out what a run wrote."""
+
+    def __init__(self, inputs: list[Any], index: Sequence[int]) -> None:
+        self.index = list(index)
+        self.inputs = inputs
+        for i in self.index:
+            inputs[i] = inputs[i].clone()
+        self.start = [inputs[i].clone() for i in self.index]
+
+    def restore(self) -> None:
+        for i, x in zip(self.index, self.start, strict=True):
+            self.inputs[i].copy_(x)
+
+    def values(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self.inputs[i].clone() for i in self.index)
+
+    def replaying(self, fn: Any) -> Any:
+        def run(*args: Any) -> Any:
+            self.restore()
+            return fn(*args)
+
+        run.__wrapped__ = fn  # type: ignore[attr-defined] - what is timed, for inspection
+        return run
+
+    @functools.cached_property
+    def _restore_s(self) -> float:
+        return time_call(lambda: self.restore(), (), 5, warm_s=0.0, min_s=0.01, max_s=0.1)
+
+    def restore_s(self) -> float:
+        """Seconds of one restore (timed once): what each timed run spent on it."""
+        return self._restore_s
 
 
 class _Generators:
