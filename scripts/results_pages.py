@@ -37,6 +37,11 @@ PAGES = {
         "varying_lengths.py",
         "features/default_compile",
     ),
+    "static_cache_generate": (
+        "HF generate() with a static cache and a compiled forward, on CPU",
+        "static_cache_generate.py",
+        "features/default_compile",
+    ),
     "training_lengths": (
         "Fine-tuning under the default compile: dropout on, batches of changing length",
         "training_lengths.py",
