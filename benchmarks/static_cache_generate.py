@@ -8,7 +8,11 @@ Contenders, each in a process of its own with fresh caches, the same prompt (a p
 padding as decoders take it) and greedy decoding: eager with HF's default dynamic cache, eager
 with the static cache, Inductor (default) and Inductor with freezing (PyTorch's recommendation
 for CPU inference), ours (the default compile). Reported: the first generate() (its compiles),
-the best of `passes` more, new tokens per second, and whether the tokens are eager's.
+the best of `passes` more, new tokens per second, and whether the tokens are eager's. The
+contenders run one after another in `rounds` rounds, every other round in reverse order, and
+each keeps its best round: this host drifts by 10% over the minutes one round takes (in one
+order ours trailed Inductor-freezing by 3-5%; in turns it led by 8-13%; the profiles of both
+show the same kernels, 1568 MKL linear calls and 384 SDPA calls a generate() at batch 4).
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=MODELS)
     p.add_argument("--batches", nargs="+", type=int, default=BATCHES)
     p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--one", help=argparse.SUPPRESS)  # a child: "model:batch"
     p.add_argument("--only", help=argparse.SUPPRESS)  # ... and its contender
     args = p.parse_args()
@@ -125,10 +130,24 @@ def main() -> None:
     for name in args.models:
         for batch in args.batches:
             row: dict[str, Any] = {"model": name, "batch": batch, "contenders": {}}
-            for c in CONTENDERS:
-                part = _child(name, batch, args.passes, c)
-                row["contenders"][c] = {k: v for k, v in part.items() if k not in ("model",)}
-                print(name, batch, c, json.dumps(part)[:400], file=sys.stderr, flush=True)
+            rounds: dict[str, list[Any]] = {c: [] for c in CONTENDERS}
+            equal: dict[str, list[bool]] = {c: [] for c in CONTENDERS}
+            for r in range(args.rounds):
+                for c in CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]:
+                    part = _child(name, batch, args.passes, c)
+                    part = {k: v for k, v in part.items() if k not in ("model",)}
+                    part["round"] = r
+                    kept = row["contenders"].get(c)
+                    if kept is None or part.get("best_s", 1e9) < kept.get("best_s", 1e9):
+                        row["contenders"][c] = part
+                    rounds[c].append(part.get("best_s"))
+                    equal[c].append(bool(part.get("tokens_equal_eager")))
+                    print(name, batch, c, json.dumps(part)[:400], file=sys.stderr, flush=True)
+            # Flat, for the page's table.
+            for c, part in row["contenders"].items():
+                part["rounds_best_s"] = rounds[c]
+                part["tokens_equal_eager"] = all(equal[c])  # in every round
+                row[f"tokens_per_s.{c}"] = part.get("tokens_per_s")
             tps = {
                 c: r.get("tokens_per_s")
                 for c, r in row["contenders"].items()
