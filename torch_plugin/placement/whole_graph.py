@@ -607,7 +607,22 @@ def _outputs(out: Any) -> tuple[Any, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-class _Writes:
+class _Restoring:
+    """State a search sets back before each run: `replaying(fn)` is `fn` run after restore()."""
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def replaying(self, fn: Any) -> Any:
+        def run(*args: Any) -> Any:
+            self.restore()
+            return fn(*args)
+
+        run.__wrapped__ = fn  # type: ignore[attr-defined] - what is timed, for inspection
+        return run
+
+
+class _Writes(_Restoring):
     """The inputs a graph writes into, as its search runs it: each a copy of the caller's in
     `inputs` (measuring must not write into the user's tensors), set back to its value at the
     call before every run (`replaying`): a write that is not idempotent (a static cache's
@@ -628,14 +643,6 @@ class _Writes:
     def values(self) -> tuple[torch.Tensor, ...]:
         return tuple(self.inputs[i].clone() for i in self.index)
 
-    def replaying(self, fn: Any) -> Any:
-        def run(*args: Any) -> Any:
-            self.restore()
-            return fn(*args)
-
-        run.__wrapped__ = fn  # type: ignore[attr-defined] - what is timed, for inspection
-        return run
-
     @functools.cached_property
     def _restore_s(self) -> float:
         return time_call(lambda: self.restore(), (), 5, warm_s=0.0, min_s=0.01, max_s=0.1)
@@ -645,7 +652,7 @@ class _Writes:
         return self._restore_s
 
 
-class _Generators:
+class _Generators(_Restoring):
     """The random generators a graph on these inputs' devices draws from (the CPU's, each CUDA
     device's), their state taken now: `replaying(fn)` is `fn` run from that state every call,
     `restore()` sets it back."""
@@ -665,11 +672,3 @@ class _Generators:
         torch.set_rng_state(self.cpu)
         for d, state in zip(self.cuda, self.states, strict=True):
             torch.cuda.set_rng_state(state, d)
-
-    def replaying(self, fn: Any) -> Any:
-        def run(*args: Any) -> Any:
-            self.restore()
-            return fn(*args)
-
-        run.__wrapped__ = fn  # type: ignore[attr-defined] - what is timed, for inspection
-        return run
