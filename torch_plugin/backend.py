@@ -526,7 +526,8 @@ def torch_plugin_backend(
         kinds = input_kinds if n_inputs == len(input_kinds) else None
         if kinds is not None:
             # A buffer the graph writes into (a running statistic, a cache registered as a
-            # buffer) is state: neither frozen nor guarded as a weight.
+            # buffer) is state: neither frozen (whole_graph.py freezes by these kinds) nor
+            # guarded as a weight.
             written = set(fx_bridge.written_inputs(fx_g))
             kinds = [("user", k[1]) if i in written else k for i, k in enumerate(kinds)]
         real = list(example_inputs) if n_inputs == len(example_inputs) else None

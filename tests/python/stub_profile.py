@@ -68,7 +68,7 @@ def install_whole_graph(seconds: dict[str, float], setattr_: Callable[..., Any] 
         return seconds.get(backend, 1e-3)
 
     setattr_(whole_graph, "time_end_to_end", fake)
-    setattr_(whole_graph._Writes, "restore_s", lambda self: 0.0)
+    setattr_(whole_graph._Writes, "restore_s", 0.0)
     # Nothing skipped for this machine's speed either: no compile-time expectation, neither the
     # priors nor the rates learned from earlier compiles (the search then skips only once the
     # budget is spent), and a peak no FLOP count reaches (no bound).

@@ -44,7 +44,7 @@ from .planner import (
     time_call,
     time_end_to_end,
 )
-from .precision import TOLERANCE, resolve, within
+from .precision import TOLERANCE, _as_list, resolve, within
 
 log = logging.getLogger("torch_plugin")
 
@@ -114,9 +114,6 @@ def place_whole_graph_first(
     frozen: dict[str, torch.Tensor] = {}
     if opts.freeze and example_inputs is not None and input_kinds is not None:
         frozen = frozen_inputs(gm, inputs, input_kinds)
-        # A buffer it writes into (a running statistic) is state, not a weight.
-        for i in writes:
-            frozen.pop(placeholders[i], None)
     nodes = [n.name for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     compilers = [b.name for b in backends if b.graph_level]
     computes = {n: by_name[n].compute for n in compilers}  # the precision each computes in
@@ -200,8 +197,8 @@ def place_whole_graph_first(
                 got = mod(*inputs)
                 last_run[0] = (name, None)
                 if written is not None:  # what it wrote into its inputs counts as outputs do
-                    got = (*_outputs(got), *written.values())
-                    expected = (*_outputs(expected), *want_written[0])
+                    got = [*_as_list(got), *written.values()]
+                    expected = [*_as_list(expected), *want_written[0]]
                 ok, errors[name] = within(got, expected, precision)
                 if not ok:
                     failures.append(
@@ -244,7 +241,7 @@ def place_whole_graph_first(
         with torch.no_grad():
             seconds = time_end_to_end(built[name], inputs, opts.samples, warm=warm, ran_s=ran_s)
         # Less the copies that set its written inputs back before each run.
-        return seconds if written is None else max(seconds - written.restore_s(), 0.0)
+        return seconds if written is None else max(seconds - written.restore_s, 0.0)
 
     cache = ProfileCache(opts.cache_path)
     try:
@@ -603,10 +600,6 @@ def _keep_pick_with(result: PlacementResult, finer_result: PlacementResult) -> N
     result.failures = [*result.failures, *finer_result.failures]
 
 
-def _outputs(out: Any) -> tuple[Any, ...]:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
 class _Restoring:
     """State a search sets back before each run: `replaying(fn)` is `fn` run after restore()."""
 
@@ -644,12 +637,9 @@ class _Writes(_Restoring):
         return tuple(self.inputs[i].clone() for i in self.index)
 
     @functools.cached_property
-    def _restore_s(self) -> float:
-        return time_call(lambda: self.restore(), (), 5, warm_s=0.0, min_s=0.01, max_s=0.1)
-
     def restore_s(self) -> float:
         """Seconds of one restore (timed once): what each timed run spent on it."""
-        return self._restore_s
+        return time_call(lambda: self.restore(), (), 5, warm_s=0.0, min_s=0.01, max_s=0.1)
 
 
 class _Generators(_Restoring):
