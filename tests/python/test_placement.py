@@ -1564,3 +1564,55 @@ def test_inductor_writes_into_an_input_it_was_handed_in_another_layout() -> None
     (out,) = fn(other, x)
     torch.testing.assert_close(other, x, rtol=0, atol=0)
     torch.testing.assert_close(out, 2 * x, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(
+    get_backends(["onnxruntime"])[-1].name != "onnxruntime", reason="no onnxruntime"
+)
+def test_onnx_export_keeps_the_exporters_info_lines_off_an_applications_log() -> None:
+    """An application logging at INFO got the exporter's own INFO lines, several hundred per
+    real-size graph (each initializer onnxscript merges, each node it does not fold), for every
+    ONNX Runtime candidate; and the export left torch.onnx's logger at ERROR for good. Within
+    the export they are quiet; after it every logger's level is what it was."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_plugin.placement import backends
+
+    w = torch.randn(8, 8)
+
+    def twice(x: torch.Tensor) -> tuple[torch.Tensor]:
+        # Two equal constants: onnx_ir's deduplication logs the one it replaces at INFO.
+        return (x @ w.clone() + x @ w.clone(),)
+
+    args = (torch.randn(2, 8),)
+    gm = make_fx(twice)(*args)
+    names = ("torch.onnx", "onnxscript", "onnx_ir")
+    before = {n: logging.getLogger(n).level for n in names}
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    root = logging.getLogger()
+    handler, level = Keep(level=logging.INFO), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        backend = get_backends(["onnxruntime"])[-1]
+        run = backend.compile(gm, list(args), "graph")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    torch.testing.assert_close(run(*args)[0], twice(*args)[0])
+    chatter = [r for r in seen if r.name.split(".")[0] in ("onnxscript", "onnx_ir", "torch")]
+    assert not chatter, [r.getMessage()[:80] for r in chatter[:3]]
+    assert {n: logging.getLogger(n).level for n in names} == before
+    # A level the application set on one of them stands, within and after.
+    logging.getLogger("onnxscript").setLevel(logging.DEBUG)
+    try:
+        with backends.quiet_loggers(names):
+            assert logging.getLogger("onnxscript").level == logging.DEBUG
+            assert logging.getLogger("onnx_ir").level == logging.ERROR
+    finally:
+        logging.getLogger("onnxscript").setLevel(logging.NOTSET)

@@ -807,13 +807,38 @@ class OnnxRuntimeBackend(_NumpyBackend):
                 return cached
         # torch.export runs Dynamo; outside the enclosing frame's tracing context, or its
         # guards leak into (and break) the user's compiled frame.
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), tracing(None):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            quiet_loggers(_EXPORTER_LOGGERS),
+            tracing(None),
+        ):
             warnings.simplefilter("ignore")
-            logging.getLogger("torch.onnx").setLevel(logging.ERROR)
             model = _export_onnx(gm, tuple(inputs))
         if key is not None and isinstance(model, bytes):
             artifacts.store(self.artifacts, key, ".onnx", model)
         return model
+
+
+# The exporter's own loggers: onnxscript's optimiser and onnx_ir's passes log each initializer
+# they merge and each node they do not fold at INFO, several hundred lines for one GPT-2 graph,
+# which an application logging at INFO printed for every ONNX Runtime candidate.
+_EXPORTER_LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir")
+
+
+@contextlib.contextmanager
+def quiet_loggers(names: Sequence[str], level: int = logging.ERROR) -> Any:
+    """Within: the loggers `names` that take their level from their parents (set to none of
+    their own) at `level`; after: as they were. A level the application set on one is kept."""
+    loggers = [logging.getLogger(n) for n in names]
+    quieted = [lg for lg in loggers if lg.level == logging.NOTSET]
+    for lg in quieted:
+        lg.setLevel(level)
+    try:
+        yield
+    finally:
+        for lg in quieted:
+            lg.setLevel(logging.NOTSET)
 
 
 @functools.cache
