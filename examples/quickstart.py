@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch._inductor import config as inductor_config
 
 import torch_plugin
 from torch_plugin.backend import collect_stats
@@ -70,10 +71,39 @@ def save_png(results: list[Any], eager_ms: float, inductor_ms: float, ours_ms: f
     return path
 
 
+def vit() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return hf_suite.build_model("vit", width=4).eval(), torch.randn(1, 3, 32, 32)
+
+
+def _inductor_first_call(queue: Any) -> None:
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, x = vit()
+    with torch.no_grad(), inductor_config.patch(freezing=True):
+        model(pixel_values=x)
+        compiled = torch.compile(model)
+        queue.put(first_call_s(lambda: compiled(pixel_values=x)))
+
+
+def inductor_first_call_s() -> float:
+    """Inductor's first call, with freezing (PyTorch's recommendation for CPU inference), in a
+    process of its own: its compile as a user's script pays it, after ours (so on disk it finds
+    whatever kernels ours compiled). Timed in this process after ours, it found Inductor's
+    per-process start-up already done by our search, which compiles Inductor's graph too: 6.9 s
+    there against 26.8 s in a fresh process (ours: 30.8 s)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_inductor_first_call, args=(queue,))
+    proc.start()
+    try:
+        return float(queue.get(timeout=600))
+    finally:
+        proc.join(timeout=60)
+
+
 def part1() -> None:
     print("== 1. torch.compile(model, backend='torch_plugin'), no options: CPU inference ==")
-    model = hf_suite.build_model("vit", width=4).eval()
-    x = torch.randn(1, 3, 32, 32)
+    model, x = vit()
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"HF ViT config: {n_params:.1f}M parameters, input {tuple(x.shape)}")
     with torch.no_grad():
@@ -82,23 +112,30 @@ def part1() -> None:
         with collect_stats() as stats, torch_plugin.placement.record() as results:
             ours_s = first_call_s(lambda: ours(pixel_values=x))
         got = ours(pixel_values=x).logits
-        inductor = torch.compile(model)
-        inductor_s = first_call_s(lambda: inductor(pixel_values=x))
-        eager_ms = median_ms(lambda: model(pixel_values=x))
-        inductor_ms = median_ms(lambda: inductor(pixel_values=x))
-        ours_ms = median_ms(lambda: ours(pixel_values=x))
+        inductor_s = inductor_first_call_s()
+        with inductor_config.patch(freezing=True):
+            inductor = torch.compile(model)
+            inductor(pixel_values=x)
+        # Latencies in this one process, in turns (another process runs on another day's
+        # host, as far as timing goes: Inductor measured 0.94-1.47 ms in one and the next).
+        times: dict[str, list[float]] = {"eager": [], "inductor": [], "ours": []}
+        for _ in range(3):
+            times["eager"].append(median_ms(lambda: model(pixel_values=x), 0.3))
+            times["inductor"].append(median_ms(lambda: inductor(pixel_values=x), 0.3))
+            times["ours"].append(median_ms(lambda: ours(pixel_values=x), 0.3))
+        eager_ms, inductor_ms, ours_ms = (statistics.median(times[k]) for k in times)
     err = float((got - want).abs().max()) / max(1.0, float(want.abs().max()))
     print("what the backend decided, per graph:")
     for r in stats:
         print("  " + r.get("summary", f"{r['kind']} graph: not placed"))
-    print(f"{'':<14}{'ms/forward':>11}{'vs eager':>10}{'vs Inductor':>13}{'compile s':>11}")
+    print(f"{'':<20}{'ms/forward':>11}{'vs eager':>10}{'vs Inductor':>13}{'compile s':>11}")
     for name, ms, comp in (
         ("eager", eager_ms, None),
-        ("Inductor", inductor_ms, inductor_s),
+        ("Inductor (freezing)", inductor_ms, inductor_s),
         ("torch_plugin", ours_ms, ours_s),
     ):
         print(
-            f"{name:<14}{ms:>11.3f}{eager_ms / ms:>9.2f}x{inductor_ms / ms:>12.2f}x"
+            f"{name:<20}{ms:>11.3f}{eager_ms / ms:>9.2f}x{inductor_ms / ms:>12.2f}x"
             + (f"{comp:>11.1f}" if comp is not None else f"{'-':>11}")
         )
     print(f"max relative difference from eager: {err:.1e}")
