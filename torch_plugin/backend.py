@@ -564,12 +564,24 @@ def torch_plugin_backend(
 
 def _values_by_name(fx_g: fx.GraphModule, outputs: Sequence[Any]) -> dict[str, Any]:
     """A forward graph's output values by the name of the node that made each (the names
-    AOTAutograd's partition gives its backward's placeholders for the values it saves)."""
+    AOTAutograd's partition gives its backward's placeholders for the values it saves). The
+    generator states a recomputed random op saves (gradient checkpointing's dropout: the
+    forward's run_and_save_rng_state) are `rng_state_output_<i>` in the backward, numbered in
+    the order the forward returns them."""
     out_node = next(n for n in fx_g.graph.nodes if n.op == "output")
     nodes = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else [out_node.args[0]]
     if len(nodes) != len(outputs):
         return {}
-    return {n.name: v for n, v in zip(nodes, outputs, strict=True) if isinstance(n, fx.Node)}
+    values: dict[str, Any] = {}
+    states = 0
+    for n, v in zip(nodes, outputs, strict=True):
+        if not isinstance(n, fx.Node):
+            continue
+        values[n.name] = v
+        if fx_bridge.is_saved_rng_state(n):
+            values[f"rng_state_output_{states}"] = v
+            states += 1
+    return values
 
 
 def _backward_inputs(fx_g: fx.GraphModule, saved: dict[str, Any]) -> list[Any] | None:

@@ -107,6 +107,31 @@ def written_inputs(gm: fx.GraphModule) -> list[int]:
     return sorted(written)
 
 
+def is_saved_rng_state(n: fx.Node) -> bool:
+    """Whether `n` is a generator state a forward saves for a random op its backward recomputes
+    (AOTAutograd's functionalised RNG under activation checkpointing: element 0 of
+    run_and_save_rng_state)."""
+    src = n.args[0] if n.op == "call_function" and n.target is operator.getitem else None
+    return (
+        isinstance(src, fx.Node)
+        and n.args[1] == 0
+        and src.target is torch.ops.higher_order.run_and_save_rng_state
+    )
+
+
+def rng_state_inputs(gm: fx.GraphModule) -> set[str]:
+    """The placeholders a graph runs a random op from as a generator state (a backward's
+    recomputed dropout: run_with_rng_state's first argument)."""
+    return {
+        n.args[0].name
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and n.target is torch.ops.higher_order.run_with_rng_state
+        and isinstance(n.args[0], fx.Node)
+        and n.args[0].op == "placeholder"
+    }
+
+
 def _dim(d: Any) -> Any:
     if isinstance(d, torch.SymInt):
         as_int = d.node.maybe_as_int()

@@ -333,6 +333,10 @@ OpRegistry::OpRegistry() {
       {"aten::bernoulli_", "*", C::kRandom, -1, -1, false, 2},
       {"aten::uniform_", "*", C::kRandom, -1, -1, false, 2},
       {"aten::normal_", "*", C::kRandom, -1, -1, false, 2},
+      // Activation checkpointing's functionalised RNG: the forward runs a random op and returns
+      // the generator state it ran from (it draws); the backward's run_with_rng_state runs it
+      // again from that state and sets the generator back (no draw: not listed).
+      {"higher_order::run_and_save_rng_state", "*", C::kRandom, -1, -1, false, 0},
       // Mutations.
       {"aten::copy_", "default", C::kMutation, 2, 3, false, 0},
       {"aten::add_", "*", C::kMutation, -1, -1, false, 1},

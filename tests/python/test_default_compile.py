@@ -631,6 +631,80 @@ def test_a_training_graph_with_dropout_runs_on_inductor_with_eagers_masks(
     assert "openvino" not in forward and "onnxruntime" not in forward, forward
 
 
+def test_a_gradient_checkpointed_training_step_runs_on_inductor_with_eagers_gradients(
+    tmp_path, fixed_profile, caplog
+) -> None:
+    """Activation checkpointing with dropout (HF's gradient_checkpointing_enable, or
+    torch.utils.checkpoint as here): the forward saves the generator state of each recomputed
+    dropout and the backward runs it again from there. Both halves fell back unplaced: the
+    backward's search ran dropout from a zero state ("Invalid mt19937 state", a WARNING), and
+    Inductor, handed either half, traced it through AOTAutograd again, which cannot take those
+    ops. Now both run on Inductor (faster in the stub) with eager's loss, gradients and stream,
+    over two lengths (the second graph dynamic)."""
+    from torch.utils.checkpoint import checkpoint
+
+    fixed_profile({"inductor": 1e-5})
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(
+        torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.Dropout(0.3), torch.nn.GELU(), torch.nn.Linear(32, 16)
+        )
+        for _ in range(2)
+    )
+
+    def step(mods: torch.nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+        for block in mods:
+            x = x + checkpoint(block, x, use_reentrant=False)
+        return x.square().mean()
+
+    ref = copy.deepcopy(blocks)
+    g = torch.compile(step, backend="torch_plugin", options=_opts(tmp_path))
+    with collect_stats() as stats, caplog.at_level(logging.WARNING, logger="torch_plugin"):
+        for i, rows in enumerate((8, 6)):
+            x = torch.randn(rows, 5, 16)
+            torch.manual_seed(i)
+            loss = g(blocks, x)
+            loss.backward()
+            after = torch.rand(3)
+            torch.manual_seed(i)
+            want = step(ref, x)
+            want.backward()
+            torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(after, torch.rand(3), rtol=0, atol=0)
+            for p, q in zip(blocks.parameters(), ref.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+                p.grad = q.grad = None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    lines = _summaries(stats)
+    for kind in ("forward", "backward"):
+        placed = [line for line in lines if line.startswith(kind)]
+        assert len(placed) == 2 and all(": inductor (" in line for line in placed), lines
+
+
+def test_a_recomputed_random_ops_generator_state_is_synthesized_valid() -> None:
+    """A backward whose forward values are not at hand (a warm compile checks its pick on
+    synthesized inputs) takes each saved generator state as an input: made as zeros like other
+    integer inputs, it was no valid state ("Invalid mt19937 state") and the graph could not
+    run. It is the generator's own state now."""
+    import torch.fx as fx
+
+    from torch_plugin.placement.measure import synthesize_inputs
+
+    g = fx.Graph()
+    state, x = g.placeholder("rng_state_output_0"), g.placeholder("x")
+    state.meta["val"], x.meta["val"] = torch.get_rng_state(), torch.empty(4, 8)
+    dropout = torch.ops.aten.native_dropout.default
+    out = g.call_function(torch.ops.higher_order.run_with_rng_state, (state, dropout, x, 0.5, True))
+    g.output((out,))
+    gm = fx.GraphModule({}, g)
+    made = synthesize_inputs(gm)
+    torch.testing.assert_close(made[0], torch.get_rng_state(), rtol=0, atol=0)
+    before = torch.get_rng_state()
+    first, again = gm(*made)[0], gm(*made)[0]
+    torch.testing.assert_close(first, again, rtol=0, atol=0)  # the same state, the same mask
+    torch.testing.assert_close(torch.get_rng_state(), before, rtol=0, atol=0)
+
+
 def test_the_backward_is_searched_on_the_activations_its_forward_saved(
     tmp_path, fixed_profile, monkeypatch
 ) -> None:

@@ -154,13 +154,50 @@ class InductorBackend(Backend):
             torch._inductor.config.patch(freezing=freeze, fallback_random=True),
         ):
             warnings.simplefilter("ignore")
-            compiled = compile_fx(gm, fake_inputs)
+            if _recomputes(gm):
+                compiled = _compile_partitioned(gm, mode, fake_inputs)
+            else:
+                compiled = compile_fx(gm, fake_inputs)
         compiled = (
             _with_strides(compiled, inputs, written_inputs(gm))
             if frame is None
             else _with_symbolic_strides(compiled, frame[1])
         )
         return _cast_outputs(compiled, casts) if any(c is not None for c in casts) else compiled
+
+
+def _recomputes(gm: fx.GraphModule) -> bool:
+    """Whether `gm` is one half of a training step under activation checkpointing (HF's
+    gradient_checkpointing_enable, torch.utils.checkpoint): its random ops run from a saved
+    generator state (AOTAutograd's run_and_save_rng_state in the forward, run_with_rng_state in
+    the backward) or its nodes are tagged for recomputation. compile_fx traces such a graph
+    again through AOTAutograd, which cannot: "no rule registered for HigherOrderOperator
+    run_and_save_rng_state" (forward), "7 disjoint backward regions that require recomputation"
+    (a 2-layer GPT-2's backward), and both ran on eager."""
+    rng = (torch.ops.higher_order.run_and_save_rng_state, torch.ops.higher_order.run_with_rng_state)
+    return any(
+        n.op == "call_function" and (n.target in rng or "recompute" in n.meta)
+        for n in gm.graph.nodes
+    )
+
+
+def _compile_partitioned(gm: fx.GraphModule, mode: Any, fake_inputs: Sequence[Any]) -> Any:
+    """An AOTAutograd-partitioned graph compiled as Inductor compiles the halves of its own
+    partition: Inductor's decompositions applied by a plain retrace (no functionalisation, no
+    partition: both were done), then compile_fx_inner. Random decompositions as
+    fallback_random picks them (the caller's config): ATen's kernels, eager's numbers."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with mode:
+        decomposed = make_fx(gm, decomposition_table=select_decomp_table())(*fake_inputs)
+    compiled = compile_fx_inner(decomposed, list(fake_inputs))
+
+    def run(*args: Any) -> Any:
+        return compiled(list(args))  # the boxed convention: it may clear the list it gets
+
+    return run
 
 
 def _views_as_reshapes(gm: fx.GraphModule) -> fx.GraphModule:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..fx_bridge import rng_state_inputs
 from .backends import Backend, BackendError
 from .cache import Entry
 from .materialize import _frozen_for, _GroupCall, build_subgraph
@@ -56,11 +57,21 @@ def _synthesized(gm: fx.GraphModule) -> list[Any]:
         return int(optimization_hint(d)) if isinstance(d, torch.SymInt) else int(d)
 
     gen = torch.Generator().manual_seed(0)
+    states = rng_state_inputs(gm)
     out: list[Any] = []
     for n in gm.graph.nodes:
         if n.op != "placeholder":
             continue
         v = n.meta.get("val")
+        if n.name in states and isinstance(v, torch.Tensor):
+            # A generator state a recomputed random op runs from: the device generator's own
+            # (zeros are no valid mt19937 state: "Invalid mt19937 state", and the backward of
+            # every gradient-checkpointed model with dropout fell back unplaced).
+            if v.device.type == "cuda":
+                out.append(torch.cuda.get_rng_state(v.device))
+            else:
+                out.append(torch.get_rng_state())
+            continue
         if isinstance(v, torch.Tensor):
             shape = [size(d) for d in v.shape]
             if v.dtype.is_floating_point:

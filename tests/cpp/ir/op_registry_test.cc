@@ -35,6 +35,12 @@ TEST(OpRegistryTest, FindsByOverloadAndWildcard) {
   EXPECT_EQ(reg.Find("mylib::thing.default"), nullptr);
   EXPECT_FALSE(reg.IsPure("mylib::thing.default"));
   EXPECT_FALSE(reg.IsPure("aten::native_dropout.default"));
+  // A checkpointed dropout's forward draws (and saves the state it drew from): random, kept.
+  ASSERT_NE(reg.Find("higher_order::run_and_save_rng_state"), nullptr);
+  EXPECT_EQ(reg.Find("higher_order::run_and_save_rng_state")->cls, OpClass::kRandom);
+  EXPECT_FALSE(reg.IsPure("higher_order::run_and_save_rng_state"));
+  // Its recomputation runs from a given state and sets the generator back: it draws nothing.
+  EXPECT_EQ(reg.Find("higher_order::run_with_rng_state"), nullptr);
   EXPECT_TRUE(reg.IsPure("aten::view.default"));
   EXPECT_EQ(OpRegistry::SplitOverload("aten::add.Tensor"),
             (std::pair<std::string, std::string>{"aten::add", "Tensor"}));
