@@ -98,6 +98,93 @@ def train_like_a_user(rank: int, world: int, port: int, kind: str, shape: list[i
         dist_workers._finish()
 
 
+def _saved_bytes(fn: Any) -> tuple[Any, int]:
+    """fn()'s result and the bytes of the tensors autograd saved for the backward while it ran."""
+    total = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, total[0]
+
+
+def checkpointed_training(rank: int, world: int, port: int, kind: str) -> dict:
+    """HF's gradient_checkpointing_enable, then parallelize: the activations saved for the
+    backward per rank (with it and without), and the losses of a loop over changing lengths
+    against one process with checkpointing."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+        batches = [padded_batch(b, t, i) for i, (b, t) in enumerate(SHAPES)]
+        saved = {}
+        for on in (False, True):
+            model = default_config_model(kind)
+            if on:
+                model.gradient_checkpointing_enable()
+            model.train()
+            reference = copy.deepcopy(model)
+            sharded = torch_plugin.parallelize(model, mesh, batches[0])
+            torch.manual_seed(0)
+            loss, saved[on] = _saved_bytes(lambda s=sharded: s(**batches[0]).loss)
+            torch.manual_seed(0)
+            _, saved[f"one process {on}"] = _saved_bytes(lambda r=reference: r(**batches[0]).loss)
+            del loss
+        # `sharded` and `reference` are now the checkpointed pair.
+        return {
+            "saved": saved,
+            "ours": _train(sharded, batches, seed=1),
+            "expect": _train(reference, batches, seed=1),
+        }
+    finally:
+        dist_workers._finish()
+
+
+def pipeline_checkpointed(rank: int, world: int, port: int, kind: str) -> dict:
+    """HF's gradient_checkpointing_enable, then strategy="pipeline": this rank's activations
+    saved for the backward in a step (with checkpointing and without), and with it each step's
+    loss and this rank's gradients against one process's over batches of changing length."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        batches = [padded_batch(8, t, i) for i, t in enumerate((16, 12, 16))]
+        saved, losses, expect, grad_diff = {}, [], [], {}
+        for on in (False, True):
+            grad_diff[on] = 0.0
+            model = default_config_model(kind)
+            if on:
+                model.gradient_checkpointing_enable()
+            model.train()
+            reference = copy.deepcopy(model)
+            pp = torch_plugin.parallelize(
+                model, world, batches[0], strategy="pipeline", num_microbatches=4
+            )
+            for i, b in enumerate(batches):
+                for p in [*pp.parameters(), *reference.parameters()]:
+                    p.grad = None
+                torch.manual_seed(100 + i)
+                losses.append(pp.step(b))
+                torch.manual_seed(100 + i)
+                loss = reference(**b).loss
+                loss.backward()
+                expect.append(float(loss))
+                ref = dict(reference.named_parameters())
+                for name, p in pp.named_parameters():
+                    if p.grad is not None:
+                        diff = float((p.grad - ref[name].grad).abs().max())
+                        grad_diff[on] = max(grad_diff[on], diff)
+            # A shape seen before (no capture under the hooks).
+            _, saved[on] = _saved_bytes(lambda pp=pp: pp.step(batches[0]))
+        return {"saved": saved, "losses": losses, "expect": expect, "grad_diff": grad_diff}
+    finally:
+        dist_workers._finish()
+
+
 def positional_then_keywords(rank: int, world: int, port: int) -> dict:
     """parallelize with a positional example (input ids), then the HF keyword call with labels:
     Dynamo would compile the new signature, and so does the sharded model."""

@@ -16,8 +16,10 @@ stage's: on CPU the generator has no skip-ahead to price them more cheaply.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -174,6 +176,16 @@ class StepDraws:
     def __init__(self) -> None:
         self.kept: dict[str, tuple[torch.Tensor, int]] = {}
         self.rows = (0, 0)
+
+    @contextlib.contextmanager
+    def rows_set(self, rows: tuple[int, int]) -> Iterator[None]:
+        """Within: `rows` are the micro-batch's (a checkpointed region recomputed in the
+        backward draws the masks of the micro-batch it ran for); after: as they were."""
+        before, self.rows = self.rows, rows
+        try:
+            yield
+        finally:
+            self.rows = before
 
     def replay(
         self,

@@ -13,6 +13,7 @@ counts. Every receive is bounded by the process group's timeout: a dead rank fai
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -33,6 +34,7 @@ from ..runtime.agreement import check_same
 from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from ..runtime.collectives import hold_groups
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
+from ..runtime.recompute import by_module_stack, checkpoint_regions, checkpointed_layers
 from ..runtime.spmd_ops import is_draw
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
@@ -700,8 +702,33 @@ class PipelineParallel:
         if self.aten is not None:
             drawn = {env[twin(node)]: node.name for node in self.members[s] if is_draw(node)}
             replace_draws(module, drawn, self._draws)
+            module = self._recomputing(module)
         self._modules[key] = module
         return module
+
+    def _recomputing(self, module: fx.GraphModule) -> fx.GraphModule:
+        """The stage with the nodes of each layer the model checkpoints (HF's
+        gradient_checkpointing_enable) run under torch.utils.checkpoint: replayed op by op,
+        the stage saved every activation whether the user had enabled it or not."""
+        layers = checkpointed_layers(self.model_ref) if self.model_ref.training else []
+        if not layers:
+            return module
+        draws = self._draws
+
+        def rows_of_the_forward() -> tuple[Any, Any]:
+            # Replayed dropout slices this step's masks by the rows of the micro-batch
+            # running; the backward recomputes a micro-batch after others ran forward.
+            return contextlib.nullcontext(), draws.rows_set(draws.rows)
+
+        out, regions = checkpoint_regions(module, by_module_stack(layers), rows_of_the_forward)
+        log.info(
+            "torch_plugin pipeline: stage S%d recomputes %d checkpointed region(s) in the "
+            "backward (the model checkpoints %d layers)",
+            self.my_stage,
+            regions,
+            len(layers),
+        )
+        return out
 
     def _release_groups(self) -> None:
         self.group = None

@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 
 from .. import _C, fx_bridge
 from ..runtime.capture import as_call, trace_call
+from ..runtime.recompute import checkpointed_layers
 from ..runtime.spmd_ops import draws_along_batch
 
 log = logging.getLogger("torch_plugin.sharding")
@@ -111,8 +112,11 @@ def _refuse_batch_statistics(model: nn.Module) -> None:
 
 def _capture(model: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]]) -> _Captured:
     """ATen forward graph of model(*args, **kwargs) over (params, buffers, the call's tensors),
-    on fake tensors, as the planner's IR."""
-    traced = trace_call(model, call)
+    on fake tensors, as the planner's IR. Where layers checkpoint their activations in training,
+    each node records the modules it ran in (the program outlines those layers again:
+    runtime/recompute.py)."""
+    recompute = model.training and bool(checkpointed_layers(model))
+    traced = trace_call(model, call, record_module_stack=recompute)
     n_user = len(traced.tensor_at)
     kinds = (
         [("parameter", n) for n in traced.pnames]

@@ -41,6 +41,7 @@ from ..runtime.capture import (
 )
 from ..runtime.collectives import Collectives
 from ..runtime.mesh import DeviceMesh
+from ..runtime.recompute import by_module_stack, checkpoint_regions, checkpointed_layers
 from ..runtime.spmd_ops import (
     _TARGETS,
     _BatchLoss,
@@ -315,6 +316,8 @@ class ShardedModule(nn.Module):
         self._random_ops = fx_bridge.has_random_ops(sharded.graph)
         if self._random_ops:
             self._replica_masks(self.graph_module, rows)
+        # The layers the model checkpoints (HF's gradient_checkpointing_enable), outlined again.
+        self._layers = checkpointed_layers(model) if training else []
         self.local_graph = sharded.graph
         state_names = set(pnames) | set(bnames)
         # plan.spec is converted from C++ on every read: read once (read per record, it cost
@@ -334,7 +337,7 @@ class ShardedModule(nn.Module):
         self._fixed_zero = dict(plan.zero_stage)
         self._programs: dict[Any, _Program] = {
             self._call_key(pytree.tree_flatten(full_call), model.training): _Program(
-                self.graph_module,
+                self._recomputing(self.graph_module, model.training),
                 self._random_ops,
                 captured.out_spec,
                 self._summed(call, captured),
@@ -673,6 +676,28 @@ class ShardedModule(nn.Module):
             return True
         return captured.gm is not None and scalar_outputs_are_sums(captured.gm)
 
+    def _recomputing(self, gm: fx.GraphModule, training: bool) -> fx.GraphModule:
+        """The program with each checkpointed layer's nodes run under torch.utils.checkpoint
+        in training (runtime/recompute.py); as it is otherwise."""
+        if not self._layers or not training:
+            return gm
+        out, regions = checkpoint_regions(gm, by_module_stack(self._layers))
+        if regions == 0:
+            log.warning(
+                "torch_plugin sharding: the model checkpoints %d layer(s) (%s, ...) but none of "
+                "the program's nodes recorded them: it keeps every activation",
+                len(self._layers),
+                self._layers[0],
+            )
+        else:
+            log.info(
+                "torch_plugin sharding: %d checkpointed region(s) recompute their activations "
+                "in the backward (the model's %d checkpointed layers)",
+                regions,
+                len(self._layers),
+            )
+        return out
+
     def _replica_masks(self, gm: fx.GraphModule, total: int) -> None:
         """dp replicas: each dropout mask becomes the replica's rows of the whole batch's mask
         (`total` rows), so that with one seed the losses equal one process's (see
@@ -770,6 +795,7 @@ class ShardedModule(nn.Module):
         )
         if program.random_ops:
             self._replica_masks(program.module, total)
+        program.module = self._recomputing(program.module, self.training)
         took = time.perf_counter() - t0
         log.debug("capture %.2f plan %.2f fx %.2f", t1 - t0, t2 - t1, took - (t2 - t0))
         self.capture_times_s[what] = took

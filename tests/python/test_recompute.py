@@ -1,0 +1,103 @@
+"""runtime/recompute.py: checkpointed layers outlined from a captured program."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.fx as fx
+import transformers
+
+from torch_plugin.runtime.recompute import (
+    Recomputed,
+    by_module_stack,
+    checkpoint_regions,
+    checkpointed_layers,
+)
+
+
+class _Blocks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.dropout(self.a(x).relu(), 0.5) + x
+        x = torch.nn.functional.dropout(self.b(x).relu(), 0.5) + x
+        return self.head(x).sum()
+
+
+def test_each_layers_run_is_one_recomputed_region_with_eagers_values_and_gradients() -> None:
+    """Two layers whose module calls are labelled and whose functional ops between are not
+    (as a collective the sharding adds is not), then the head: two regions, each taking the
+    unlabelled ops after its call. Values, gradients and the generator's stream are eager's,
+    and each region's forward runs again in the backward."""
+    torch.manual_seed(0)
+    model = _Blocks()
+    gm = fx.symbolic_trace(model)
+    owner = {n.name: str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+
+    def region(n: fx.Node) -> str | None:
+        s = owner.get(n.name)
+        return "" if s is None else None if s == "head" else s
+
+    out, count = checkpoint_regions(gm, region)
+    assert count == 2
+    recomputed = [m for m in out.modules() if isinstance(m, Recomputed)]
+    assert len(recomputed) == 2
+    calls = [0]
+    for m in recomputed:
+        m.inner.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    x = torch.randn(4, 8, requires_grad=True)
+    ref = copy.deepcopy(model)
+    torch.manual_seed(1)
+    loss = out(x)
+    loss.backward()
+    after = torch.rand(2)
+    xr = x.detach().clone().requires_grad_()
+    torch.manual_seed(1)
+    want = ref(xr)
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(x.grad, xr.grad)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    torch.testing.assert_close(after, torch.rand(2), rtol=0, atol=0)
+    assert calls[0] == 4  # each region ran in the forward and again in the backward
+    with torch.no_grad():  # no gradients recorded: each region runs once
+        calls[0] = 0
+        out(x)
+        assert calls[0] == 2
+
+
+def test_no_region_leaves_the_program_as_it_is() -> None:
+    gm = fx.symbolic_trace(_Blocks())
+    out, count = checkpoint_regions(gm, lambda n: None)
+    assert out is gm and count == 0
+
+
+def test_checkpointed_layers_are_hfs_outermost_checkpointing_layers() -> None:
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = transformers.LlamaForCausalLM(cfg)
+    assert checkpointed_layers(model) == []
+    model.gradient_checkpointing_enable()
+    assert checkpointed_layers(model) == ["model.layers.0", "model.layers.1"]
+    region = by_module_stack(["model.layers.0"])
+    node = fx.Graph().placeholder("x")
+    node.meta["nn_module_stack"] = {"": ("", "M"), "l": ("model.layers.0.mlp", "MLP")}
+    assert region(node) == "model.layers.0"
+    node.meta["nn_module_stack"] = {"": ("", "M"), "n": ("model.norm", "Norm")}
+    assert region(node) is None
+    node.meta["nn_module_stack"] = {"": ("", "M")}  # the root module: cannot tell
+    assert region(node) == ""
+    del node.meta["nn_module_stack"]
+    assert region(node) == ""
