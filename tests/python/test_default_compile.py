@@ -596,6 +596,25 @@ def test_a_dynamic_backward_is_searched_on_real_tensors(
     assert len(lines) == 1 and ": inductor (" in lines[0], lines
 
 
+def _step_as_eager(
+    ours: Any, eager: Any, model: torch.nn.Module, ref: torch.nn.Module, seed: int
+) -> None:
+    """One training step of `ours` and of `eager` (each returns the loss) from the same seed:
+    the loss, every gradient and the generator after the step are eager's; gradients cleared."""
+    torch.manual_seed(seed)
+    loss = ours()
+    loss.backward()
+    after = torch.rand(3)
+    torch.manual_seed(seed)
+    want = eager()
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(after, torch.rand(3), rtol=0, atol=0)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+        p.grad = q.grad = None
+
+
 def test_a_training_graph_with_dropout_runs_on_inductor_with_eagers_masks(
     tmp_path, fixed_profile
 ) -> None:
@@ -613,18 +632,9 @@ def test_a_training_graph_with_dropout_runs_on_inductor_with_eagers_masks(
     x = torch.randn(8, 16)
     with collect_stats() as stats:
         for step in range(2):
-            torch.manual_seed(step)
-            loss = g(x).square().mean()
-            loss.backward()
-            after = torch.rand(3)
-            torch.manual_seed(step)
-            want = ref(x).square().mean()
-            want.backward()
-            torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-7)
-            torch.testing.assert_close(after, torch.rand(3), rtol=0, atol=0)
-            for p, q in zip(mlp.parameters(), ref.parameters(), strict=True):
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
-                p.grad = q.grad = None
+            _step_as_eager(
+                lambda: g(x).square().mean(), lambda: ref(x).square().mean(), mlp, ref, step
+            )
     lines = _summaries(stats)
     forward = next(line for line in lines if line.startswith("forward"))
     assert ": inductor (" in forward, forward
@@ -662,18 +672,7 @@ def test_a_gradient_checkpointed_training_step_runs_on_inductor_with_eagers_grad
     with collect_stats() as stats, caplog.at_level(logging.WARNING, logger="torch_plugin"):
         for i, rows in enumerate((8, 6)):
             x = torch.randn(rows, 5, 16)
-            torch.manual_seed(i)
-            loss = g(blocks, x)
-            loss.backward()
-            after = torch.rand(3)
-            torch.manual_seed(i)
-            want = step(ref, x)
-            want.backward()
-            torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-7)
-            torch.testing.assert_close(after, torch.rand(3), rtol=0, atol=0)
-            for p, q in zip(blocks.parameters(), ref.parameters(), strict=True):
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
-                p.grad = q.grad = None
+            _step_as_eager(lambda x=x: g(blocks, x), lambda x=x: step(ref, x), blocks, ref, i)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     lines = _summaries(stats)
     for kind in ("forward", "backward"):
