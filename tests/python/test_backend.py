@@ -158,6 +158,8 @@ def test_dump_ir_writes_before_and_after(tmp_path) -> None:
 
 
 def test_dynamic_batch_compiles_once_for_all_sizes() -> None:
+    """Which compiler runs the graph is measured on this machine (eager, Inductor or OpenVINO
+    on symbolic sizes): outputs are held to the f32 bound, not bit for bit."""
     model, _ = small_model("mlp")
     x = torch.randn(3, model.in_features)
     torch._dynamo.mark_dynamic(x, 0)
@@ -165,7 +167,7 @@ def test_dynamic_batch_compiles_once_for_all_sizes() -> None:
     with collect_stats() as stats, torch.no_grad():
         for batch in (3, 5, 17):
             xb = x if batch == 3 else torch.randn(batch, model.in_features)
-            assert torch.equal(f(xb), model(xb))
+            torch.testing.assert_close(f(xb), model(xb), rtol=1e-4, atol=1e-5)
     assert len(stats) == 1, "a new batch size recompiled"
     assert stats[0]["symbolic_inputs"] == 1
 
