@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 import torch
 import torch.fx as fx
@@ -13,6 +14,7 @@ from torch_plugin.runtime.recompute import (
     by_module_stack,
     checkpoint_regions,
     checkpointed_layers,
+    recompute_layers,
 )
 
 
@@ -76,6 +78,18 @@ def test_no_region_leaves_the_program_as_it_is() -> None:
     gm = fx.symbolic_trace(_Blocks())
     out, count = checkpoint_regions(gm, lambda n: None)
     assert out is gm and count == 0
+
+
+def test_checkpointed_layers_no_node_recorded_are_named_in_a_warning(caplog) -> None:
+    """Asked to keep checkpointing where no node says which module it ran in (a capture without
+    module stacks): the program is left as it is, and the log says it keeps every activation."""
+    gm = fx.symbolic_trace(_Blocks())
+    with caplog.at_level(logging.INFO, logger="torch_plugin"):
+        out = recompute_layers(gm, ["model.layers.0"], "sharding")
+    assert out is gm
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "keeps every activation" in warned[0].getMessage()
+    assert "model.layers.0" in warned[0].getMessage()
 
 
 def test_checkpointed_layers_are_hfs_outermost_checkpointing_layers() -> None:

@@ -34,7 +34,7 @@ from ..runtime.agreement import check_same
 from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from ..runtime.collectives import hold_groups
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
-from ..runtime.recompute import by_module_stack, checkpoint_regions, checkpointed_layers
+from ..runtime.recompute import checkpointed_layers, recompute_layers
 from ..runtime.spmd_ops import is_draw
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
@@ -720,15 +720,9 @@ class PipelineParallel:
             # running; the backward recomputes a micro-batch after others ran forward.
             return contextlib.nullcontext(), draws.rows_set(draws.rows)
 
-        out, regions = checkpoint_regions(module, by_module_stack(layers), rows_of_the_forward)
-        log.info(
-            "torch_plugin pipeline: stage S%d recomputes %d checkpointed region(s) in the "
-            "backward (the model checkpoints %d layers)",
-            self.my_stage,
-            regions,
-            len(layers),
+        return recompute_layers(
+            module, layers, f"pipeline stage S{self.my_stage}", rows_of_the_forward
         )
-        return out
 
     def _release_groups(self) -> None:
         self.group = None

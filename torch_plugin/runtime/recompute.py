@@ -10,6 +10,7 @@ only with checkpointing did not fit once parallelized."""
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -102,19 +103,18 @@ def checkpoint_regions(
     part: dict[str, int] = {}
     layer_of: dict[int, str | None] = {}
     current: str | None = None
-    pid = 0
-    seen = False
+    pid = 0  # the run being built; 0 before the first
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output"):
             continue
-        if n.op == "call_function" and n.target.__name__ == "getitem" and n.args[0].name in part:
+        if n.op == "call_function" and n.target is operator.getitem and n.args[0].name in part:
             part[n.name] = part[n.args[0].name]
             continue
         r = region(n)
         key = current if r == "" else r
-        if not seen or key != current:
+        if pid == 0 or key != current:
             pid += 1
-            current, seen = key, True
+            current = key
             layer_of[pid] = key
         part[n.name] = pid
     if not any(layer_of.values()):
@@ -128,3 +128,29 @@ def checkpoint_regions(
             setattr(split, name, Recomputed(sub, context_fn))
             count += 1
     return split, count
+
+
+def recompute_layers(
+    gm: fx.GraphModule, layers: Sequence[str], what: str, context_fn: ContextFn | None = None
+) -> fx.GraphModule:
+    """checkpoint_regions over the module stack for the model's checkpointed `layers`, saying
+    what it did: how many regions recompute, or (a WARNING) that none could be found, so the
+    program keeps every activation. `what` names the program in the log line."""
+    out, regions = checkpoint_regions(gm, by_module_stack(layers), context_fn)
+    if regions == 0:
+        log.warning(
+            "torch_plugin: %s: the model checkpoints %d layer(s) (%s, ...) but none of the "
+            "program's nodes recorded them: it keeps every activation",
+            what,
+            len(layers),
+            layers[0],
+        )
+    else:
+        log.info(
+            "torch_plugin: %s: %d checkpointed region(s) recompute their activations in the "
+            "backward (the model checkpoints %d layers)",
+            what,
+            regions,
+            len(layers),
+        )
+    return out

@@ -41,7 +41,7 @@ from ..runtime.capture import (
 )
 from ..runtime.collectives import Collectives
 from ..runtime.mesh import DeviceMesh
-from ..runtime.recompute import by_module_stack, checkpoint_regions, checkpointed_layers
+from ..runtime.recompute import checkpointed_layers, recompute_layers
 from ..runtime.spmd_ops import (
     _TARGETS,
     _BatchLoss,
@@ -681,22 +681,7 @@ class ShardedModule(nn.Module):
         in training (runtime/recompute.py); as it is otherwise."""
         if not self._layers or not training:
             return gm
-        out, regions = checkpoint_regions(gm, by_module_stack(self._layers))
-        if regions == 0:
-            log.warning(
-                "torch_plugin sharding: the model checkpoints %d layer(s) (%s, ...) but none of "
-                "the program's nodes recorded them: it keeps every activation",
-                len(self._layers),
-                self._layers[0],
-            )
-        else:
-            log.info(
-                "torch_plugin sharding: %d checkpointed region(s) recompute their activations "
-                "in the backward (the model's %d checkpointed layers)",
-                regions,
-                len(self._layers),
-            )
-        return out
+        return recompute_layers(gm, self._layers, "sharding")
 
     def _replica_masks(self, gm: fx.GraphModule, total: int) -> None:
         """dp replicas: each dropout mask becomes the replica's rows of the whole batch's mask
