@@ -7,7 +7,7 @@ import logging
 
 import torch
 import torch.fx as fx
-import transformers
+from user_programs import default_config_model
 
 from torch_plugin.runtime.recompute import (
     Recomputed,
@@ -93,15 +93,7 @@ def test_checkpointed_layers_no_node_recorded_are_named_in_a_warning(caplog) -> 
 
 
 def test_checkpointed_layers_are_hfs_outermost_checkpointing_layers() -> None:
-    cfg = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    model = transformers.LlamaForCausalLM(cfg)
+    model = default_config_model("llama")  # 2 layers
     assert checkpointed_layers(model) == []
     model.gradient_checkpointing_enable()
     assert checkpointed_layers(model) == ["model.layers.0", "model.layers.1"]
