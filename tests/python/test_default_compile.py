@@ -345,6 +345,48 @@ def test_a_warm_compile_reuses_the_exported_onnx_model_of_the_same_weights(
     assert len(exports) == 2
 
 
+def test_a_warm_compile_loads_inductors_frozen_graph_from_its_cache(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """Inductor's freezing packs the weights for oneDNN, and its FX graph cache refused every
+    graph holding such a weight ("mkldnn tensors unpickleable"): a warm or second process
+    compiled an Inductor pick from scratch. Now the compiled graph is loaded, and its weights
+    are the model's own, read when it is loaded (other weights, same graph: eager's numbers)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import codecache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    fixed_profile({"inductor": 1e-5})
+    model, x = _vit()
+    opts = _opts(tmp_path, backends=["aten", "inductor"])
+    hooks = (
+        codecache.FxGraphCachePickler._reduce_tensor,
+        codecache.CacheabilityValidator.check_tensor,
+    )
+
+    def compile_and_check(m: torch.nn.Module) -> dict[str, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        with collect_stats() as stats, torch.no_grad():
+            _close(torch.compile(m, backend="torch_plugin", options=opts)(**x), m(**x))
+        assert ": inductor (" in _summaries(stats)[0]
+        return {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}
+
+    first = compile_and_check(model)
+    assert "fxgraph_cache_bypass" not in first, first
+    other = copy.deepcopy(model)
+    with torch.no_grad():  # vectors of up to 8 elements are inlined into the code: kept
+        for p in other.parameters():
+            if p.dim() > 1:
+                p.mul_(-0.5)
+    assert compile_and_check(other) == {"fxgraph_cache_hit": 1}
+    # Inductor's own hooks are put back after each compile.
+    assert hooks == (
+        codecache.FxGraphCachePickler._reduce_tensor,
+        codecache.CacheabilityValidator.check_tensor,
+    )
+
+
 class _Cache(torch.nn.Module):
     """A static cache as modules keep one: a buffer written at a position each call, and a
     step counter added to (a write that is not idempotent: run twice, it counts twice)."""

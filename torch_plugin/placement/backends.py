@@ -142,8 +142,8 @@ class InductorBackend(Backend):
                 for x in inputs
             ]
         # Frozen weights (module constants): Inductor's freezing folds and prepacks them, as
-        # PyTorch recommends for CPU inference (torch._inductor.config.freezing). It bypasses
-        # the FX graph cache.
+        # PyTorch recommends for CPU inference (torch._inductor.config.freezing), and its FX
+        # graph cache keeps the compiled graph (_frozen_graph_cacheable).
         freeze = any(True for _ in gm.buffers()) and not torch.is_grad_enabled()
         # Random ops (dropout) draw from ATen's generator as eager does, in eager's order: the
         # same masks and the same stream after the call, where Inductor's own generator would
@@ -152,6 +152,7 @@ class InductorBackend(Backend):
             warnings.catch_warnings(),
             tracing(TracingContext(mode)),
             torch._inductor.config.patch(freezing=freeze, fallback_random=True),
+            _frozen_graph_cacheable() if freeze else contextlib.nullcontext(),
         ):
             warnings.simplefilter("ignore")
             if _recomputes(gm):
@@ -164,6 +165,50 @@ class InductorBackend(Backend):
             else _with_symbolic_strides(compiled, frame[1])
         )
         return _cast_outputs(compiled, casts) if any(c is not None for c in casts) else compiled
+
+
+@contextlib.contextmanager
+def _frozen_graph_cacheable() -> Any:
+    """Inductor's FX graph cache made to keep a graph compiled with freezing. It keys a frozen
+    weight by its shape and dtype and, on a hit, reads the weight off the graph being compiled
+    (the code does not depend on its values; vectors of up to 8 elements, which it inlines,
+    are keyed by value). But freezing packs matmul and convolution weights for oneDNN, and the
+    cache refused any graph holding such a tensor ("mkldnn tensors unpickleable"): a warm or
+    second process compiled an Inductor pick from scratch (bert-base: 34 s of a 45 s warm
+    compile). Within this context a packed frozen weight is keyed as the other frozen weights
+    are (its packing follows from the input sizes, which are in the key). Where this torch
+    lacks those hooks, the graph is compiled uncached as before."""
+    from torch._inductor import codecache
+    from torch._inductor.freezing_utils import is_frozen_param
+
+    pickler = getattr(codecache, "FxGraphCachePickler", None)
+    validator = getattr(codecache, "CacheabilityValidator", None)
+    reduce = getattr(pickler, "_reduce_tensor", None)
+    check = getattr(validator, "check_tensor", None)
+    ident = getattr(codecache, "_ident", None)
+    if reduce is None or check is None or ident is None:
+        yield
+        return
+
+    def packed(t: torch.Tensor) -> bool:
+        return t.is_mkldnn and is_frozen_param(t)
+
+    def reduce_tensor(self: Any, t: torch.Tensor) -> Any:
+        if packed(t):
+            return ident, (("frozen mkldnn weight", tuple(t.shape), str(t.dtype)),)
+        return reduce(self, t)
+
+    def check_tensor(t: torch.Tensor) -> None:
+        if not packed(t):
+            check(t)
+
+    pickler._reduce_tensor = reduce_tensor
+    validator.check_tensor = staticmethod(check_tensor)
+    try:
+        yield
+    finally:
+        pickler._reduce_tensor = reduce
+        validator.check_tensor = staticmethod(check)
 
 
 def _recomputes(gm: fx.GraphModule) -> bool:
