@@ -272,13 +272,18 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
           return measurer.attr("time")(b).cast<double>();
         };
         m.elapsed = [measurer]() { return measurer.attr("elapsed")().cast<double>(); };
+        if (py::hasattr(measurer, "served")) {
+          m.served = [measurer](const std::string& b) {
+            return measurer.attr("served")(b).cast<bool>();
+          };
+        }
         return passes::SearchWholeGraphFirst(backends, m, options);
       },
       py::arg("backends"), py::arg("measurer"), py::arg("options"),
       "The default placement's driver: each compiler's whole graph compiled (reference first, "
       "within the budget) and measured in turns against eager; returns the pick and whether the "
       "finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, "
-      "elapsed() -> s.");
+      "elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache).");
 
   using passes::EvolveOptions;
   Struct<EvolveOptions>(m, "EvolveOptions", "Options of the evolutionary offload search.")

@@ -36,6 +36,9 @@ struct WholeGraphMeasurer {
   std::function<double(const std::string& backend)> time;
   // Seconds since the compile of this graph began (record, candidates and compiles included).
   std::function<double()> elapsed;
+  // Whether `backend`'s last compile was served from a cache (Inductor's FX graph cache, a kept
+  // export): its seconds are no compile's. May be empty (never).
+  std::function<bool(const std::string& backend)> served;
 };
 
 struct WholeGraphSearchOptions {

@@ -355,6 +355,9 @@ def test_a_warm_compile_loads_inductors_frozen_graph_from_its_cache(
     from torch._dynamo.utils import counters
     from torch._inductor import codecache
 
+    from torch_plugin import placement
+    from torch_plugin.placement import whole_graph
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     fixed_profile({"inductor": 1e-5})
     model, x = _vit()
@@ -380,6 +383,25 @@ def test_a_warm_compile_loads_inductors_frozen_graph_from_its_cache(
             if p.dim() > 1:
                 p.mul_(-0.5)
     assert compile_and_check(other) == {"fxgraph_cache_hit": 1}
+    # A decision made afresh (another profile cache) beside that Inductor cache: the graph
+    # served from it is no compile. Its seconds are not recorded as Inductor's compile rate,
+    # and the budget is a multiple of its expected compile (here 1 s a node), not of them.
+    recorded: list[str] = []
+    real = whole_graph.record_compile_rates
+
+    def spy(cache, machine, trials, nodes, computes=None):  # noqa: ANN001, ANN202
+        recorded.extend(t["backend"] for t in trials)
+        return real(cache, machine, trials, nodes, computes)
+
+    monkeypatch.setattr(whole_graph, "record_compile_rates", spy)
+    monkeypatch.setattr(placement_backends.InductorBackend, "compile_s_per_node", 1.0)
+    opts = _opts(tmp_path / "afresh", backends=["aten", "inductor"])
+    with placement.record() as placed:
+        assert compile_and_check(other) == {"fxgraph_cache_hit": 1}
+    plan = placed[0].whole_graph
+    assert recorded == ["eager"] and not plan["cached"]
+    nodes = len(placed[0].groups[0].nodes)
+    assert plan["budget_s"] == pytest.approx(100.0 * 1.0 * nodes)
     # Inductor's own hooks are put back after each compile.
     assert hooks == (
         codecache.FxGraphCachePickler._reduce_tensor,

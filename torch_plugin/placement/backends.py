@@ -58,6 +58,9 @@ class Backend:
     # Device types whose tensors the compiled graph takes; a graph on another device never
     # sees this backend (for_device).
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # Whether the last compile() was served from a cache (a kept artifact, Inductor's FX graph
+    # cache): its seconds say nothing of how long this compiler takes to compile.
+    last_from_cache = False
     # The profile cache for what a backend measures of its own (OpenVINO's GEMM kernels);
     # get_backends sets the placement's. ":memory:" keeps it to this instance.
     cache_path: str | None = ":memory:"
@@ -99,6 +102,7 @@ class InductorBackend(Backend):
         # (placement/cuda_graphs.py) replays this instance's compile of the same graph.
         key = _graph_key(gm, inputs, self.compute) if rule == "graph" else None
         if key is not None and key in self._graphs:
+            self.last_from_cache = True
             return self._graphs[key]
         compiled = self._compile(gm, inputs)
         if key is not None:
@@ -110,6 +114,7 @@ class InductorBackend(Backend):
         return {}
 
     def _compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Compiled:
+        from torch._dynamo.utils import counters
         from torch._guards import TracingContext, tracing
         from torch._inductor.compile_fx import compile_fx
         from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -155,10 +160,12 @@ class InductorBackend(Backend):
             _frozen_graph_cacheable() if freeze else contextlib.nullcontext(),
         ):
             warnings.simplefilter("ignore")
+            hits = counters["inductor"]["fxgraph_cache_hit"]
             if _recomputes(gm):
                 compiled = _compile_partitioned(gm, mode, fake_inputs)
             else:
                 compiled = compile_fx(gm, fake_inputs)
+            self.last_from_cache = counters["inductor"]["fxgraph_cache_hit"] > hits
         compiled = (
             _with_strides(compiled, inputs, written_inputs(gm))
             if frame is None
@@ -822,6 +829,7 @@ class OnnxRuntimeBackend(_NumpyBackend):
         import onnxruntime as ort
 
         self._check_inputs(inputs)
+        self.last_from_cache = False
         model = self._exported(gm, inputs, rule)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
@@ -885,6 +893,7 @@ class OnnxRuntimeBackend(_NumpyBackend):
             versions = [torch.__version__, self.version(), onnxscript.__version__]
             key = artifacts.graph_key(gm, inputs, versions)
             cached = artifacts.load(self.artifacts, key, ".onnx")
+            self.last_from_cache = cached is not None
             if cached is not None:
                 return cached
         # torch.export runs Dynamo; outside the enclosing frame's tracing context, or its

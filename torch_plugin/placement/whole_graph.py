@@ -176,6 +176,7 @@ def place_whole_graph_first(
     # four-second warm compile; the 1.2B Llama's, 8 s of 20).
     digest = _weights_digest(gm, frozen) if _may_skip_check(frozen, inputs) else None
     passed: list[str] = []
+    served: set[str] = set()  # compilers whose whole graph came from a cache: not a compile
 
     from torch._dynamo.exc import RestartAnalysis
 
@@ -185,6 +186,8 @@ def place_whole_graph_first(
             group, fn = compile_region(
                 gm, nodes, backend, values, _frozen_for(backend, frozen), "graph"
             )
+            if backend.last_from_cache:
+                served.add(name)
             placed_mod = materialize(gm, [group], [fn])
             mod = replaying(placed_mod)
             if not check:
@@ -272,6 +275,7 @@ def place_whole_graph_first(
                     compile=compile_step,
                     time=time_whole,
                     elapsed=lambda: time.perf_counter() - t_start,
+                    served=lambda name: name in served,
                 )
                 # As a dict: the profile cache keeps it as JSON.
                 plan = (
@@ -361,8 +365,11 @@ def place_whole_graph_first(
                 keep = {k: v for k, v in plan.items() if k != "cached"}
                 keep["refined"] = bool(result.whole_graph and result.whole_graph.get("refined"))
                 cache.put_decision(decision_key, keep)
-                if frozen:  # full compiles: frozen graphs bypass Inductor's FX graph cache
-                    record_compile_rates(cache, machine, plan["trials"], len(nodes), computes)
+                # Graphs with frozen weights only (Inductor serves others from its FX graph
+                # cache), and of those the compiles no cache served.
+                if frozen:
+                    trials = [t for t in plan["trials"] if t["backend"] not in served]
+                    record_compile_rates(cache, machine, trials, len(nodes), computes)
             for name in checked:
                 verified = {"error": errors.get(name)}
                 cache.put_decision(_verified_key(decision_key, name, str(digest)), verified)
@@ -433,9 +440,9 @@ def record_compile_rates(
     """Adds each compiled trial's seconds per node to its compiler's history: its compile
     less one run of its graph (the output check's; a batch-8 GPT-2's check runs made
     OpenVINO's compile look 30% of Inductor's, which ordered it after Inductor). The rest of
-    the check's run stays: a first run may finish the compile (OpenVINO's). Called for graphs
-    with frozen weights only: a graph Inductor serves from its FX graph cache would record a
-    rate far below a real compile's."""
+    the check's run stays: a first run may finish the compile (OpenVINO's). Called with the
+    trials that compiled: a graph served from a cache (Inductor's FX graph cache, a kept
+    artifact) would record a rate far below a real compile's."""
     if nodes <= 0:
         return
     for t in trials:

@@ -30,7 +30,7 @@ struct Stub {
               if (timing_takes_time) clock += run_s[b];
               return run_s[b];
             },
-            [this] { return clock; }};
+            [this] { return clock; }, nullptr};
   }
 };
 
@@ -78,6 +78,28 @@ TEST(PlacementSearch, ACheapCompilerIsTriedBeforeAReferenceServedFromItsCache) {
   EXPECT_EQ(plan.trials[3].backend, "onnxruntime");
   EXPECT_FALSE(plan.trials[3].compiled);
   EXPECT_NE(plan.trials[3].skipped.find("budget"), std::string::npos);
+}
+
+TEST(PlacementSearch, AReferenceSaidServedFromItsCacheBudgetsOnItsExpectedCompile) {
+  // The same search, but the measurer says Inductor's graph came from its cache: the budget is
+  // 1.25 x its expected 15 s, not x the 1 s it took, and ONNX Runtime (8 s) is compiled.
+  Stub s;
+  s.run_s = {{"eager", 150e-3}, {"inductor", 140e-3}, {"openvino", 50e-3}, {"onnxruntime", 45e-3}};
+  s.compile_s = {{"inductor", 1.0}, {"openvino", 0.4}, {"onnxruntime", 8.0}};
+  WholeGraphSearchOptions o;
+  o.expected_compile_s = {{"inductor", 15.0}, {"openvino", 0.5}, {"onnxruntime", 8.0}};
+  auto m = s.Measurer();
+  m.served = [](const std::string& b) { return b == "inductor"; };
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, m, o);
+  EXPECT_DOUBLE_EQ(plan.budget_s, 1.25 * 15.0);
+  ASSERT_EQ(plan.trials.size(), 4u);
+  EXPECT_EQ(plan.trials[3].backend, "onnxruntime");
+  EXPECT_TRUE(plan.trials[3].compiled);
+  EXPECT_EQ(plan.pick, "onnxruntime");
+  // A compile slower than expected keeps its own seconds as the basis.
+  s.compile_s["inductor"] = 20.0;
+  s.clock = 0.0;
+  EXPECT_DOUBLE_EQ(SearchWholeGraphFirst({"inductor", "openvino"}, m, o).budget_s, 1.25 * 20.0);
 }
 
 TEST(PlacementSearch, ACompilerThatCannotBeatTheFastestSoFarIsNotCompiled) {
