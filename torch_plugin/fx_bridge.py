@@ -178,10 +178,15 @@ def module_path(source: str) -> str:
     """Dynamo's name for a module or tensor -> its dotted path in the model.
 
     "L['self']._modules['fc']._parameters['weight']" -> "fc.weight",
-    "L['self'].layers[0].attn" -> "layers.0.attn", "L__self___fc" -> "fc".
+    "L['self'].layers[0].attn" -> "layers.0.attn", "L__self___fc" -> "fc". make_fx's module
+    stacks (the sharding and pipeline captures) already hold the path, "model.layers.0.mlp":
+    kept whole (its first component was dropped, so a pipeline's scope_depth of 3 grouped
+    "layers.0.mlp", half a decoder layer, instead of "model.layers.0").
     """
     if source.startswith("L__self__"):
         return source.removeprefix("L__self__").lstrip("_")
+    if re.fullmatch(r"\w+(\.\w+)*", source):
+        return ".".join(p for p in source.split(".") if p not in _CONTAINER_ATTRS)
     parts = re.findall(r"\[['\"]?([^\]'\"]+)['\"]?\]|\.(\w+)", source)
     return ".".join(p for a, b in parts if (p := a or b) not in _CONTAINER_ATTRS)
 

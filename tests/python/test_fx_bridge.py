@@ -242,6 +242,8 @@ def test_solver_reachable_from_python() -> None:
         ("L['self']._modules['bn']._buffers['running_mean']", "bn.running_mean"),
         ("L__self___fc", "fc"),
         ("L['x']", "x"),
+        ("model.layers.0.mlp", "model.layers.0.mlp"),  # make_fx's module stack
+        ("model", "model"),
     ],
 )
 def test_module_path_from_dynamo_sources(source: str, path: str) -> None:
@@ -277,3 +279,20 @@ def test_ir_text_reads_back_exactly_on_hf_training_graphs(name: str) -> None:
     model, inputs = hf_suite.build(name, layers=1)
     torch.compile(model, backend=capture)(**inputs).loss.backward()
     assert len(checked) >= 2 and max(checked) > 30, checked
+
+
+def test_scopes_of_a_captured_hf_model_are_its_module_paths() -> None:
+    """The sharding and pipeline captures (make_fx, module stacks recorded): each node's IR
+    scope is the full path of the module it ran in, so a pipeline's scope_depth of 3 groups a
+    whole decoder layer ("model.layers.0"), not half of one ("layers.0.mlp")."""
+    from user_programs import default_config_model
+
+    from torch_plugin.runtime.capture import trace_call
+
+    model = default_config_model("llama")
+    ids = torch.randint(0, 100, (2, 8))
+    traced = trace_call(model, ((), {"input_ids": ids}), record_module_stack=True)
+    graph, _ = fx_bridge.to_ir(traced.gm)
+    scopes = {node[7] for node in graph.records()[1] if node[7]}  # (name, ..., scope)
+    assert "model.layers.0.mlp.down_proj" in scopes, sorted(scopes)[:8]
+    assert {s.split(".")[0] for s in scopes} <= {"model", "lm_head"}
