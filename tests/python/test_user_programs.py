@@ -66,6 +66,18 @@ def test_gradient_checkpointing_is_kept_in_pipeline_stages(gloo) -> None:
         assert max(r["grad_diff"].values()) < 1e-5, r["grad_diff"]
 
 
+def test_pipeline_steps_under_saved_tensors_hooks_trace_new_lengths(gloo) -> None:
+    """A step under the user's saved-tensor hooks (save_on_cpu) that traced a new batch length
+    was refused: the hooks ran into the trace, and its graph "differs at node 'detach'". They
+    are set aside while tracing, and the step runs under them: every step saves through them,
+    losses and gradients are one process's."""
+    for r in gloo(2).run(user_programs.pipeline_under_saved_tensors_hooks, 0):
+        assert all(n > 0 for n in r["saved"]), r["saved"]
+        for ours, expect in zip(r["losses"], r["expect"], strict=True):
+            assert abs(ours - expect) < 1e-5, (r["losses"], r["expect"])
+        assert max(r["grad_diff"]) < 1e-5, r["grad_diff"]
+
+
 def test_positional_example_then_keyword_calls(gloo) -> None:
     for r in gloo(2).run(user_programs.positional_then_keywords, 0):
         assert r["logits"] < 1e-5

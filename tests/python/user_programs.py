@@ -185,6 +185,45 @@ def pipeline_checkpointed(rank: int, world: int, port: int, kind: str) -> dict:
         dist_workers._finish()
 
 
+def pipeline_under_saved_tensors_hooks(rank: int, world: int, port: int) -> dict:
+    """A training loop whose steps run under saved-tensor hooks (what save_on_cpu installs),
+    over batches of changing length: a new length is traced while they are on. Per step the
+    loss, this rank's largest gradient difference from one process's, and the bytes the hooks
+    were handed."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        batches = [padded_batch(8, t, i) for i, t in enumerate((16, 12, 20))]
+        model = default_config_model("gpt2").train()
+        reference = copy.deepcopy(model)
+        pp = torch_plugin.parallelize(
+            model, world, batches[0], strategy="pipeline", num_microbatches=4
+        )
+        losses, expect, grad_diff, saved = [], [], [], []
+        for i, b in enumerate(batches):
+            for p in [*pp.parameters(), *reference.parameters()]:
+                p.grad = None
+            torch.manual_seed(100 + i)
+            loss, nbytes = _saved_bytes(lambda b=b: pp.step(b))
+            losses.append(float(loss))
+            saved.append(nbytes)
+            torch.manual_seed(100 + i)
+            ref = reference(**b).loss
+            ref.backward()
+            expect.append(float(ref))
+            grads = dict(reference.named_parameters())
+            diffs = [
+                float((p.grad - grads[n].grad).abs().max())
+                for n, p in pp.named_parameters()
+                if p.grad is not None
+            ]
+            grad_diff.append(max(diffs))
+        return {"losses": losses, "expect": expect, "grad_diff": grad_diff, "saved": saved}
+    finally:
+        dist_workers._finish()
+
+
 def positional_then_keywords(rank: int, world: int, port: int) -> dict:
     """parallelize with a positional example (input ids), then the HF keyword call with labels:
     Dynamo would compile the new signature, and so does the sharded model."""

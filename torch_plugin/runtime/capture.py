@@ -205,6 +205,27 @@ def static_experts(model: nn.Module) -> Iterator[None]:
         setter(current if current is not None else "grouped_mm")
 
 
+@contextlib.contextmanager
+def _without_saved_tensors_hooks() -> Any:
+    """The user's saved-tensor hooks (torch.autograd.graph.save_on_cpu around a training step)
+    set aside while the call is traced: the trace is of the model, and its hooks ran into it
+    (a `detach` per saved tensor), so a step under them that traced a new batch length was
+    refused as a graph that "differs at node 'detach'". The captured program runs under them
+    as eager does (they are restored before it runs)."""
+    autograd = torch._C._autograd
+    hooks = []
+    top = getattr(autograd, "_top_saved_tensors_default_hooks", None)
+    if top is not None:
+        while (pair := top(True)) is not None:
+            hooks.append(pair)
+            autograd._pop_saved_tensors_default_hooks()
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(hooks):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+
 def trace_call(
     model: nn.Module,
     call: tuple[tuple[Any, ...], dict[str, Any]],
@@ -260,7 +281,7 @@ def trace_call(
             converted.append(a)
         args = converted
     try:
-        with static_experts(model):
+        with static_experts(model), _without_saved_tensors_hooks():
             gm = make_fx(forward, tracing_mode="fake", record_module_stack=record_module_stack)(
                 *args
             )
