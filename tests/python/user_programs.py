@@ -144,6 +144,31 @@ def checkpointed_training(rank: int, world: int, port: int, kind: str) -> dict:
         dist_workers._finish()
 
 
+def _pipeline_step_as_one_process(
+    step: Any, pp: Any, reference: torch.nn.Module, batch: dict, seed: int
+) -> tuple[float, float, float]:
+    """`step()` (a pipeline step on `batch`, returning its loss) and one process's step of
+    `reference` on it, from the same seed, gradients cleared first: the two losses and the
+    largest difference of this rank's gradients from one process's."""
+    for p in [*pp.parameters(), *reference.parameters()]:
+        p.grad = None
+    torch.manual_seed(seed)
+    loss = float(step())
+    torch.manual_seed(seed)
+    want = reference(**batch).loss
+    want.backward()
+    ref = dict(reference.named_parameters())
+    diff = max(
+        (
+            float((p.grad - ref[name].grad).abs().max())
+            for name, p in pp.named_parameters()
+            if p.grad is not None
+        ),
+        default=0.0,
+    )
+    return loss, float(want), diff
+
+
 def pipeline_checkpointed(rank: int, world: int, port: int, kind: str) -> dict:
     """HF's gradient_checkpointing_enable, then strategy="pipeline": this rank's activations
     saved for the backward in a step (with checkpointing and without), and with it each step's
@@ -165,20 +190,12 @@ def pipeline_checkpointed(rank: int, world: int, port: int, kind: str) -> dict:
                 model, world, batches[0], strategy="pipeline", num_microbatches=4
             )
             for i, b in enumerate(batches):
-                for p in [*pp.parameters(), *reference.parameters()]:
-                    p.grad = None
-                torch.manual_seed(100 + i)
-                losses.append(pp.step(b))
-                torch.manual_seed(100 + i)
-                loss = reference(**b).loss
-                loss.backward()
-                expect.append(float(loss))
-                ref = dict(reference.named_parameters())
-                for name, p in pp.named_parameters():
-                    if p.grad is not None:
-                        diff = float((p.grad - ref[name].grad).abs().max())
-                        grad_diff[on] = max(grad_diff[on], diff)
-            # A shape seen before (no capture under the hooks).
+                loss, want, diff = _pipeline_step_as_one_process(
+                    lambda pp=pp, b=b: pp.step(b), pp, reference, b, 100 + i
+                )
+                losses.append(loss)
+                expect.append(want)
+                grad_diff[on] = max(grad_diff[on], diff)
             _, saved[on] = _saved_bytes(lambda pp=pp: pp.step(batches[0]))
         return {"saved": saved, "losses": losses, "expect": expect, "grad_diff": grad_diff}
     finally:
@@ -202,23 +219,16 @@ def pipeline_under_saved_tensors_hooks(rank: int, world: int, port: int) -> dict
         )
         losses, expect, grad_diff, saved = [], [], [], []
         for i, b in enumerate(batches):
-            for p in [*pp.parameters(), *reference.parameters()]:
-                p.grad = None
-            torch.manual_seed(100 + i)
-            loss, nbytes = _saved_bytes(lambda b=b: pp.step(b))
-            losses.append(float(loss))
-            saved.append(nbytes)
-            torch.manual_seed(100 + i)
-            ref = reference(**b).loss
-            ref.backward()
-            expect.append(float(ref))
-            grads = dict(reference.named_parameters())
-            diffs = [
-                float((p.grad - grads[n].grad).abs().max())
-                for n, p in pp.named_parameters()
-                if p.grad is not None
-            ]
-            grad_diff.append(max(diffs))
+
+            def step(b: dict = b) -> Any:  # the step's loss; the bytes it saved kept
+                loss, nbytes = _saved_bytes(lambda: pp.step(b))
+                saved.append(nbytes)
+                return loss
+
+            loss, want, diff = _pipeline_step_as_one_process(step, pp, reference, b, 100 + i)
+            losses.append(loss)
+            expect.append(want)
+            grad_diff.append(diff)
         return {"losses": losses, "expect": expect, "grad_diff": grad_diff, "saved": saved}
     finally:
         dist_workers._finish()

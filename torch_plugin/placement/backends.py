@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -175,7 +175,7 @@ class InductorBackend(Backend):
 
 
 @contextlib.contextmanager
-def _frozen_graph_cacheable() -> Any:
+def _frozen_graph_cacheable() -> Iterator[None]:
     """Inductor's FX graph cache made to keep a graph compiled with freezing. It keys a frozen
     weight by its shape and dtype and, on a hit, reads the weight off the graph being compiled
     (the code does not depend on its values; vectors of up to 8 elements, which it inlines,

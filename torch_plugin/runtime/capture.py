@@ -206,7 +206,7 @@ def static_experts(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _without_saved_tensors_hooks() -> Any:
+def _without_saved_tensors_hooks() -> Iterator[None]:
     """The user's saved-tensor hooks (torch.autograd.graph.save_on_cpu around a training step)
     set aside while the call is traced: the trace is of the model, and its hooks ran into it
     (a `detach` per saved tensor), so a step under them that traced a new batch length was
