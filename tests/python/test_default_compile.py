@@ -409,6 +409,20 @@ def test_a_warm_compile_loads_inductors_frozen_graph_from_its_cache(
     )
 
 
+def test_a_torch_without_the_frozen_graph_cache_hooks_is_said_so(monkeypatch, caplog) -> None:
+    """Where this torch lacks the hooks that key a packed frozen weight, a frozen graph compiles
+    uncached as before, and the log says so (it fell back silently), leaving Inductor as is."""
+    from torch._inductor import codecache
+
+    reduce = codecache.FxGraphCachePickler._reduce_tensor
+    monkeypatch.delattr(codecache, "_ident")
+    with caplog.at_level(logging.INFO, "torch_plugin"):
+        with placement_backends._frozen_graph_cacheable():
+            assert codecache.FxGraphCachePickler._reduce_tensor is reduce
+    said = [r.getMessage() for r in caplog.records if "cannot keep a graph" in r.getMessage()]
+    assert len(said) == 1 and torch.__version__ in said[0], said
+
+
 class _Cache(torch.nn.Module):
     """A static cache as modules keep one: a buffer written at a position each call, and a
     step counter added to (a write that is not idempotent: run twice, it counts twice)."""

@@ -186,14 +186,23 @@ def _frozen_graph_cacheable() -> Iterator[None]:
     are (its packing follows from the input sizes, which are in the key). Where this torch
     lacks those hooks, the graph is compiled uncached as before."""
     from torch._inductor import codecache
-    from torch._inductor.freezing_utils import is_frozen_param
 
+    try:
+        from torch._inductor.freezing_utils import is_frozen_param
+    except ImportError:
+        is_frozen_param = None
     pickler = getattr(codecache, "FxGraphCachePickler", None)
     validator = getattr(codecache, "CacheabilityValidator", None)
     reduce = getattr(pickler, "_reduce_tensor", None)
     check = getattr(validator, "check_tensor", None)
     ident = getattr(codecache, "_ident", None)
-    if reduce is None or check is None or ident is None:
+    if reduce is None or check is None or ident is None or is_frozen_param is None:
+        log.info(
+            "torch_plugin placement: Inductor's FX graph cache cannot keep a graph compiled "
+            "with freezing in torch %s (its hooks for that are missing): an Inductor pick is "
+            "compiled again in every warm or second process",
+            torch.__version__,
+        )
         yield
         return
 
