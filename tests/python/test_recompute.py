@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 
+import pytest
 import torch
 import torch.fx as fx
 from user_programs import default_config_model
@@ -14,7 +15,7 @@ from torch_plugin.runtime.recompute import (
     by_module_stack,
     checkpoint_regions,
     checkpointed_layers,
-    recompute_layers,
+    recompute,
 )
 
 
@@ -85,7 +86,7 @@ def test_checkpointed_layers_no_node_recorded_are_named_in_a_warning(caplog) -> 
     module stacks): the program is left as it is, and the log says it keeps every activation."""
     gm = fx.symbolic_trace(_Blocks())
     with caplog.at_level(logging.INFO, logger="torch_plugin"):
-        out = recompute_layers(gm, ["model.layers.0"], "sharding")
+        out = recompute(gm, ["model.layers.0"], "sharding")
     assert out is gm
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "keeps every activation" in warned[0].getMessage()
@@ -107,3 +108,87 @@ def test_checkpointed_layers_are_hfs_outermost_checkpointing_layers() -> None:
     assert region(node) == ""
     del node.meta["nn_module_stack"]
     assert region(node) == ""
+
+
+class _SelfCheckpointing(torch.nn.Module):
+    """A user's model that checkpoints its own blocks with torch.utils.checkpoint (not through
+    HF's layers): the second block checkpoints its halves inside its own call (nested)."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+            for _ in range(2)
+        )
+        self.head = torch.nn.Linear(8, 2)
+
+    def _checkpoint(self, fn: object, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=self.reentrant)
+
+    def _nested(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._checkpoint(self.blocks[1][:2], x)
+        return torch.nn.functional.dropout(self.blocks[1][2](x), 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self._checkpoint(self.blocks[0], x)
+        x = x + self._checkpoint(self._nested, x)
+        return self.head(x).sum()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_forwards_own_checkpoint_calls_recompute_in_its_captured_program(reentrant) -> None:
+    """A model calling torch.utils.checkpoint itself was traced through: the captured program
+    replayed op by op and saved every activation, and nothing said so. The nodes of each
+    outermost call are tagged in the trace and recompute in the backward: values, gradients
+    and dropout are the plain trace's, and the program saves less. torch's checkpoint
+    internals are as they were after the trace."""
+    import torch.utils.checkpoint as tuc
+
+    from torch_plugin.runtime.capture import trace_call
+    from torch_plugin.runtime.recompute import CHECKPOINTED
+
+    hook_dict, forward = dict(vars(tuc._checkpoint_hook)), tuc.CheckpointFunction.forward
+    torch.manual_seed(0)
+    model = _SelfCheckpointing(reentrant).train()
+    x = torch.randn(16, 8, requires_grad=True)
+    traced = trace_call(model, ((x,), {}))
+    assert dict(vars(tuc._checkpoint_hook)) == hook_dict
+    assert tuc.CheckpointFunction.forward is forward
+    calls = {n.meta.get(CHECKPOINTED) for n in traced.gm.graph.nodes}
+    assert calls == {None, 0, 1}  # two outermost calls; the head outside both
+    head = [n for n in traced.gm.graph.nodes if n.op == "call_function"][-3:]
+    assert all(CHECKPOINTED not in n.meta for n in head)  # t, addmm, sum of the head
+
+    program = recompute(traced.gm, [], "test")
+    assert sum(isinstance(m, Recomputed) for m in program.modules()) == 2
+    state = [*model.parameters()]
+
+    def run(gm: fx.GraphModule) -> tuple[torch.Tensor, list[torch.Tensor], int]:
+        for t in [*state, x]:
+            t.grad = None
+        torch.manual_seed(1)
+        loss, saved = _saved_bytes(lambda: gm(*state, x)[0])
+        loss.backward()
+        return loss, [t.grad for t in [*state, x]], saved
+
+    loss, grads, saved = run(program)
+    want, want_grads, kept = run(traced.gm)
+    torch.testing.assert_close(loss, want)
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w)
+    assert saved < 0.5 * kept, (saved, kept)
+    torch.manual_seed(1)
+    torch.testing.assert_close(model(x), want)  # the trace is eager's model
+
+
+def _saved_bytes(fn: object) -> tuple[torch.Tensor, int]:
+    total = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()  # type: ignore[operator]
+    return out, total[0]

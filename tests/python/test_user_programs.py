@@ -187,3 +187,23 @@ def test_a_checkpoint_of_another_model_is_named(tmp_path) -> None:
     assert report["loaded"] == 0 and report["missing"] == ["weight", "bias"]
     with pytest.raises(PretrainedError, match="no model.safetensors"):
         torch_plugin.load_pretrained(small, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "dropout"),
+    [("tp", 0.1), ("pipeline", 0.1), ("pipeline", 0.0)],  # 0.0: a module-level trace works
+)
+def test_a_models_own_checkpoint_calls_are_kept(gloo, strategy, dropout) -> None:
+    """A model that calls torch.utils.checkpoint in its own forward (not HF's layers) was
+    traced through: its program saved every activation, as much with checkpointing as without,
+    and nothing said so. Each call now recomputes in the backward; losses and gradients stay
+    one process's over batches of changing size, with dropout and without (a model without
+    draws split at module level, where torch.fx runs through the calls: it is split at ATen
+    level instead, and capture="module" says it keeps every activation)."""
+    for r in gloo(2).run(user_programs.self_checkpointed_training, 0, strategy, dropout):
+        assert r["saved"][True] < 0.6 * r["saved"][False], r["saved"]
+        for ours, expect in zip(r["losses"], r["expect"], strict=True):
+            assert abs(ours - expect) < 1e-5, (r["losses"], r["expect"])
+        assert r["grad_diff"] < 1e-5, r["grad_diff"]
+        if strategy == "pipeline":
+            assert any("keep every activation" in w for w in r["warned"]), r["warned"]

@@ -391,3 +391,119 @@ def pretrained_round_trip(rank: int, world: int, port: int, kind: str, src: str,
         return result
     finally:
         dist_workers._finish()
+
+
+class SelfCheckpointing(torch.nn.Module):
+    """A user's own model that checkpoints its blocks in its forward with torch.utils.checkpoint
+    (use_reentrant=False, as torch recommends), not through HF's layers."""
+
+    def __init__(
+        self, width: int = 32, depth: int = 4, checkpointing: bool = True, dropout: float = 0.1
+    ) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        nn = torch.nn
+        self.blocks = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(width),
+                nn.Linear(width, 4 * width),
+                nn.GELU(),
+                nn.Linear(4 * width, width),
+                nn.Dropout(dropout) if dropout else nn.Identity(),
+            )
+            for _ in range(depth)
+        )
+        self.head = nn.Linear(width, width)
+        self.checkpointing = checkpointing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if self.checkpointing and self.training:
+                x = x + torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = x + block(x)
+        return self.head(x)
+
+
+def self_checkpointed_training(
+    rank: int, world: int, port: int, strategy: str, dropout: float
+) -> dict:
+    """SelfCheckpointing through parallelize (strategy "tp": a tensor-parallel mesh, or
+    "pipeline"): the activations this rank saves for a step's backward, with the model's
+    checkpointing and without; and with it each step's loss and this rank's largest gradient
+    difference from one process's, over batches of changing size."""
+    import torch.nn.functional as F
+
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        rows = (16, 8, 16)
+        data = [(torch.randn(b, 10, 32), torch.randn(b, 10, 32)) for b in rows]
+        saved: dict[bool, int] = {}
+        losses, expect, grad_diff = [], [], 0.0
+        for on in (False, True):
+            model = SelfCheckpointing(checkpointing=on, dropout=dropout).train()
+            reference = copy.deepcopy(model)
+            x0 = data[0][0]
+            if strategy == "pipeline":
+                pp = torch_plugin.parallelize(
+                    model, world, (x0,), strategy="pipeline", loss_fn=F.mse_loss, num_microbatches=4
+                )
+                params = {n: (p, None) for n, p in pp.named_parameters()}
+
+                def step(x: torch.Tensor, y: torch.Tensor, pp: Any = pp) -> Any:
+                    return pp.step((x,), y)
+            else:
+                mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+                sharded = torch_plugin.parallelize(model, mesh, (x0,))
+                params = {n: (p, spec) for n, p, spec in sharded.named_local_parameters()}
+
+                def step(x: torch.Tensor, y: torch.Tensor, sharded: Any = sharded) -> Any:
+                    loss = F.mse_loss(sharded(x), y)
+                    loss.backward()
+                    return loss.detach()
+
+            torch.manual_seed(0)
+            _, saved[on] = _saved_bytes(lambda step=step: step(*data[0]))
+            if not on:
+                continue
+            for i, (x, y) in enumerate(data):
+                for p in [*(p for p, _ in params.values()), *reference.parameters()]:
+                    p.grad = None
+                torch.manual_seed(10 + i)
+                losses.append(float(step(x, y)))
+                torch.manual_seed(10 + i)
+                want = F.mse_loss(reference(x), y)
+                want.backward()
+                expect.append(float(want))
+                ref = dict(reference.named_parameters())
+                for name, (p, spec) in params.items():
+                    full = ref[name].grad
+                    block = full if spec is None else sharded.shard(full, spec)
+                    grad_diff = max(grad_diff, float((p.grad - block).abs().max()))
+        warned: list[str] = []
+        if strategy == "pipeline":  # a module-level split asked for runs through the calls
+            import logging
+
+            handler = logging.Handler(logging.WARNING)
+            handler.emit = lambda r: warned.append(r.getMessage())  # type: ignore[method-assign]
+            logging.getLogger("torch_plugin").addHandler(handler)
+            try:
+                torch_plugin.PipelineParallel(
+                    SelfCheckpointing(dropout=dropout),
+                    (data[0][0],),
+                    loss_fn=F.mse_loss,
+                    capture="module",
+                )
+            finally:
+                logging.getLogger("torch_plugin").removeHandler(handler)
+        return {
+            "saved": saved,
+            "losses": losses,
+            "expect": expect,
+            "grad_diff": grad_diff,
+            "warned": warned,
+        }
+    finally:
+        dist_workers._finish()

@@ -34,7 +34,7 @@ from ..runtime.agreement import check_same
 from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from ..runtime.collectives import hold_groups
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
-from ..runtime.recompute import checkpointed_layers, recompute_layers
+from ..runtime.recompute import checkpointed_layers, recompute, tag_checkpointed_calls
 from ..runtime.spmd_ops import is_draw
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
@@ -272,9 +272,11 @@ class PipelineParallel:
         # One process's random draws, replayed each step (pipeline/draws.py).
         self._draws = StepDraws()
         traced = None
+        checkpoints = [0]  # the model's torch.utils.checkpoint calls a module-level trace ran
         if capture != "aten" and not isinstance(example_inputs, dict):
             try:
-                traced = cost_records(model, tuple(example_inputs), leaf_modules)
+                with tag_checkpointed_calls() as checkpoints:
+                    traced = cost_records(model, tuple(example_inputs), leaf_modules)
             except Exception as e:
                 if capture == "module":
                     raise
@@ -284,6 +286,25 @@ class PipelineParallel:
                     type(model).__name__,
                     type(e).__name__,
                     str(e).splitlines()[0] if str(e) else "",
+                )
+        if traced is not None and checkpoints[0] and model.training:
+            # torch.fx ran through the calls: the stages would call the modules directly and
+            # keep every activation. At ATen level each call's nodes recompute (recompute.py).
+            if capture == "auto" and placement is None:
+                log.info(
+                    "torch_plugin pipeline: %s calls torch.utils.checkpoint in its forward "
+                    "(%d call(s)); splitting its ATen graph, where each call recomputes",
+                    type(model).__name__,
+                    checkpoints[0],
+                )
+                traced = None
+            else:
+                log.warning(
+                    "torch_plugin pipeline: %s calls torch.utils.checkpoint in its forward, "
+                    "and a module-level split (%s) runs through the calls: its stages keep "
+                    "every activation; capture='auto' without `placement` recomputes them",
+                    type(model).__name__,
+                    "capture='module'" if capture == "module" else "for `placement`",
                 )
         if traced is not None:
             drawn = module_level_draws(traced.gm)
@@ -707,12 +728,13 @@ class PipelineParallel:
         return module
 
     def _recomputing(self, module: fx.GraphModule) -> fx.GraphModule:
-        """The stage with the nodes of each layer the model checkpoints (HF's
-        gradient_checkpointing_enable) run under torch.utils.checkpoint: replayed op by op,
-        the stage saved every activation whether the user had enabled it or not."""
-        layers = checkpointed_layers(self.model_ref) if self.model_ref.training else []
-        if not layers:
+        """The stage with the nodes of each region the model checkpoints (its
+        torch.utils.checkpoint calls, HF's gradient_checkpointing_enable) run under
+        torch.utils.checkpoint: replayed op by op, the stage saved every activation whether
+        the user had checkpointed or not."""
+        if not self.model_ref.training:
             return module
+        layers = checkpointed_layers(self.model_ref)
         draws = self._draws
 
         def rows_of_the_forward() -> tuple[Any, Any]:
@@ -720,9 +742,7 @@ class PipelineParallel:
             # running; the backward recomputes a micro-batch after others ran forward.
             return contextlib.nullcontext(), draws.rows_set(draws.rows)
 
-        return recompute_layers(
-            module, layers, f"pipeline stage S{self.my_stage}", rows_of_the_forward
-        )
+        return recompute(module, layers, f"pipeline stage S{self.my_stage}", rows_of_the_forward)
 
     def _release_groups(self) -> None:
         self.group = None

@@ -20,6 +20,8 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .recompute import tag_checkpointed_calls
+
 log = logging.getLogger("torch_plugin.capture")
 
 
@@ -235,7 +237,8 @@ def trace_call(
     """ATen forward graph of model(*args, **kwargs) over (params, buffers, the call's tensors),
     on fake tensors. Non-tensor arguments (return_loss=True, a mode string) are constants of
     the graph. record_module_stack: each node's `nn_module_stack` names the modules it ran in
-    (the pipeline partitioner groups nodes by it)."""
+    (the pipeline partitioner groups nodes by it). Nodes traced inside a torch.utils.checkpoint
+    call of the forward are tagged with it (runtime/recompute.py)."""
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     pnames, bnames = list(params), list(buffers)
@@ -281,7 +284,7 @@ def trace_call(
             converted.append(a)
         args = converted
     try:
-        with static_experts(model), _without_saved_tensors_hooks():
+        with static_experts(model), _without_saved_tensors_hooks(), tag_checkpointed_calls():
             gm = make_fx(forward, tracing_mode="fake", record_module_stack=record_module_stack)(
                 *args
             )

@@ -1,6 +1,7 @@
-"""Activation checkpointing kept in a captured program: the nodes a checkpointed layer ran
-(HF's gradient_checkpointing_enable) are outlined into a submodule that runs under
-torch.utils.checkpoint, so the program saves each layer's inputs instead of its activations.
+"""Activation checkpointing kept in a captured program: the nodes a checkpointed call ran
+(torch.utils.checkpoint in the model's own forward, HF's gradient_checkpointing_enable) are
+outlined into a submodule that runs under torch.utils.checkpoint, so the program saves each
+region's inputs instead of its activations.
 
 A captured ATen graph is a trace through the checkpoint wrapper: replayed op by op under
 autograd, it saved every activation (a 2-layer Llama on 2 ranks: 6.7 MB a rank whether the user
@@ -9,9 +10,10 @@ only with checkpointing did not fit once parallelized."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +27,92 @@ log = logging.getLogger("torch_plugin")
 # torch.utils.checkpoint's context_fn: the context managers of the forward and of the
 # recomputation.
 ContextFn = Callable[[], tuple[Any, Any]]
+
+# A traced node's meta key: the index of the torch.utils.checkpoint call it was traced in.
+CHECKPOINTED = "torch_plugin_checkpointed"
+
+
+@contextlib.contextmanager
+def tag_checkpointed_calls() -> Iterator[list[int]]:
+    """While make_fx traces a model's call: each node traced inside a torch.utils.checkpoint
+    call of the forward (the outermost where calls nest) gets meta[CHECKPOINTED], the call's
+    index. A trace runs through checkpoint as through any function, so nothing in its graph
+    said where the user had checkpointed (a model calling checkpoint itself, not through HF's
+    layers, kept every activation once parallelized, without a word). The two ways in are
+    watched: the non-reentrant path enters its saved-tensor hooks (`_checkpoint_hook`) around
+    the function, the reentrant one runs it in CheckpointFunction.forward. Both are restored
+    on exit. Yields [how many outermost calls ran], under any tracer or none (torch.fx's
+    module-level trace runs through them too, and tags nothing)."""
+    import torch.utils.checkpoint as tuc
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    hook = getattr(tuc, "_checkpoint_hook", None)
+    function = getattr(tuc, "CheckpointFunction", None)
+    if hook is None or function is None:  # another torch: left untagged (module stacks remain)
+        log.debug("torch_plugin: this torch's checkpoint internals are unknown: not tagged")
+        yield [0]
+        return
+    depth = [0]
+    count = [0]
+    calls = [0]
+    open_at: list[tuple[fx.Graph, fx.Node | None] | None] = [None]
+
+    def enter() -> None:
+        depth[0] += 1
+        if depth[0] > 1:
+            return
+        calls[0] += 1
+        mode = get_proxy_mode()
+        graph = getattr(getattr(mode, "tracer", None), "graph", None)
+        open_at[0] = None if graph is None else (graph, next(reversed(graph.nodes), None))
+
+    def leave() -> None:
+        depth[0] -= 1
+        if depth[0] > 0 or open_at[0] is None:
+            return
+        graph, last = open_at[0]
+        open_at[0] = None
+        tagged = 0
+        for n in reversed(graph.nodes):
+            if n is last:
+                break
+            n.meta[CHECKPOINTED] = count[0]
+            tagged += 1
+        count[0] += tagged > 0
+
+    saved = {k: hook.__dict__.get(k) for k in ("__enter__", "__exit__")}
+    forward = function.__dict__["forward"]
+    base_enter, base_exit = hook.__enter__, hook.__exit__
+
+    def hook_enter(self: Any) -> Any:
+        enter()
+        return base_enter(self)
+
+    def hook_exit(self: Any, *exc: Any) -> Any:
+        try:
+            return base_exit(self, *exc)
+        finally:
+            leave()
+
+    def function_forward(ctx: Any, *args: Any) -> Any:
+        enter()
+        try:
+            return forward.__func__(ctx, *args)
+        finally:
+            leave()
+
+    hook.__enter__ = hook_enter
+    hook.__exit__ = hook_exit
+    function.forward = staticmethod(function_forward)
+    try:
+        yield calls
+    finally:
+        function.forward = forward
+        for k, v in saved.items():
+            if v is None:
+                delattr(hook, k)
+            else:
+                setattr(hook, k, v)
 
 
 def checkpointed_layers(model: nn.Module) -> list[str]:
@@ -130,12 +218,36 @@ def checkpoint_regions(
     return split, count
 
 
-def recompute_layers(
+def by_checkpoint_call(n: fx.Node) -> str | None:
+    """A node's region read off the checkpoint call it was traced in (tag_checkpointed_calls);
+    None for a traced node outside every call, "" for one the trace did not make (a collective
+    the sharding added): it stays in the run it is in."""
+    call = n.meta.get(CHECKPOINTED)
+    if call is not None:
+        return f"checkpoint call {call}"
+    return None if "val" in n.meta or "nn_module_stack" in n.meta else ""
+
+
+def recompute(
     gm: fx.GraphModule, layers: Sequence[str], what: str, context_fn: ContextFn | None = None
 ) -> fx.GraphModule:
-    """checkpoint_regions over the module stack for the model's checkpointed `layers`, saying
-    what it did: how many regions recompute, or (a WARNING) that none could be found, so the
-    program keeps every activation. `what` names the program in the log line."""
+    """A training program with the activations its model checkpoints recomputed in the
+    backward: the regions its trace tagged as torch.utils.checkpoint calls, or failing those
+    the model's checkpointed `layers` read off the module stack. Says what it did: how many
+    regions recompute, or (a WARNING) that the model checkpoints layers but no node of the
+    program recorded them, so it keeps every activation. `what` names the program in the log
+    line. `gm` as it is where the model checkpoints nothing."""
+    if any(CHECKPOINTED in n.meta for n in gm.graph.nodes):
+        out, regions = checkpoint_regions(gm, by_checkpoint_call, context_fn)
+        log.info(
+            "torch_plugin: %s: %d checkpointed region(s) (the torch.utils.checkpoint calls of "
+            "the model's forward) recompute their activations in the backward",
+            what,
+            regions,
+        )
+        return out
+    if not layers:
+        return gm
     out, regions = checkpoint_regions(gm, by_module_stack(layers), context_fn)
     if regions == 0:
         log.warning(

@@ -41,7 +41,7 @@ from ..runtime.capture import (
 )
 from ..runtime.collectives import Collectives
 from ..runtime.mesh import DeviceMesh
-from ..runtime.recompute import checkpointed_layers, recompute_layers
+from ..runtime.recompute import checkpointed_layers, recompute
 from ..runtime.spmd_ops import (
     _TARGETS,
     _BatchLoss,
@@ -677,11 +677,12 @@ class ShardedModule(nn.Module):
         return captured.gm is not None and scalar_outputs_are_sums(captured.gm)
 
     def _recomputing(self, gm: fx.GraphModule, training: bool) -> fx.GraphModule:
-        """The program with each checkpointed layer's nodes run under torch.utils.checkpoint
-        in training (runtime/recompute.py); as it is otherwise."""
-        if not self._layers or not training:
+        """The program with each region the model checkpoints (its torch.utils.checkpoint calls,
+        HF's checkpointed layers) run under torch.utils.checkpoint in training
+        (runtime/recompute.py); as it is otherwise."""
+        if not training:
             return gm
-        return recompute_layers(gm, self._layers, "sharding")
+        return recompute(gm, self._layers, "sharding")
 
     def _replica_masks(self, gm: fx.GraphModule, total: int) -> None:
         """dp replicas: each dropout mask becomes the replica's rows of the whole batch's mask
