@@ -192,3 +192,71 @@ def _saved_bytes(fn: object) -> tuple[torch.Tensor, int]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()  # type: ignore[operator]
     return out, total[0]
+
+
+class _Selective(torch.nn.Module):
+    """Selective checkpointing as torchtitan sets it up: a policy that saves the matmuls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torch.nn.Sequential(
+            torch.nn.Linear(8, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+        )
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import (
+            CheckpointPolicy,
+            create_selective_checkpoint_contexts,
+        )
+
+        def policy(ctx: object, op: object, *args: object, **kwargs: object) -> object:
+            if op is torch.ops.aten.addmm.default:
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+
+        x = x + torch.utils.checkpoint.checkpoint(
+            self.block,
+            x,
+            use_reentrant=False,
+            context_fn=lambda: create_selective_checkpoint_contexts(policy),
+        )
+        return self.head(x).sum()
+
+
+def test_a_checkpoint_calls_selective_policy_is_kept_in_its_region() -> None:
+    """A call's context_fn (selective checkpointing: save the matmuls, recompute the rest)
+    goes with its region: the backward recomputes the GELU but no matmul (a full recompute
+    ran the block's first addmm again), with the plain trace's gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torch_plugin.runtime.capture import trace_call
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.addmm = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.addmm += func is torch.ops.aten.addmm.default
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = _Selective().train()
+    x = torch.randn(4, 8, requires_grad=True)
+    traced = trace_call(model, ((x,), {}))
+    program = recompute(traced.gm, [], "test")
+    assert sum(isinstance(m, Recomputed) for m in program.modules()) == 1
+    state = [*model.parameters(), x]
+    grads = []
+    for gm in (program, traced.gm):
+        for t in state:
+            t.grad = None
+        loss = gm(*state)[0]
+        with Count() as count:
+            loss.backward()
+        grads.append([t.grad for t in state])
+        if gm is program:
+            assert count.addmm == 0, count.addmm
+    for g, w in zip(*grads, strict=True):
+        torch.testing.assert_close(g, w)

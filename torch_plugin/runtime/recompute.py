@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,8 +28,10 @@ log = logging.getLogger("torch_plugin")
 # recomputation.
 ContextFn = Callable[[], tuple[Any, Any]]
 
-# A traced node's meta key: the index of the torch.utils.checkpoint call it was traced in.
+# A traced node's meta keys: the index of the torch.utils.checkpoint call it was traced in,
+# and that call's context_fn where it passed one (selective checkpointing's policy).
 CHECKPOINTED = "torch_plugin_checkpointed"
+CHECKPOINT_CONTEXT = "torch_plugin_checkpoint_context"
 
 
 @contextlib.contextmanager
@@ -40,43 +42,52 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
     said where the user had checkpointed (a model calling checkpoint itself, not through HF's
     layers, kept every activation once parallelized, without a word). The two ways in are
     watched: the non-reentrant path enters its saved-tensor hooks (`_checkpoint_hook`) around
-    the function, the reentrant one runs it in CheckpointFunction.forward. Both are restored
-    on exit. Yields [how many outermost calls ran], under any tracer or none (torch.fx's
+    the function, the reentrant one runs it in CheckpointFunction.forward. A non-reentrant
+    call's `context_fn` (selective checkpointing's policy) is kept as
+    meta[CHECKPOINT_CONTEXT], read off the generator checkpoint starts it with. All are
+    restored on exit. Yields [how many outermost calls ran], under any tracer or none (torch.fx's
     module-level trace runs through them too, and tags nothing)."""
     import torch.utils.checkpoint as tuc
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
     hook = getattr(tuc, "_checkpoint_hook", None)
     function = getattr(tuc, "CheckpointFunction", None)
-    if hook is None or function is None:  # another torch: left untagged (module stacks remain)
+    generator = getattr(tuc, "_checkpoint_without_reentrant_generator", None)
+    if hook is None or function is None or generator is None:
+        # Another torch: left untagged (HF layers' module stacks remain).
         log.debug("torch_plugin: this torch's checkpoint internals are unknown: not tagged")
         yield [0]
         return
     depth = [0]
     count = [0]
     calls = [0]
-    open_at: list[tuple[fx.Graph, fx.Node | None] | None] = [None]
+    open_at: list[tuple[fx.Graph, fx.Node | None, Any] | None] = [None]
+    starting: list[Any] = [None]  # the context_fn of the non-reentrant call about to enter
 
     def enter() -> None:
         depth[0] += 1
+        context, starting[0] = starting[0], None
         if depth[0] > 1:
             return
         calls[0] += 1
         mode = get_proxy_mode()
         graph = getattr(getattr(mode, "tracer", None), "graph", None)
-        open_at[0] = None if graph is None else (graph, next(reversed(graph.nodes), None))
+        if graph is not None:
+            open_at[0] = (graph, next(reversed(graph.nodes), None), context)
 
     def leave() -> None:
         depth[0] -= 1
         if depth[0] > 0 or open_at[0] is None:
             return
-        graph, last = open_at[0]
+        graph, last, context = open_at[0]
         open_at[0] = None
         tagged = 0
         for n in reversed(graph.nodes):
             if n is last:
                 break
             n.meta[CHECKPOINTED] = count[0]
+            if context is not None and context is not noop_context_fn:
+                n.meta[CHECKPOINT_CONTEXT] = context
             tagged += 1
         count[0] += tagged > 0
 
@@ -94,6 +105,11 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
         finally:
             leave()
 
+    def starts(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # checkpoint() passes (fn, preserve_rng_state, context_fn, ...) positionally.
+        starting[0] = args[1] if len(args) > 1 else kwargs.get("context_fn")
+        return generator(fn, *args, **kwargs)
+
     def function_forward(ctx: Any, *args: Any) -> Any:
         enter()
         try:
@@ -104,9 +120,11 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
     hook.__enter__ = hook_enter
     hook.__exit__ = hook_exit
     function.forward = staticmethod(function_forward)
+    tuc._checkpoint_without_reentrant_generator = starts
     try:
         yield calls
     finally:
+        tuc._checkpoint_without_reentrant_generator = generator
         function.forward = forward
         for k, v in saved.items():
             if v is None:
@@ -179,6 +197,7 @@ def checkpoint_regions(
     gm: fx.GraphModule,
     region: Callable[[fx.Node], str | None],
     context_fn: ContextFn | None = None,
+    contexts: Mapping[str, ContextFn] | None = None,
 ) -> tuple[fx.GraphModule, int]:
     """`gm` with each maximal run of nodes (in graph order) that `region` puts in one
     checkpointed layer outlined into a Recomputed submodule; and how many there are. `region`
@@ -187,7 +206,9 @@ def checkpoint_regions(
     in. A getitem goes with what it reads. Runs are numbered along the graph's order, so none
     depends on a later one. `context_fn` (torch.utils.checkpoint's): state outside the
     graph that a region reads, set back for its recomputation (a pipeline stage's micro-batch
-    rows, which its replayed dropout masks are sliced by)."""
+    rows, which its replayed dropout masks are sliced by). `contexts`: a region's own
+    context_fn, by its key (the model's selective-checkpointing policy), entered inside
+    `context_fn`'s."""
     part: dict[str, int] = {}
     layer_of: dict[int, str | None] = {}
     current: str | None = None
@@ -212,10 +233,34 @@ def checkpoint_regions(
     for name, sub in list(split.named_children()):
         # split_module names the runs submod_<id>; other children are the graph's own
         # attributes (a pipeline stage's parameters).
-        if name.startswith("submod_") and layer_of.get(int(name[len("submod_") :])) is not None:
-            setattr(split, name, Recomputed(sub, context_fn))
+        key = layer_of.get(int(name[len("submod_") :])) if name.startswith("submod_") else None
+        if key is not None:
+            own = (contexts or {}).get(key)
+            setattr(split, name, Recomputed(sub, _nested(context_fn, own) if own else context_fn))
             count += 1
     return split, count
+
+
+def _nested(outer: ContextFn | None, inner: ContextFn) -> ContextFn:
+    """One context_fn entering `outer`'s contexts, then `inner`'s (forward and recompute)."""
+    if outer is None:
+        return inner
+
+    def both() -> tuple[Any, Any]:
+        (f1, r1), (f2, r2) = outer(), inner()
+        return _stacked(f1, f2), _stacked(r1, r2)
+
+    return both
+
+
+@contextlib.contextmanager
+def _stacked(first: Any, second: Any) -> Iterator[None]:
+    with first, second:
+        yield
+
+
+def _call_region(call: int) -> str:
+    return f"checkpoint call {call}"
 
 
 def by_checkpoint_call(n: fx.Node) -> str | None:
@@ -224,7 +269,7 @@ def by_checkpoint_call(n: fx.Node) -> str | None:
     the sharding added): it stays in the run it is in."""
     call = n.meta.get(CHECKPOINTED)
     if call is not None:
-        return f"checkpoint call {call}"
+        return _call_region(call)
     return None if "val" in n.meta or "nn_module_stack" in n.meta else ""
 
 
@@ -238,12 +283,18 @@ def recompute(
     program recorded them, so it keeps every activation. `what` names the program in the log
     line. `gm` as it is where the model checkpoints nothing."""
     if any(CHECKPOINTED in n.meta for n in gm.graph.nodes):
-        out, regions = checkpoint_regions(gm, by_checkpoint_call, context_fn)
+        own = {
+            _call_region(n.meta[CHECKPOINTED]): n.meta[CHECKPOINT_CONTEXT]
+            for n in gm.graph.nodes
+            if CHECKPOINT_CONTEXT in n.meta
+        }
+        out, regions = checkpoint_regions(gm, by_checkpoint_call, context_fn, own)
         log.info(
             "torch_plugin: %s: %d checkpointed region(s) (the torch.utils.checkpoint calls of "
-            "the model's forward) recompute their activations in the backward",
+            "the model's forward) recompute their activations in the backward%s",
             what,
             regions,
+            f", {len(own)} with the call's own context_fn (selective)" if own else "",
         )
         return out
     if not layers:
