@@ -143,18 +143,18 @@ def test_a_forwards_own_checkpoint_calls_recompute_in_its_captured_program(reent
     outermost call are tagged in the trace and recompute in the backward: values, gradients
     and dropout are the plain trace's, and the program saves less. torch's checkpoint
     internals are as they were after the trace."""
-    import torch.utils.checkpoint as tuc
-
     from torch_plugin.runtime.capture import trace_call
     from torch_plugin.runtime.recompute import CHECKPOINTED
 
-    hook_dict, forward = dict(vars(tuc._checkpoint_hook)), tuc.CheckpointFunction.forward
+    internals = _checkpoint_internals()
     torch.manual_seed(0)
     model = _SelfCheckpointing(reentrant).train()
     x = torch.randn(16, 8, requires_grad=True)
     traced = trace_call(model, ((x,), {}))
-    assert dict(vars(tuc._checkpoint_hook)) == hook_dict
-    assert tuc.CheckpointFunction.forward is forward
+    assert _checkpoint_internals() == internals
+    with torch.no_grad():  # a capture under no_grad (the first call at a new shape) tags too
+        untracked = trace_call(model, ((x,), {}))
+    assert {n.meta.get(CHECKPOINTED) for n in untracked.gm.graph.nodes} == {None, 0, 1}
     calls = {n.meta.get(CHECKPOINTED) for n in traced.gm.graph.nodes}
     assert calls == {None, 0, 1}  # two outermost calls; the head outside both
     head = [n for n in traced.gm.graph.nodes if n.op == "call_function"][-3:]
@@ -180,6 +180,33 @@ def test_a_forwards_own_checkpoint_calls_recompute_in_its_captured_program(reent
     assert saved < 0.5 * kept, (saved, kept)
     torch.manual_seed(1)
     torch.testing.assert_close(model(x), want)  # the trace is eager's model
+
+
+def _checkpoint_internals() -> list[object]:
+    """What tag_checkpointed_calls patches while a trace runs, as torch defines it."""
+    import torch.utils.checkpoint as tuc
+
+    return [
+        vars(tuc.CheckpointFunction)["forward"],
+        tuc._checkpoint_without_reentrant_generator,
+        dict(vars(tuc._checkpoint_hook)),
+    ]
+
+
+def test_checkpoint_internals_are_set_back_when_the_traced_forward_raises() -> None:
+    from torch_plugin.runtime.capture import trace_call
+
+    class Raises(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            def fails(y: torch.Tensor) -> torch.Tensor:
+                raise ValueError("the model's own error")
+
+            return torch.utils.checkpoint.checkpoint(fails, x, use_reentrant=False)
+
+    internals = _checkpoint_internals()
+    with pytest.raises(ValueError, match="the model's own error"):
+        trace_call(Raises(), ((torch.randn(2, 2),), {}))
+    assert _checkpoint_internals() == internals
 
 
 def _saved_bytes(fn: object) -> tuple[torch.Tensor, int]:
@@ -260,3 +287,32 @@ def test_a_checkpoint_calls_selective_policy_is_kept_in_its_region() -> None:
             assert count.addmm == 0, count.addmm
     for g, w in zip(*grads, strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_a_module_level_trace_counts_the_checkpoint_calls_it_ran_through() -> None:
+    """torch.fx runs through a forward's checkpoint calls (a pipeline split at module level
+    would keep every activation, so it splits the ATen graph instead); a leaf module, which
+    runs as the model wrote it, is not traced into, and its own calls are not counted."""
+    from torch_plugin.runtime.graph import trace_module_level
+    from torch_plugin.runtime.recompute import CHECKPOINT_CALLS
+
+    class Leaf(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.utils.checkpoint.checkpoint(self.lin, x, use_reentrant=False)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.leaf, self.lin = Leaf(), torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.leaf(torch.utils.checkpoint.checkpoint(self.lin, x, use_reentrant=False))
+
+    x = torch.randn(2, 8)
+    assert trace_module_level(Model(), (x,)).meta[CHECKPOINT_CALLS] == 2
+    assert trace_module_level(Model(), (x,), ["leaf"]).meta[CHECKPOINT_CALLS] == 1
+    assert trace_module_level(_Blocks(), (x,)).meta[CHECKPOINT_CALLS] == 0

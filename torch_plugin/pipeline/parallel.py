@@ -34,7 +34,7 @@ from ..runtime.agreement import check_same
 from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from ..runtime.collectives import hold_groups
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
-from ..runtime.recompute import checkpointed_layers, recompute, tag_checkpointed_calls
+from ..runtime.recompute import CHECKPOINT_CALLS, checkpointed_layers, recompute
 from ..runtime.spmd_ops import is_draw
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
@@ -272,11 +272,9 @@ class PipelineParallel:
         # One process's random draws, replayed each step (pipeline/draws.py).
         self._draws = StepDraws()
         traced = None
-        checkpoints = [0]  # the model's torch.utils.checkpoint calls a module-level trace ran
         if capture != "aten" and not isinstance(example_inputs, dict):
             try:
-                with tag_checkpointed_calls() as checkpoints:
-                    traced = cost_records(model, tuple(example_inputs), leaf_modules)
+                traced = cost_records(model, tuple(example_inputs), leaf_modules)
             except Exception as e:
                 if capture == "module":
                     raise
@@ -287,7 +285,8 @@ class PipelineParallel:
                     type(e).__name__,
                     str(e).splitlines()[0] if str(e) else "",
                 )
-        if traced is not None and checkpoints[0] and model.training:
+        checkpoints = traced.gm.meta.get(CHECKPOINT_CALLS, 0) if traced is not None else 0
+        if checkpoints and model.training:
             # torch.fx ran through the calls: the stages would call the modules directly and
             # keep every activation. At ATen level each call's nodes recompute (recompute.py).
             if capture == "auto" and placement is None:
@@ -295,7 +294,7 @@ class PipelineParallel:
                     "torch_plugin pipeline: %s calls torch.utils.checkpoint in its forward "
                     "(%d call(s)); splitting its ATen graph, where each call recomputes",
                     type(model).__name__,
-                    checkpoints[0],
+                    checkpoints,
                 )
                 traced = None
             else:

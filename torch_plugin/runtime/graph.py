@@ -20,6 +20,8 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from .recompute import CHECKPOINT_CALLS, tag_checkpointed_calls
+
 
 class _FlatInputs(nn.Module):
     """Calls the model with its inputs rebuilt from a flat tuple (so lists trace)."""
@@ -64,12 +66,17 @@ def trace_module_level(
     model: nn.Module, example_inputs: tuple[Any, ...], leaf_modules: Any = ()
 ) -> fx.GraphModule:
     """Module-level FX graph whose placeholders are the flattened example inputs. Modules at
-    `leaf_modules` (paths) stay calls of themselves, e.g. those that carry hooks."""
+    `leaf_modules` (paths) stay calls of themselves, e.g. those that carry hooks.
+    meta[CHECKPOINT_CALLS]: how many torch.utils.checkpoint calls the trace ran through
+    (their modules are calls of the graph, which no longer recompute); calls inside leaf
+    modules are not counted (a leaf runs as the model wrote it)."""
     flat, spec = pytree.tree_flatten(tuple(example_inputs))
     wrapper = _FlatInputs(model, spec)
     tracer = _Tracer(_untraceable_classes(model), frozenset(leaf_modules))
-    graph = tracer.trace(wrapper, concrete_args=tuple(fx.PH for _ in flat))
+    with tag_checkpointed_calls() as checkpoints:
+        graph = tracer.trace(wrapper, concrete_args=tuple(fx.PH for _ in flat))
     gm = fx.GraphModule(wrapper, graph)
+    gm.meta[CHECKPOINT_CALLS] = checkpoints[0]
     return gm
 
 

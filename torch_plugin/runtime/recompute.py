@@ -32,28 +32,31 @@ ContextFn = Callable[[], tuple[Any, Any]]
 # and that call's context_fn where it passed one (selective checkpointing's policy).
 CHECKPOINTED = "torch_plugin_checkpointed"
 CHECKPOINT_CONTEXT = "torch_plugin_checkpoint_context"
+# A module-level graph's meta key: the checkpoint calls its torch.fx trace ran through.
+CHECKPOINT_CALLS = "torch_plugin_checkpoint_calls"
 
 
 @contextlib.contextmanager
 def tag_checkpointed_calls() -> Iterator[list[int]]:
     """While make_fx traces a model's call: each node traced inside a torch.utils.checkpoint
     call of the forward (the outermost where calls nest) gets meta[CHECKPOINTED], the call's
-    index. A trace runs through checkpoint as through any function, so nothing in its graph
-    said where the user had checkpointed (a model calling checkpoint itself, not through HF's
-    layers, kept every activation once parallelized, without a word). The two ways in are
-    watched: the non-reentrant path enters its saved-tensor hooks (`_checkpoint_hook`) around
-    the function, the reentrant one runs it in CheckpointFunction.forward. A non-reentrant
-    call's `context_fn` (selective checkpointing's policy) is kept as
-    meta[CHECKPOINT_CONTEXT], read off the generator checkpoint starts it with. All are
-    restored on exit. Yields [how many outermost calls ran], under any tracer or none (torch.fx's
+    index, and the call's `context_fn` where it passed one (selective checkpointing's policy)
+    meta[CHECKPOINT_CONTEXT]. A trace runs through checkpoint as through any function, so
+    nothing in its graph said where the user had checkpointed (a model calling checkpoint
+    itself, not through HF's layers, kept every activation once parallelized, without a
+    word). The two ways in are watched, whatever the grad mode: the non-reentrant path drives
+    the generator `_checkpoint_without_reentrant_generator` (looked up at each call) around
+    the function, the reentrant one runs it in CheckpointFunction.forward. Both are set back
+    on exit; contexts nest, but the patch is process-wide, so traces must not run in threads
+    side by side. Yields [how many outermost calls ran], under any tracer or none (torch.fx's
     module-level trace runs through them too, and tags nothing)."""
     import torch.utils.checkpoint as tuc
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
-    hook = getattr(tuc, "_checkpoint_hook", None)
     function = getattr(tuc, "CheckpointFunction", None)
+    forward = vars(function).get("forward") if function is not None else None
     generator = getattr(tuc, "_checkpoint_without_reentrant_generator", None)
-    if hook is None or function is None or generator is None:
+    if not isinstance(forward, staticmethod) or generator is None:
         # Another torch: left untagged (HF layers' module stacks remain).
         log.debug("torch_plugin: this torch's checkpoint internals are unknown: not tagged")
         yield [0]
@@ -62,11 +65,9 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
     count = [0]
     calls = [0]
     open_at: list[tuple[fx.Graph, fx.Node | None, Any] | None] = [None]
-    starting: list[Any] = [None]  # the context_fn of the non-reentrant call about to enter
 
-    def enter() -> None:
+    def enter(context: Any) -> None:
         depth[0] += 1
-        context, starting[0] = starting[0], None
         if depth[0] > 1:
             return
         calls[0] += 1
@@ -82,7 +83,7 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
         graph, last, context = open_at[0]
         open_at[0] = None
         tagged = 0
-        for n in reversed(graph.nodes):
+        for n in reversed(graph.nodes):  # make_fx appends: the call's nodes are the tail
             if n is last:
                 break
             n.meta[CHECKPOINTED] = count[0]
@@ -91,46 +92,35 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
             tagged += 1
         count[0] += tagged > 0
 
-    saved = {k: hook.__dict__.get(k) for k in ("__enter__", "__exit__")}
-    forward = function.__dict__["forward"]
-    base_enter, base_exit = hook.__enter__, hook.__exit__
-
-    def hook_enter(self: Any) -> Any:
-        enter()
-        return base_enter(self)
-
-    def hook_exit(self: Any, *exc: Any) -> Any:
-        try:
-            return base_exit(self, *exc)
-        finally:
-            leave()
-
     def starts(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        # checkpoint() passes (fn, preserve_rng_state, context_fn, ...) positionally.
-        starting[0] = args[1] if len(args) > 1 else kwargs.get("context_fn")
-        return generator(fn, *args, **kwargs)
+        # checkpoint() passes (fn, preserve_rng_state, context_fn, ...) positionally, then
+        # drives the generator: next() before the function, next() after, throw() on error.
+        context = args[1] if len(args) > 1 else kwargs.get("context_fn")
+        inner = generator(fn, *args, **kwargs)
+
+        def around() -> Iterator[Any]:
+            enter(context)
+            try:
+                yield from inner
+            finally:
+                leave()
+
+        return around()
 
     def function_forward(ctx: Any, *args: Any) -> Any:
-        enter()
+        enter(None)
         try:
             return forward.__func__(ctx, *args)
         finally:
             leave()
 
-    hook.__enter__ = hook_enter
-    hook.__exit__ = hook_exit
-    function.forward = staticmethod(function_forward)
+    function.forward = staticmethod(function_forward)  # type: ignore[union-attr]
     tuc._checkpoint_without_reentrant_generator = starts
     try:
         yield calls
     finally:
         tuc._checkpoint_without_reentrant_generator = generator
-        function.forward = forward
-        for k, v in saved.items():
-            if v is None:
-                delattr(hook, k)
-            else:
-                setattr(hook, k, v)
+        function.forward = forward  # type: ignore[union-attr]
 
 
 def checkpointed_layers(model: nn.Module) -> list[str]:
