@@ -254,7 +254,9 @@ class _Selective(torch.nn.Module):
 def test_a_checkpoint_calls_selective_policy_is_kept_in_its_region() -> None:
     """A call's context_fn (selective checkpointing: save the matmuls, recompute the rest)
     goes with its region: the backward recomputes the GELU but no matmul (a full recompute
-    ran the block's first addmm again), with the plain trace's gradients."""
+    ran the block's first addmm again), with the plain trace's gradients. The trace leaves
+    torch.fx's current node meta as it found it (the policy's caching mode wrote recompute
+    tags there, and the process's next torch.compile failed in its partitioner)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from torch_plugin.runtime.capture import trace_call
@@ -271,7 +273,9 @@ def test_a_checkpoint_calls_selective_policy_is_kept_in_its_region() -> None:
     torch.manual_seed(0)
     model = _Selective().train()
     x = torch.randn(4, 8, requires_grad=True)
+    meta = dict(torch.fx.traceback.current_meta)
     traced = trace_call(model, ((x,), {}))
+    assert dict(torch.fx.traceback.current_meta) == meta
     program = recompute(traced.gm, [], "test")
     assert sum(isinstance(m, Recomputed) for m in program.modules()) == 1
     state = [*model.parameters(), x]

@@ -50,6 +50,7 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
     on exit; contexts nest, but the patch is process-wide, so traces must not run in threads
     side by side. Yields [how many outermost calls ran], under any tracer or none (torch.fx's
     module-level trace runs through them too, and tags nothing)."""
+    import torch.fx.traceback as fx_traceback
     import torch.utils.checkpoint as tuc
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
@@ -114,6 +115,11 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
         finally:
             leave()
 
+    # Selective checkpointing's caching mode, run under a trace, writes its recompute tags
+    # into torch.fx.traceback.current_meta and nothing takes them out: the process's next
+    # torch.compile tagged its nodes with them and its partitioner failed ("'>' not supported
+    # between instances of 'NoneType'", on ac_graph_id). Set back as it was.
+    meta_before = fx_traceback.current_meta.copy()
     function.forward = staticmethod(function_forward)  # type: ignore[union-attr]
     tuc._checkpoint_without_reentrant_generator = starts
     try:
@@ -121,6 +127,7 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
     finally:
         tuc._checkpoint_without_reentrant_generator = generator
         function.forward = forward  # type: ignore[union-attr]
+        fx_traceback.current_meta = meta_before
 
 
 def checkpointed_layers(model: nn.Module) -> list[str]:
