@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 import torch.fx as fx
-from user_programs import default_config_model
+from user_programs import _saved_bytes, default_config_model
 
 from torch_plugin.runtime.recompute import (
     Recomputed,
@@ -207,18 +207,6 @@ def test_checkpoint_internals_are_set_back_when_the_traced_forward_raises() -> N
     with pytest.raises(ValueError, match="the model's own error"):
         trace_call(Raises(), ((torch.randn(2, 2),), {}))
     assert _checkpoint_internals() == internals
-
-
-def _saved_bytes(fn: object) -> tuple[torch.Tensor, int]:
-    total = [0]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        total[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()  # type: ignore[operator]
-    return out, total[0]
 
 
 class _Selective(torch.nn.Module):

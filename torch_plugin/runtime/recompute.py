@@ -63,7 +63,6 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
         yield [0]
         return
     depth = [0]
-    count = [0]
     calls = [0]
     open_at: list[tuple[fx.Graph, fx.Node | None, Any] | None] = [None]
 
@@ -83,15 +82,12 @@ def tag_checkpointed_calls() -> Iterator[list[int]]:
             return
         graph, last, context = open_at[0]
         open_at[0] = None
-        tagged = 0
         for n in reversed(graph.nodes):  # make_fx appends: the call's nodes are the tail
             if n is last:
                 break
-            n.meta[CHECKPOINTED] = count[0]
+            n.meta[CHECKPOINTED] = calls[0] - 1  # the call's index
             if context is not None and context is not noop_context_fn:
                 n.meta[CHECKPOINT_CONTEXT] = context
-            tagged += 1
-        count[0] += tagged > 0
 
     def starts(fn: Any, *args: Any, **kwargs: Any) -> Any:
         # checkpoint() passes (fn, preserve_rng_state, context_fn, ...) positionally, then
