@@ -740,6 +740,12 @@ def _zero_adam_matches(mesh: Any, batch: int, zero: int) -> dict[str, Any]:
         grads_kept = sum(p.grad.numel() for p in sharded.parameters() if p.grad is not None)
         grads_kept += sum(z.shard.grad.numel() for z in opt.zero2 if z.shard.grad is not None)
         opt.step()
+    if zero == 2:  # torch's clip cannot see the flat shards' gradients: a clear error
+        try:
+            torch.nn.utils.clip_grad_norm_(sharded.parameters(), 1.0)
+            raise AssertionError("torch's clip over ZeRO-2 shards was accepted")
+        except RuntimeError as e:
+            assert "call dist_model.clip_grad_norm_" in str(e), e
     ref = dict(reference.named_parameters())
     max_diff = 0.0
     with torch.no_grad():

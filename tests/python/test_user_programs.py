@@ -207,3 +207,23 @@ def test_a_models_own_checkpoint_calls_are_kept(gloo, strategy, dropout) -> None
         assert r["grad_diff"] < 1e-5, r["grad_diff"]
         if strategy == "pipeline":
             assert any("keep every activation" in w for w in r["warned"]), r["warned"]
+
+
+@pytest.mark.parametrize("strategy,kind", [("tp", "llama"), ("pipeline", "gpt2")])
+def test_torch_clip_grad_norm_clips_by_the_whole_models_norm(gloo, strategy, kind) -> None:
+    """torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), as HF Trainer and most
+    loops call it, on what parallelize returned: each rank used to clip by its own part's norm
+    (tp: 1.00 and 1.05 on the two ranks where one process has 1.45; pipeline stages 1.63 and
+    1.40 against 1.91), so ranks scaled differently and the losses left one process's. Now the
+    norm is the whole model's on every rank (GPT-2's tied embedding counted once), the losses
+    are one process's, and tp's replicated blocks stay bitwise equal across ranks."""
+    results = gloo(2).run(user_programs.clipped_with_torch, 0, strategy, kind)
+    for r in results:
+        for got, total, want in zip(r["norm"], r["total"], r["expect"], strict=True):
+            assert abs(got - want) <= 1e-5 * want, (r["norm"], r["expect"])
+            assert total == got  # get_total_norm over the same gradients agrees
+        assert min(r["expect"]) > 0.05  # max_norm clipped every step
+        diffs = [abs(a - b) for a, b in zip(r["loss"], r["expect_loss"], strict=True)]
+        assert max(diffs) < 1e-5, (r["loss"], r["expect_loss"])
+        assert r["replicated_drift"] == 0.0
+    assert results[0]["norm"] == results[1]["norm"]

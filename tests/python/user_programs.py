@@ -507,3 +507,65 @@ def self_checkpointed_training(
         }
     finally:
         dist_workers._finish()
+
+
+def clipped_with_torch(rank: int, world: int, port: int, strategy: str, kind: str) -> dict:
+    """A loop that clips with torch's own function, as HF Trainer (through accelerate),
+    Lightning and most hand-written loops do: `torch.nn.utils.clip_grad_norm_(model.parameters(),
+    max_norm)` on what parallelize returned, with a max_norm that clips every step. Each step's
+    norm, the norm torch.nn.utils.get_total_norm gives over the same gradients, and the loss
+    against one process's; and how far this rank's replicated blocks (tp) are from rank 0's."""
+    from torch.nn.utils import clip_grad_norm_, get_total_norm  # bound before parallelize
+
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model(kind)
+        model.train()
+        reference = copy.deepcopy(model)
+        batches = [padded_batch(8, t, i) for i, t in enumerate((16, 12, 16, 9))]
+        if strategy == "pipeline":
+            pp = torch_plugin.parallelize(
+                model, world, batches[0], strategy="pipeline", num_microbatches=4
+            )
+            params, step = pp.parameters, pp.step
+        else:
+            mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+            sharded = torch_plugin.parallelize(model, mesh, batches[0])
+            params = sharded.parameters
+
+            def step(b: dict) -> float:
+                loss = sharded(**b).loss
+                loss.backward()
+                return float(loss)
+
+        out: dict[str, list[float]] = {k: [] for k in ("loss", "norm", "total", "expect")}
+        out["expect_loss"] = []
+        opt = torch.optim.AdamW(params(), lr=1e-2)
+        ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+        for i, b in enumerate(batches):
+            torch.manual_seed(100 + i)
+            out["loss"].append(float(step(b)))
+            grads = [p.grad for p in params() if p.grad is not None]
+            out["total"].append(float(get_total_norm(grads)))
+            out["norm"].append(float(clip_grad_norm_(params(), 0.05)))
+            opt.step()
+            opt.zero_grad()
+            torch.manual_seed(100 + i)
+            loss = reference(**b).loss
+            loss.backward()
+            out["expect_loss"].append(float(loss))
+            out["expect"].append(float(clip_grad_norm_(reference.parameters(), 0.05)))
+            ref_opt.step()
+            ref_opt.zero_grad()
+        drift = 0.0
+        if strategy != "pipeline":
+            for _, p, spec in sharded.named_local_parameters():
+                if spec == "R":
+                    first = p.detach().clone()
+                    dist.broadcast(first, 0)
+                    drift = max(drift, float((p.detach() - first).abs().max()))
+        return {**out, "replicated_drift": drift}
+    finally:
+        dist_workers._finish()

@@ -33,6 +33,7 @@ from ..checkpoint.layout import Layout
 from ..runtime.agreement import check_same
 from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from ..runtime.collectives import hold_groups
+from ..runtime.grad_norm import GradGroup, NormShare, as_block, count_gradients
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from ..runtime.recompute import CHECKPOINT_CALLS, checkpointed_layers, recompute
 from ..runtime.spmd_ops import is_draw
@@ -198,6 +199,12 @@ def _shapes(sig: tuple[Any, ...]) -> list[list[int]]:
 
 def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if r < total % parts else 0) for r in range(parts)]
+
+
+def _reduce_grad_norm(pipe: PipelineParallel, t: torch.Tensor, op: Any) -> torch.Tensor:
+    out = t.clone()
+    dist.all_reduce(out, op=op, group=pipe.group)
+    return out
 
 
 class PipelineParallel:
@@ -620,6 +627,20 @@ class PipelineParallel:
         if self.my_stage < 0:
             self.module = nn.Module()
             return
+        # torch.nn.utils.clip_grad_norm_(pp.parameters(), ...) clips by every stage's norm:
+        # a parameter counts in the first stage that reads it, on its replica 0.
+        grads = GradGroup(self, _reduce_grad_norm, "a pipeline", self.rank == 0)
+        first = {}
+        for s, names in enumerate(self.params_of):
+            for name in names:
+                first.setdefault(name, s)
+        self._norm_shares = {
+            name: NormShare(grads, first[name] == self.my_stage and self.my_replica == 0)
+            for name in self.params_of[self.my_stage]
+        }
+        count_gradients(
+            (p, self._norm_shares[name]) for name, p in self.params_of[self.my_stage].items()
+        )
         self._modules: dict[tuple[Any, int], fx.GraphModule] = {}
         self.module = self._stage_module(self.batch)
 
@@ -1022,6 +1043,7 @@ class PipelineParallel:
                         continue
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
+                        as_block(self._norm_shares[name], p)
                     dist.all_reduce(p.grad, group=g)
         dist.all_reduce(loss_total, group=self.group)
         return float(loss_total)

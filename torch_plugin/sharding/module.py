@@ -40,6 +40,7 @@ from ..runtime.capture import (
     takes_loss_kwargs,
 )
 from ..runtime.collectives import Collectives
+from ..runtime.grad_norm import GradGroup, NormShare, count_gradients
 from ..runtime.mesh import DeviceMesh
 from ..runtime.recompute import checkpointed_layers, recompute
 from ..runtime.spmd_ops import (
@@ -198,6 +199,22 @@ def _constant_key(x: Any) -> Any:
         return (type(x).__name__, x)
     except TypeError:
         return (type(x).__name__, repr(x))
+
+
+def _reduce_grad_norm(module: ShardedModule, t: torch.Tensor, op: Any) -> torch.Tensor:
+    return module.comm.all_reduce(t, "grad_norm", op)
+
+
+def _zero2_grads_elsewhere(module: ShardedModule) -> str | None:
+    held = [name for name, z in module._zero2.items() if z.shard.grad is not None]
+    if not held:
+        return None
+    return (
+        f"torch_plugin sharding: {len(held)} ZeRO-2 block(s) ({', '.join(held[:3])}"
+        f"{' ...' if len(held) > 3 else ''}) keep their gradients as 1/dp flat shards that "
+        "the parameters' .grad does not show, so a norm over dist_model.parameters() leaves "
+        "them out and clipping would not scale them; call dist_model.clip_grad_norm_(max_norm)"
+    )
 
 
 class ShardedModule(nn.Module):
@@ -446,6 +463,16 @@ class ShardedModule(nn.Module):
             if zero_stage.get(name) == 2 and p.requires_grad:
                 self._zero2[name] = _Zero2Shard(p, self.dp_comm, name, lambda: self._syncing)
         self._zero2_ids = {id(z.param) for z in self._zero2.values()}
+        # torch.nn.utils.clip_grad_norm_(dist_model.parameters(), ...) clips by the whole
+        # model's norm: blocks of sharded tensors add up over tp, replicated ones count once.
+        grads = GradGroup(
+            self, _reduce_grad_norm, "a sharded module", self.rank == 0, _zero2_grads_elsewhere
+        )
+        count_gradients(
+            (p, NormShare(grads, spec.startswith("S") or self.rank == 0))
+            for p, spec in zip(self.local_params, self.param_specs, strict=True)
+            if id(p) not in self._zero2_ids
+        )
         self.mesh_search: list[dict[str, Any]] = []  # shard_model(mesh_shape="auto") fills it
         self.pretrained_report: dict[str, Any] | None = None
         if opts.pretrained is not None:
