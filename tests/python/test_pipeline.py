@@ -224,3 +224,80 @@ def test_a_rank_failing_mid_schedule_fails_every_rank_at_once(gloo) -> None:
         ours, expect = r["loss"]
         assert abs(ours - expect) < 1e-5 and r["grad_diff"] < 1e-5, r
     assert sum(r["loss_rank"] for r in results) == 1 and results[0]["stages"] == 2
+
+
+class _DropoutBatchNorm(torch.nn.Module):
+    def __init__(self, drop: str = "module") -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.bn = torch.nn.BatchNorm1d(6)
+        self.drop_out = torch.nn.Dropout(0.3)
+        self.drop = drop
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.bn(self.lin(x))
+        if self.drop == "module":
+            h = self.drop_out(h)
+        elif self.drop == "call":
+            h = torch.nn.functional.dropout(h, 0.3, training=self.training)
+        elif self.drop == "rand":  # per-sample draws (stochastic depth, timm's old drop_path)
+            h = h * (0.7 + torch.rand(h.shape[0], 1)).floor() / 0.7 if self.training else h
+        elif self.drop == "where":  # a mask used otherwise than dropout uses one
+            mask = torch.empty_like(h).bernoulli_(0.7)
+            h = torch.where(mask.bool(), h, -h) if self.training else h
+        return h.relu().sum(-1)
+
+
+def test_a_stage_traced_for_training_computes_the_models_eval_mode_exactly() -> None:
+    """pipeline/draws.to_evaluation on the ATen graph the pipeline captures: dropout masks
+    keep everything, batch norm reads its running statistics and updates nothing (its
+    counter included); the result is model.eval()'s, bit for bit."""
+    from torch_plugin.pipeline import capture as pipeline_capture
+    from torch_plugin.pipeline.draws import to_evaluation
+    from torch_plugin.runtime.capture import as_call
+
+    torch.manual_seed(0)
+    model = _DropoutBatchNorm().train()
+    x = torch.randn(8, 6)
+    model(x)  # running statistics away from their initial values
+    gm = pipeline_capture.capture(model, as_call((x,)), 8).gm
+    kinds = {str(n.target) for n in gm.graph.nodes}
+    assert "aten.bernoulli_.float" in kinds and "aten.native_batch_norm.default" in kinds
+    stats = [t.clone() for t in model.bn.buffers()]
+    to_evaluation(gm, "the test stage")
+    kinds = {str(n.target) for n in gm.graph.nodes}
+    assert "aten.bernoulli_.float" not in kinds and "aten.add_.Tensor" not in kinds
+    with torch.no_grad():
+        (got,) = gm(x)  # the graph's outputs, flat
+        assert all(torch.equal(a, b) for a, b in zip(stats, model.bn.buffers(), strict=True))
+        assert torch.equal(got, model.eval()(x))
+
+
+@pytest.mark.parametrize("drop,says", [("rand", "stochastic depth"), ("where", "otherwise")])
+def test_a_draw_whose_eval_behaviour_is_unknown_is_refused(drop: str, says: str) -> None:
+    from torch_plugin.pipeline import capture as pipeline_capture
+    from torch_plugin.pipeline.draws import to_evaluation
+    from torch_plugin.runtime.capture import as_call
+
+    model = _DropoutBatchNorm(drop).train()
+    x = torch.randn(8, 6)
+    gm = pipeline_capture.capture(model, as_call((x,)), 8).gm
+    with pytest.raises(RuntimeError, match=says):
+        to_evaluation(gm, "stage S0")
+
+
+def test_a_module_level_stage_in_eval_mode_turns_its_dropout_calls_off() -> None:
+    """torch.fx bakes `training=self.training` into a dropout call: the eval copy turns it off
+    (modules such as BatchNorm follow the model's mode by themselves); the training graph is
+    left as it was."""
+    from torch_plugin.pipeline.draws import module_level_evaluation
+
+    torch.manual_seed(0)
+    model = _DropoutBatchNorm("call").train()
+    x = torch.randn(8, 6)
+    gm = torch.fx.symbolic_trace(model)
+    model.eval()
+    evaluated = module_level_evaluation(gm, "stage S0")
+    with torch.no_grad():
+        assert torch.equal(evaluated(x), model(x))
+        assert not torch.equal(gm(x), model(x))  # the training graph still drops

@@ -227,3 +227,23 @@ def test_torch_clip_grad_norm_clips_by_the_whole_models_norm(gloo, strategy, kin
         assert max(diffs) < 1e-5, (r["loss"], r["expect_loss"])
         assert r["replicated_drift"] == 0.0
     assert results[0]["norm"] == results[1]["norm"]
+
+
+def test_a_pipeline_evaluates_in_eval_mode_between_training_steps(gloo) -> None:
+    """An evaluation pass as users write it (pp.eval() or their own model.eval(), pp.step on
+    validation batches of other lengths and a short one under torch.no_grad(), pp.train()),
+    after a backward and before the optimizer's step. GPT-2's default config drops out 0.1.
+    A no_grad step used to fail on every rank (its backward had nothing to differentiate), and
+    nothing turned dropout off. Now each evaluation loss is one process's model.eval() loss,
+    the gradients and the generator are as they were, and training goes on as one process's;
+    a no_grad step in training mode replays dropout as one process draws it."""
+    for r in gloo(2).run(user_programs.pipeline_evaluation, 0, "gpt2"):
+        assert r["modes"] == [False, False, False]
+        for got, want in zip(r["eval"], r["expect_eval"], strict=True):
+            assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5, (got, want)
+        diffs = [abs(a - b) for a, b in zip(r["train"], r["expect_train"], strict=True)]
+        assert max(diffs) < 1e-5, (r["train"], r["expect_train"])
+        assert r["grads_kept"] and r["same_generator"]
+        ours, expect, eval_mode = r["dropout_on"]
+        assert abs(ours - expect) < 1e-5
+        assert abs(ours - eval_mode) > 1e-4  # dropout was on there

@@ -569,3 +569,77 @@ def clipped_with_torch(rank: int, world: int, port: int, strategy: str, kind: st
         return {**out, "replicated_drift": drift}
     finally:
         dist_workers._finish()
+
+
+def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
+    """A training loop with an evaluation pass after each step's backward, before the
+    optimizer's step: pp.eval() (or the user's own model.eval()) and pp.step under
+    torch.no_grad() on validation batches of other lengths and sizes, then pp.train(). Each
+    evaluation loss against one process's model.eval() loss; whether the evaluation left this
+    rank's gradients and the generator as they were; the training losses against one
+    process's; and a no_grad step in training mode (dropout replayed) against one process's."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model(kind)
+        model.train()
+        reference = copy.deepcopy(model)
+        train = [padded_batch(8, t, i) for i, t in enumerate((16, 12, 16))]
+        valid = [padded_batch(r, t, 50 + i) for i, (r, t) in enumerate(((8, 16), (8, 9), (6, 16)))]
+        pp = torch_plugin.parallelize(
+            model, world, train[0], strategy="pipeline", num_microbatches=4
+        )
+        opt = torch.optim.AdamW(pp.parameters(), lr=1e-2)
+        ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+        out: dict[str, Any] = {k: [] for k in ("train", "expect_train", "eval", "expect_eval")}
+        grads_kept, same_generator, modes = True, True, []
+        for i, b in enumerate(train):
+            torch.manual_seed(100 + i)
+            out["train"].append(pp.step(b))
+            before = {n: p.grad.clone() for n, p in pp.named_parameters() if p.grad is not None}
+            if i == 1:
+                model.eval()  # the user's own model, as a loop holding it would
+            else:
+                pp.eval()
+            modes.append(pp.training)
+            torch.manual_seed(7)
+            with torch.no_grad():
+                out["eval"].append([pp.step(v) for v in valid])
+            after = torch.rand(4)
+            pp.train()
+            grads_kept &= all(
+                torch.equal(p.grad, before[n]) for n, p in pp.named_parameters() if n in before
+            )
+            grads_kept &= len(before) == sum(p.grad is not None for p in pp.parameters())
+            opt.step()
+            opt.zero_grad()
+
+            torch.manual_seed(100 + i)
+            loss = reference(**b).loss
+            loss.backward()
+            out["expect_train"].append(float(loss))
+            reference.eval()
+            torch.manual_seed(7)
+            with torch.no_grad():
+                out["expect_eval"].append([float(reference(**v).loss) for v in valid])
+            same_generator &= bool(torch.equal(after, torch.rand(4)))
+            reference.train()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        torch.manual_seed(5)
+        with torch.no_grad():  # training mode: dropout on, replayed as one process draws it
+            dropout_on = pp.step(valid[0])
+        torch.manual_seed(5)
+        with torch.no_grad():
+            expect_dropout_on = float(reference(**valid[0]).loss)
+            eval_now = float(reference.eval()(**valid[0]).loss)
+        return {
+            **out,
+            "grads_kept": grads_kept,
+            "same_generator": same_generator,
+            "modes": modes,
+            "dropout_on": (dropout_on, expect_dropout_on, eval_now),
+        }
+    finally:
+        dist_workers._finish()

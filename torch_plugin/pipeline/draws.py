@@ -17,6 +17,7 @@ stage's: on CPU the generator has no skip-ahead to price them more cheaply.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 from collections.abc import Iterator
@@ -275,3 +276,102 @@ def replace_draws(module: fx.GraphModule, names: dict[fx.Node, str], draws: Step
     if count:
         module.recompile()
     return count
+
+
+# Flags an op's schema names for its training behaviour (native_dropout's `train`, batch
+# norm's `training`, rrelu's `training`) and SDPA's internal dropout.
+_MODE_FLAGS = ("train", "training")
+
+
+def to_evaluation(module: fx.GraphModule, where: str) -> None:
+    """Rewrites a stage traced in training mode into what the model computes in eval mode, op
+    by op, exactly: a dropout mask (bernoulli_ over an empty tensor, divided by the keep
+    probability, multiplied in) keeps every element, so the product is its input; an op's own
+    training flag is turned off (native_dropout, batch norm: running statistics, no update);
+    SDPA's dropout_p is 0; batch norm's num_batches_tracked is not counted. A draw whose eval
+    behaviour cannot be read off the graph (a per-sample rand: stochastic depth; a mask used
+    otherwise) raises, naming the node."""
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if target is _ATEN.bernoulli_.float:
+            _keep_everything(node, where)
+        elif target is _ATEN.rand.default:
+            raise RuntimeError(
+                f"torch_plugin pipeline: {where} draws per-sample random values (node "
+                f"{node.name!r}, rand: stochastic depth) in its training graph; what the model "
+                "computes there in eval mode cannot be read off that graph. Evaluate in training "
+                "mode (pp.train()) or with the model on one process"
+            )
+        elif (
+            target is _ATEN.add_.Tensor
+            and isinstance(node.args[0], fx.Node)
+            and node.args[0].op == "get_attr"
+            and str(node.args[0].target).endswith("num_batches_tracked")
+            and not node.users
+        ):
+            graph.erase_node(node)
+        elif isinstance(target, torch._ops.OpOverload):
+            args = list(node.args)
+            kwargs = dict(node.kwargs)
+            for i, arg in enumerate(target._schema.arguments):
+                off = None
+                if arg.name in _MODE_FLAGS and str(arg.type) == "bool":
+                    off = False
+                elif arg.name == "dropout_p":
+                    off = 0.0
+                if off is None:
+                    continue
+                if arg.name in kwargs:
+                    kwargs[arg.name] = off
+                elif i < len(args):
+                    args[i] = off
+            node.args, node.kwargs = tuple(args), kwargs
+    graph.lint()
+    module.recompile()
+
+
+def _keep_everything(draw: fx.Node, where: str) -> None:
+    """bernoulli_(mask, keep) -> fill_(mask, 1), its division by keep dropped; every other use
+    must multiply the mask in (dropout, stochastic depth with bernoulli_), or this raises."""
+    mask, keep = draw.args[0], draw.args[1]
+    draw.target, draw.args, draw.kwargs = _ATEN.fill_.Scalar, (mask, 1.0), {}
+    for user in list(draw.users):
+        if user.target in (_ATEN.div_.Scalar, _ATEN.div.Scalar) and user.args[1] == keep:
+            user.replace_all_uses_with(draw)
+            draw.graph.erase_node(user)
+    uses = [u for u in (*draw.users, *mask.users) if u is not draw]
+    odd = [u for u in uses if u.target is not _ATEN.mul.Tensor]
+    if odd:
+        raise RuntimeError(
+            f"torch_plugin pipeline: {where} draws a random mask (node {draw.name!r}) that "
+            f"{odd[0].name!r} ({odd[0].target}) uses otherwise than dropout does, so what the "
+            "model computes there in eval mode cannot be read off its training graph. Evaluate "
+            "in training mode (pp.train()) or with the model on one process"
+        )
+
+
+def module_level_evaluation(module: fx.GraphModule, where: str) -> fx.GraphModule:
+    """A module-level stage in eval mode: its modules follow the model's mode by themselves
+    (they are the model's); a dropout call traced with training on is turned off. Other random
+    calls run as traced (logged): torch.fx baked any `if self.training` around them."""
+    graph = copy.deepcopy(module.graph)
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in _DROPOUTS:
+            if len(node.args) > 2:
+                node.args = (*node.args[:2], False, *node.args[3:])
+            else:
+                node.kwargs = {**node.kwargs, "training": False}
+        elif (node.op == "call_function" and node.target in _RANDOM_CALLS) or (
+            node.op == "call_method" and node.target in _RANDOM_METHODS
+        ):
+            log.warning(
+                "torch_plugin pipeline: %s in eval mode runs random call %s (node %s) as traced "
+                "for training",
+                where,
+                node.target,
+                node.name,
+            )
+    return fx.GraphModule(module, graph)

@@ -39,7 +39,15 @@ from ..runtime.recompute import CHECKPOINT_CALLS, checkpointed_layers, recompute
 from ..runtime.spmd_ops import is_draw
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
-from .draws import DrawPlan, StepDraws, draws_of, module_level_draws, replace_draws
+from .draws import (
+    DrawPlan,
+    StepDraws,
+    draws_of,
+    module_level_draws,
+    module_level_evaluation,
+    replace_draws,
+    to_evaluation,
+)
 
 log = logging.getLogger("torch_plugin.pipeline")
 
@@ -266,6 +274,8 @@ class PipelineParallel:
         self.world = dist.get_world_size(group)
         self.loss_fn = loss_fn
         self.model_ref = model
+        # The mode the graph is traced in (later traces too); eval() rewrites it (see step).
+        self._traced_training = model.training
         self.config = getattr(model, "config", None)
         call = as_call(example_inputs)
         self._count_labels = None  # HF labels: the whole mini-batch's count goes in per step
@@ -278,6 +288,7 @@ class PipelineParallel:
         self.capture_times_s: dict[str, float] = {}
         # One process's random draws, replayed each step (pipeline/draws.py).
         self._draws = StepDraws()
+        self._eval_module: fx.GraphModule | None = None  # module-level stage in eval mode
         traced = None
         if capture != "aten" and not isinstance(example_inputs, dict):
             try:
@@ -364,7 +375,7 @@ class PipelineParallel:
         self._step_rows = self.batch  # this step's samples (a last batch may have fewer)
         self._chunk = (0, self.batch)  # the step's samples the schedule is running (see step)
         self._failure: Exception | None = None  # this step's, on this rank (see _forward)
-        self._prepared = {(self._sig0, self.batch)}
+        self._prepared = {(self._sig0, self.batch, model.training)}
         self._build(traced)
         # Which draws run along the batch and which this rank's stage reads, before any step.
         self._draw_plan = self._plan_draws() if self.replayed_draws else None
@@ -437,7 +448,13 @@ class PipelineParallel:
         if trace is None:
             t0 = time.perf_counter()
             call = self._calls[key[0]]
-            trace = pipeline_capture.capture(self.model_ref, call, self._rows_in(call), n)
+            mode = self.model_ref.training
+            self.model_ref.train(self._traced_training)  # the plan's graph, in any mode
+            try:
+                with torch.enable_grad():  # and gradient mode (an evaluation runs under no_grad)
+                    trace = pipeline_capture.capture(self.model_ref, call, self._rows_in(call), n)
+            finally:
+                self.model_ref.train(mode)
             self._traces[key] = trace
             if key[0] != self._sig0:
                 took = time.perf_counter() - t0
@@ -687,7 +704,7 @@ class PipelineParallel:
     def _stage_module(self, n: int) -> fx.GraphModule:
         """This rank's stage as a GraphModule for micro-batches of n samples (module-level
         graphs take any n; ATen graphs are traced at n)."""
-        key = (self._sig, n)
+        key = (self._sig, n, self.training)
         module = self._modules.get(key) if hasattr(self, "_modules") else None
         if module is not None:
             return module
@@ -740,7 +757,9 @@ class PipelineParallel:
             outs += [env[twin(v)] if isinstance(v, fx.Node) else v for v in self.out_leaves]
         g.output(tuple(outs))
         module = fx.GraphModule(source, g)
-        if self.aten is not None:
+        if self.aten is not None and not self.training and self._traced_training:
+            to_evaluation(module, f"stage S{s}")
+        elif self.aten is not None:
             drawn = {env[twin(node)]: node.name for node in self.members[s] if is_draw(node)}
             replace_draws(module, drawn, self._draws)
             module = self._recomputing(module)
@@ -818,6 +837,27 @@ class PipelineParallel:
                 f"batch ({self.batch}) as dim 0; keep it inside one stage (coarser blocks: a "
                 "smaller scope_depth)"
             )
+
+    @property
+    def training(self) -> bool:
+        """The model's mode, as nn.Module has it: pp.eval() or model.eval() turn it off."""
+        return self.model_ref.training
+
+    def train(self, mode: bool = True) -> PipelineParallel:
+        """Sets the model's mode (as nn.Module.train does). In eval mode the stages compute
+        what the model computes in eval mode (dropout off, batch norm on running statistics),
+        read off the graph traced for training; `step()` under torch.no_grad() then runs the
+        forwards only and returns the loss."""
+        if mode and not self._traced_training:
+            log.warning(
+                "torch_plugin pipeline: the model was captured in eval mode, so its stages train "
+                "without dropout; call model.train() before parallelize to train with it"
+            )
+        self.model_ref.train(mode)
+        return self
+
+    def eval(self) -> PipelineParallel:
+        return self.train(False)
 
     def parameters(self) -> list[nn.Parameter]:
         """This rank's parameters (its stage's), under the model's own names."""
@@ -1001,6 +1041,10 @@ class PipelineParallel:
         return flat
 
     def step(self, inputs: tuple[Any, ...] | dict[str, Any], target: Any = None) -> float:
+        """One step of the plan's schedule on a batch: returns the batch's loss (the same on
+        every rank), having accumulated this rank's gradients and summed them over the ranks
+        that share them. Under torch.no_grad() (an evaluation loop) only the forwards run and
+        no gradient is touched; in eval mode (pp.eval()) without dropout."""
         flat = self._inputs(inputs)
         if len(flat) != len(self.placeholders):
             raise ValueError(f"expected {len(self.placeholders)} input tensors, got {len(flat)}")
@@ -1009,8 +1053,9 @@ class PipelineParallel:
         self._device = next(
             (x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu")
         )
+        backward = torch.is_grad_enabled()
         self._prepare()
-        if self._draw_plan is not None:
+        if self._draw_plan is not None and self.training:
             self._replay_draws()
         loss_total = torch.zeros((), device=self._device)
         self._failure = None
@@ -1029,12 +1074,12 @@ class PipelineParallel:
                         if isinstance(target, torch.Tensor) and rows != self._step_rows
                         else target
                     )
-                    loss_total += self._run_schedule(part, piece)
+                    loss_total += self._run_schedule(part, piece, backward)
             finally:
                 self._chunk = (0, self.batch)
                 self._draws.kept = {}  # this step's masks, held until its last backward
-        self._raise_if_any_failed()
-        if self.my_stage >= 0:
+        self._raise_if_any_failed(backward)
+        if self.my_stage >= 0 and backward:
             mine = dict(self.named_parameters())
             for g, names in self.grad_groups:
                 for name in names:
@@ -1048,7 +1093,7 @@ class PipelineParallel:
         dist.all_reduce(loss_total, group=self.group)
         return float(loss_total)
 
-    def _raise_if_any_failed(self) -> None:
+    def _raise_if_any_failed(self, backward: bool = True) -> None:
         """After the schedule: every rank learns whether one failed mid-schedule (its loss_fn
         or its stage raised). A failed rank kept sending zeros where its results were due and
         kept receiving (see _forward, _backward), so no peer waited out the process group's
@@ -1058,14 +1103,20 @@ class PipelineParallel:
         failed = self._failed_rank(error)
         if failed is None:
             return
-        for p in self.parameters():
-            p.grad = None
+        if backward:
+            for p in self.parameters():
+                p.grad = None
         if error is not None:
             raise error
         raise RuntimeError(
             f"torch_plugin pipeline: rank {failed} failed during this step (its error "
-            "says why); this rank finished the schedule on zeros and discarded the step's "
-            "gradients (those accumulated before it too). Nothing was all-reduced."
+            "says why); this rank finished the schedule on zeros"
+            + (
+                " and discarded the step's gradients (those accumulated before it too). "
+                "Nothing was all-reduced."
+                if backward
+                else " (forwards only, under no_grad: no gradient was touched)."
+            )
         )
 
     def _failed_rank(self, error: Exception | None) -> int | None:
@@ -1090,21 +1141,27 @@ class PipelineParallel:
             for p, x in local.items()
         }
 
-    def _run_schedule(self, local: dict[fx.Node, Any], target: Any) -> torch.Tensor:
-        """This rank's part of the plan's schedule on one chunk; returns its loss share."""
+    def _run_schedule(
+        self, local: dict[fx.Node, Any], target: Any, backward: bool = True
+    ) -> torch.Tensor:
+        """This rank's part of the plan's schedule on one chunk (its forwards only, in their
+        order, without `backward`: a stage never waits on a later one then); returns its loss
+        share."""
         s = self.my_stage
         sends: list[Any] = []
         loss_total = torch.zeros((), device=self._device)
         saved: dict[int, tuple[list[Any], list[Any], torch.Tensor | None]] = {}
-        for j, backward in self.plan.raw.schedule[s]:
+        for j, is_backward in self.plan.raw.schedule[s]:
             lo, hi = self._range(s, j, self.my_replica)
             if lo >= hi:  # past a short last batch's samples: nothing to run or send
                 continue
-            if not backward:
+            if not is_backward:
                 saved[j] = self._forward(s, j, lo, hi, local, target, sends)
                 if saved[j][2] is not None:
                     loss_total += saved[j][2].detach()
-            else:
+                if not backward:
+                    del saved[j]
+            elif backward:
                 self._backward(s, lo, hi, *saved.pop(j), sends)
         # Before the next chunk, whose messages reuse these tags.
         for work in sends:
@@ -1116,7 +1173,7 @@ class PipelineParallel:
         for every micro-batch size it runs, and every rank told whether all ranks have theirs.
         A stage whose graph differs at these shapes would otherwise fail mid-schedule and leave
         its peers waiting for the process group's timeout."""
-        key = (self._sig, self._step_rows)
+        key = (self._sig, self._step_rows, self.training)
         if self.aten is None or key in self._prepared:
             return
         error: Exception | None = None
@@ -1129,7 +1186,7 @@ class PipelineParallel:
                         lo, hi = self._range(self.my_stage, j, self.my_replica)
                         if not backward and hi > lo:
                             self._stage_module(hi - lo)
-                if self._draw_plan is not None:
+                if self._draw_plan is not None and self.training:
                     if not any(k[0] == self._sig for k in self._traces):
                         # No micro-batch for this replica in a short batch; it still replays
                         # the step's draws, at these shapes.
@@ -1185,7 +1242,14 @@ class PipelineParallel:
     def _forward(self, s, j, lo, hi, local, target, sends):  # type: ignore[no-untyped-def]
         # The stage's module first: at a new length it is traced now, and the receive buffers
         # below take their shapes from that trace.
-        module = self.module if self.aten is None else self._stage_module(hi - lo)
+        if self.aten is not None:
+            module = self._stage_module(hi - lo)
+        elif self.training or not self._traced_training:
+            module = self.module
+        else:
+            if self._eval_module is None:
+                self._eval_module = module_level_evaluation(self.module, f"stage S{s}")
+            module = self._eval_module
         args = []
         for v in self.stage_inputs[s]:
             if v.op == "placeholder":
