@@ -643,3 +643,36 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
         }
     finally:
         dist_workers._finish()
+
+
+def compiled_by_the_user(rank: int, world: int, port: int) -> dict:
+    """torch.compile(dist_model), as a loop compiling its model would: the graphs Dynamo
+    made, the seconds its first step took, and two steps' losses against one process's."""
+    import time
+
+    import torch._dynamo.utils
+
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model("llama").train()
+        reference = copy.deepcopy(model)
+        batches = [padded_batch(8, t, i) for i, t in enumerate((16, 12))]
+        mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+        compiled = torch.compile(torch_plugin.parallelize(model, mesh, batches[0]))
+        torch._dynamo.utils.counters.clear()
+        t0 = time.perf_counter()
+        losses = []
+        for b in batches:
+            loss = compiled(**b).loss
+            loss.backward()
+            losses.append(float(loss))
+        return {
+            "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
+            "seconds": time.perf_counter() - t0,
+            "losses": losses,
+            "expect": [float(reference(**b).loss) for b in batches],
+        }
+    finally:
+        dist_workers._finish()
