@@ -258,3 +258,24 @@ def test_torch_compile_over_a_sharded_model_runs_its_program(gloo) -> None:
     for r in gloo(2).run(user_programs.compiled_by_the_user, 0):
         assert r["graphs"] == 0, r
         assert max(abs(a - b) for a, b in zip(r["losses"], r["expect"], strict=True)) < 1e-5
+
+
+@pytest.mark.parametrize("strategy,kind", [("tp", "llama"), ("pipeline", "gpt2")])
+def test_what_a_script_reads_off_an_hf_model_works_on_the_distributed_one(
+    gloo, tmp_path, strategy, kind
+) -> None:
+    """`batch.to(model.device)`, `model.dtype`, `model.num_parameters()` and
+    `model.save_pretrained(out)` raised AttributeError on what parallelize returned (FSDP2
+    keeps the model, so scripts call them). Now the counts are the whole model's, and the
+    checkpoint written after a training step loads with from_pretrained as one process's
+    model after that step (GPT-2's tied embedding stored once)."""
+    out = tmp_path / "saved"
+    results = gloo(2).run(user_programs.hf_model_methods, 0, strategy, kind, str(out))
+    for r in results:
+        assert all(ours == theirs for ours, theirs in r["counts"]), r["counts"]
+        assert r["dtype"] == "torch.float32"
+        assert "state_dict" in r["refused"]
+    r = results[0]
+    assert "config.json" in r["files"] and "generation_config.json" in r["files"]
+    assert len([f for f in r["files"] if f.endswith(".safetensors")]) > 1  # 200KB shards
+    assert r["reloaded"] < 1e-5

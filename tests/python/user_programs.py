@@ -676,3 +676,58 @@ def compiled_by_the_user(rank: int, world: int, port: int) -> dict:
         }
     finally:
         dist_workers._finish()
+
+
+def hf_model_methods(rank: int, world: int, port: int, strategy: str, kind: str, out: str) -> dict:
+    """What an HF training script reads off its model, on what parallelize returned: batches
+    moved with `.to(model.device)`, `model.dtype`, `model.num_parameters()` logged, and
+    `model.save_pretrained(out)` after a step (every rank calls it), which rank 0 loads back
+    with from_pretrained and compares with one process's model after the same step."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model(kind).train()
+        reference = copy.deepcopy(model)
+        batch = padded_batch(8, 16, 0)
+        if strategy == "pipeline":
+            dm = torch_plugin.parallelize(
+                model, world, batch, strategy="pipeline", num_microbatches=4
+            )
+        else:
+            mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+            dm = torch_plugin.parallelize(model, mesh, batch)
+        moved = {k: v.to(dm.device) for k, v in batch.items()}
+        counts = [
+            (dm.num_parameters(**kw), reference.num_parameters(**kw))
+            for kw in ({}, {"only_trainable": True}, {"exclude_embeddings": True})
+        ]
+        opt = torch.optim.SGD(dm.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        torch.manual_seed(3)
+        if strategy == "pipeline":
+            dm.step(moved)
+        else:
+            dm(**moved).loss.backward()
+        torch.manual_seed(3)
+        reference(**batch).loss.backward()
+        opt.step()
+        ref_opt.step()
+        try:
+            dm.save_pretrained(out, state_dict={})
+            refused = None
+        except TypeError as e:
+            refused = str(e)
+        files = dm.save_pretrained(out, max_shard_size="200KB")
+        result = {"counts": counts, "dtype": str(dm.dtype), "refused": refused, "files": files}
+        if rank == 0:
+            again = type(reference).from_pretrained(out).eval()
+            reference.eval()
+            with torch.no_grad():
+                result["reloaded"] = float(
+                    (again(**batch).logits - reference(**batch).logits).abs().max()
+                )
+        dist.barrier()
+        return result
+    finally:
+        dist_workers._finish()

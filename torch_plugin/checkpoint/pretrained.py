@@ -219,3 +219,78 @@ def save_pretrained(
     if dist.is_initialized():
         dist.barrier()
     return files
+
+
+def save_pretrained_as_hf(
+    model: Any,
+    save_directory: str | os.PathLike,
+    *,
+    max_shard_size: int | str = 2 * 1024**3,
+    safe_serialization: bool = True,
+    state_dict: Any = None,
+    push_to_hub: bool = False,
+    **kwargs: Any,
+) -> list[str]:
+    """`dist_model.save_pretrained(path)` as a loop calls it on an HF model: save_pretrained
+    above, with HF's size strings ("5GB", "500MB", "2GiB") and the generation config too. HF's
+    is_main_process / save_function are taken and left to it (rank 0 writes); what it cannot do
+    is refused by name."""
+    refused = {
+        "state_dict": state_dict is not None,
+        "safe_serialization=False": not safe_serialization,
+        "push_to_hub": push_to_hub,
+    }
+    kwargs.pop("is_main_process", None)
+    kwargs.pop("save_function", None)
+    refused.update((k, True) for k in kwargs)
+    if any(refused.values()):
+        raise TypeError(
+            f"torch_plugin save_pretrained: {', '.join(k for k, v in refused.items() if v)} "
+            "not supported: it gathers the distributed model's own tensors into safetensors "
+            "shards (call it on every rank; rank 0 writes)"
+        )
+    files = save_pretrained(model, save_directory, max_shard_size=_size_bytes(max_shard_size))
+    generation = getattr(model, "generation_config", None)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0 and generation is not None and hasattr(generation, "save_pretrained"):
+        generation.save_pretrained(str(save_directory))
+        files.append("generation_config.json")
+    return files
+
+
+def _size_bytes(size: int | str) -> int:
+    """HF's max_shard_size: bytes, or a string in (K|M|G)B (powers of 10) or (K|M|G)iB."""
+    if isinstance(size, int):
+        return size
+    text = size.strip().upper()
+    for unit, scale in (("GIB", 2**30), ("MIB", 2**20), ("KIB", 2**10)):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * scale)
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * scale)
+    raise ValueError(f"torch_plugin save_pretrained: max_shard_size {size!r} is not a size")
+
+
+def count_parameters(
+    named: Iterator[tuple[str, tuple[int, ...], bool]],
+    embeddings: set[str],
+    only_trainable: bool = False,
+    exclude_embeddings: bool = False,
+) -> int:
+    """HF's num_parameters over (name, whole shape, requires_grad) of a distributed model's
+    parameters; `embeddings`: the names of nn.Embedding weights."""
+    return sum(
+        math.prod(shape)
+        for name, shape, trainable in named
+        if (trainable or not only_trainable) and not (exclude_embeddings and name in embeddings)
+    )
+
+
+def embedding_weights(model: nn.Module) -> set[str]:
+    return {
+        f"{name}.{p}" if name else p
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Embedding)
+        for p, _ in m.named_parameters(recurse=False)
+    }

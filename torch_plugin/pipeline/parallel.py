@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,6 +31,7 @@ import torch.utils._pytree as pytree
 
 from .. import _C
 from ..checkpoint.layout import Layout
+from ..checkpoint.pretrained import count_parameters, embedding_weights, save_pretrained_as_hf
 from ..runtime.agreement import check_same
 from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from ..runtime.collectives import hold_groups
@@ -858,6 +860,31 @@ class PipelineParallel:
 
     def eval(self) -> PipelineParallel:
         return self.train(False)
+
+    # What training loops read off an HF model, on the model a pipeline runs.
+
+    @property
+    def device(self) -> torch.device:
+        return next((p.device for p in self.parameters()), torch.device("cpu"))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next((p.dtype for p in self.parameters() if p.is_floating_point()), torch.float32)
+
+    @property
+    def generation_config(self) -> Any:
+        return getattr(self.model_ref, "generation_config", None)
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """HF's num_parameters: the whole model's, every stage's."""
+        named = ((n, tuple(p.shape), p.requires_grad) for n, p in self.model_ref.named_parameters())
+        embeddings = embedding_weights(self.model_ref)
+        return count_parameters(named, embeddings, only_trainable, exclude_embeddings)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> list[str]:
+        """HF's save_pretrained for the whole model (every stage's tensors, gathered to rank
+        0, which writes); every rank calls it."""
+        return save_pretrained_as_hf(self, save_directory, **kwargs)
 
     def parameters(self) -> list[nn.Parameter]:
         """This rank's parameters (its stage's), under the model's own names."""

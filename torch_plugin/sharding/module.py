@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ import torch.utils._pytree as pytree
 
 from .. import _C, fx_bridge
 from ..checkpoint.layout import Layout
+from ..checkpoint.pretrained import count_parameters, embedding_weights, save_pretrained_as_hf
 from ..runtime.agreement import check_same, digest, planning_only
 from ..runtime.capture import (
     as_call,
@@ -428,6 +430,7 @@ class ShardedModule(nn.Module):
             if id(t) in canonical
         ]
         self.config = getattr(model, "config", None)
+        self.generation_config = getattr(model, "generation_config", None)
         self.train(training)
         self.plan = ShardingPlan(
             world=self.world,
@@ -824,6 +827,31 @@ class ShardedModule(nn.Module):
             took,
         )
         return program
+
+    # What training loops read off an HF model, on the model it wraps (FSDP2 keeps the model).
+
+    @property
+    def device(self) -> torch.device:
+        return next((t.device for t in self.local_params), torch.device("cpu"))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next((t.dtype for t in self.local_params if t.is_floating_point()), torch.float32)
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """HF's num_parameters: the whole model's, not this rank's blocks."""
+        embeddings = embedding_weights(self._skeleton) if self._skeleton is not None else set()
+        named = (
+            (n, self.global_shapes[n], p.requires_grad)
+            for n, p in zip(self.param_names, self.local_params, strict=True)
+        )
+        return count_parameters(named, embeddings, only_trainable, exclude_embeddings)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> list[str]:
+        """HF's save_pretrained for the whole model (safetensors shards, index, config),
+        gathered a tensor at a time: every rank calls it, rank 0 writes; from_pretrained
+        loads it as the plain model."""
+        return save_pretrained_as_hf(self, save_directory, **kwargs)
 
     def local_parameter_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.local_params)
