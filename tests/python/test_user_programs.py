@@ -279,3 +279,16 @@ def test_what_a_script_reads_off_an_hf_model_works_on_the_distributed_one(
     assert "config.json" in r["files"] and "generation_config.json" in r["files"]
     assert len([f for f in r["files"] if f.endswith(".safetensors")]) > 1  # 200KB shards
     assert r["reloaded"] < 1e-5
+
+
+def test_pipeline_gradients_accumulate_over_steps_as_one_process(gloo) -> None:
+    """Two pp.step calls before an optimizer step: each step summed the whole .grad of a
+    parameter shared between ranks (GPT-2's tied embedding, read in both stages), so what
+    earlier steps left was summed again (0.72 of the embedding's gradient off, relative to its
+    largest element). Now each step sums its own part: every gradient is one process's."""
+    for r in gloo(2).run(user_programs.pipeline_accumulation, 0, "gpt2"):
+        assert r["tied"] == ["transformer.wte.weight"]
+        assert "transformer.wte.weight" in r["diffs"]
+        assert max(r["diffs"].values()) < 1e-5, sorted(r["diffs"].items(), key=lambda kv: -kv[1])[
+            :3
+        ]

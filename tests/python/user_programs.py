@@ -731,3 +731,35 @@ def hf_model_methods(rank: int, world: int, port: int, strategy: str, kind: str,
         return result
     finally:
         dist_workers._finish()
+
+
+def pipeline_accumulation(rank: int, world: int, port: int, kind: str) -> dict:
+    """Gradient accumulation over steps, as loops with gradient_accumulation_steps write it:
+    pp.step on two batches of other lengths before one optimizer step. Per parameter, the
+    largest difference of this rank's gradients from one process's accumulated over the same
+    batches, relative to the gradient's largest element; and the parameters read in several
+    stages (tied)."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model(kind).train()
+        reference = copy.deepcopy(model)
+        batches = [padded_batch(8, t, i) for i, t in enumerate((16, 12))]
+        pp = torch_plugin.parallelize(
+            model, world, batches[0], strategy="pipeline", num_microbatches=4
+        )
+        for i, b in enumerate(batches):
+            torch.manual_seed(10 + i)
+            pp.step(b)
+            torch.manual_seed(10 + i)
+            reference(**b).loss.backward()
+        ref = dict(reference.named_parameters())
+        diffs = {
+            n: float((p.grad - ref[n].grad).abs().max() / ref[n].grad.abs().max())
+            for n, p in pp.named_parameters()
+            if p.grad is not None
+        }
+        return {"diffs": diffs, "tied": pp.tied}
+    finally:
+        dist_workers._finish()

@@ -1086,6 +1086,16 @@ class PipelineParallel:
             self._replay_draws()
         loss_total = torch.zeros((), device=self._device)
         self._failure = None
+        # Gradients of parameters shared with other ranks that earlier steps left (a loop
+        # accumulating over steps): summed over those ranks already, so only this step's are
+        # summed below and these added after; summing them again multiplied them by the ranks.
+        earlier: dict[str, torch.Tensor] = {}
+        if self.my_stage >= 0 and backward:
+            mine = dict(self.named_parameters())
+            for _, names in self.grad_groups:
+                for name in names:
+                    if mine[name].grad is not None:
+                        earlier[name], mine[name].grad = mine[name].grad, None
         if self.my_stage >= 0:
             # A batch bigger than the example's runs as chunks of the example's, each the
             # plan's schedule, gradients accumulated (summed over ranks once, after the last):
@@ -1117,6 +1127,8 @@ class PipelineParallel:
                         p.grad = torch.zeros_like(p)
                         as_block(self._norm_shares[name], p)
                     dist.all_reduce(p.grad, group=g)
+                    if name in earlier:
+                        p.grad.add_(earlier[name])
         dist.all_reduce(loss_total, group=self.group)
         return float(loss_total)
 
