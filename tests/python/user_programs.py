@@ -577,7 +577,9 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
     torch.no_grad() on validation batches of other lengths and sizes, then pp.train(). Each
     evaluation loss against one process's model.eval() loss; whether the evaluation left this
     rank's gradients and the generator as they were; the training losses against one
-    process's; and a no_grad step in training mode (dropout replayed) against one process's."""
+    process's; then the model's outputs (pp(**batch): logits and loss on every rank) against
+    one process's; and a no_grad step in training mode (dropout replayed) against one
+    process's."""
     import torch_plugin
 
     dist_workers._init(rank, world, port)
@@ -627,6 +629,25 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
             reference.train()
             ref_opt.step()
             ref_opt.zero_grad()
+        # Outputs on every rank, as an evaluation loop reading logits calls the model.
+        pp.eval()
+        reference.eval()
+        logits_diff, loss_diff = 0.0, 0.0
+        with torch.no_grad():
+            for v in valid:
+                got, want = pp(**v), reference(**v)
+                scale = float(want.logits.abs().max())
+                logits_diff = max(
+                    logits_diff, float((got.logits - want.logits).abs().max()) / scale
+                )
+                loss_diff = max(loss_diff, abs(float(got.loss) - float(want.loss)))
+        try:
+            pp(**valid[0])
+            with_grad = None
+        except RuntimeError as e:
+            with_grad = str(e)
+        pp.train()
+        reference.train()
         torch.manual_seed(5)
         with torch.no_grad():  # training mode: dropout on, replayed as one process draws it
             dropout_on = pp.step(valid[0])
@@ -640,6 +661,7 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
             "same_generator": same_generator,
             "modes": modes,
             "dropout_on": (dropout_on, expect_dropout_on, eval_now),
+            "outputs": {"logits": logits_diff, "loss": loss_diff, "with_grad": with_grad},
         }
     finally:
         dist_workers._finish()

@@ -291,6 +291,8 @@ class PipelineParallel:
         # One process's random draws, replayed each step (pipeline/draws.py).
         self._draws = StepDraws()
         self._eval_module: fx.GraphModule | None = None  # module-level stage in eval mode
+        # The loss stage's outputs by the sample each micro-batch starts at (see __call__).
+        self._outputs: dict[int, tuple[int, list[Any]]] | None = None
         traced = None
         if capture != "aten" and not isinstance(example_inputs, dict):
             try:
@@ -1132,6 +1134,53 @@ class PipelineParallel:
         dist.all_reduce(loss_total, group=self.group)
         return float(loss_total)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's output on a batch, as the model returns it (a ModelOutput for HF), on
+        every rank: for evaluation loops that read logits, under torch.no_grad(). The forwards
+        run as in step(); the loss stage's outputs are gathered to every rank and put together
+        along the batch (a scalar such as HF's loss: summed over micro-batches where the model
+        counted the whole batch's labels, else weighed by their samples)."""
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "torch_plugin pipeline: calling a pipeline runs its forwards only, for the "
+                "model's outputs: call it under torch.no_grad() (an evaluation loop); a training "
+                "step's forwards and backwards run together in pp.step(batch)"
+            )
+        if args and kwargs:
+            raise ValueError(
+                "torch_plugin pipeline: call it with the example's positional inputs or its "
+                "keyword inputs, not both"
+            )
+        self._outputs = {}
+        try:
+            self.step(kwargs if kwargs else args)
+            mine = {
+                off: (rows, [x.cpu() if isinstance(x, torch.Tensor) else x for x in leaves])
+                for off, (rows, leaves) in self._outputs.items()
+            }
+        finally:
+            self._outputs = None
+        parts: list[Any] = [None] * self.world
+        dist.all_gather_object(parts, mine, group=self.group)
+        pieces = sorted((off, piece) for part in parts for off, piece in part.items())
+        leaves = []
+        for i in range(len(pieces[0][1][1]) if pieces else 0):
+            values = [leaves_of[i] for _, (_, leaves_of) in pieces]
+            rows = [n for _, (n, _) in pieces]
+            first = values[0]
+            if not isinstance(first, torch.Tensor):
+                leaves.append(first)
+            elif first.dim() == 0:
+                leaves.append(
+                    sum(values)
+                    if self._summed_loss
+                    else sum(v * (n / self._step_rows) for v, n in zip(values, rows, strict=True))
+                )
+            else:
+                leaves.append(torch.cat(values))
+        leaves = [x.to(self._device) if isinstance(x, torch.Tensor) else x for x in leaves]
+        return pytree.tree_unflatten(leaves, self._out_spec)
+
     def _raise_if_any_failed(self, backward: bool = True) -> None:
         """After the schedule: every rank learns whether one failed mid-schedule (its loss_fn
         or its stage raised). A failed rank kept sending zeros where its results were due and
@@ -1312,7 +1361,12 @@ class PipelineParallel:
                 outs = list(module(*args))
                 n_cross = len(self.stage_outputs[s])
                 outs, model_out = outs[:n_cross], outs[n_cross:]
-                if s == self.loss_stage:
+                if s == self.loss_stage and self._outputs is not None:
+                    self._outputs[off + lo] = (
+                        hi - lo,
+                        [x.detach() if isinstance(x, torch.Tensor) else x for x in model_out],
+                    )
+                if s == self.loss_stage and (self._outputs is None or target is not None):
                     output = pytree.tree_unflatten(model_out, self._out_spec)
                     piece = target[lo:hi] if isinstance(target, torch.Tensor) else target
                     loss = self.loss_fn(output, piece)
