@@ -361,6 +361,23 @@ def pipeline_default_config(rank: int, world: int, port: int, kind: str) -> dict
         dist_workers._finish()
 
 
+def _backward(model: torch.nn.Module, batch: dict, seed: int) -> float:
+    """One process's forward and backward on `batch` from `seed`: its loss."""
+    torch.manual_seed(seed)
+    loss = model(**batch).loss
+    loss.backward()
+    return float(loss)
+
+
+def _reloaded_diff(reference: torch.nn.Module, path: str, batch: dict) -> float:
+    """The largest logit difference of from_pretrained(path) from `reference`, both in eval
+    mode."""
+    again = type(reference).from_pretrained(path).eval()
+    reference.eval()
+    with torch.no_grad():
+        return float((again(**batch).logits - reference(**batch).logits).abs().max())
+
+
 def pretrained_round_trip(rank: int, world: int, port: int, kind: str, src: str, out: str) -> dict:
     """A `meta` model parallelized with pretrained=<save_pretrained dir> (sharded, with its
     index): each rank reads its blocks; the loss equals one process's on the same weights; then
@@ -382,11 +399,7 @@ def pretrained_round_trip(rank: int, world: int, port: int, kind: str, src: str,
         files = torch_plugin.save_pretrained(sharded, out, max_shard_size=100_000)
         result = {"loss": (loss, expect), "report": sharded.pretrained_report, "files": files}
         if rank == 0:
-            again = type(reference).from_pretrained(out).eval()
-            with torch.no_grad():
-                result["reloaded"] = float(
-                    (again(**batch).logits - reference(**batch).logits).abs().max()
-                )
+            result["reloaded"] = _reloaded_diff(reference, out, batch)
         dist.barrier()
         return result
     finally:
@@ -552,10 +565,7 @@ def clipped_with_torch(rank: int, world: int, port: int, strategy: str, kind: st
             out["norm"].append(float(clip_grad_norm_(params(), 0.05)))
             opt.step()
             opt.zero_grad()
-            torch.manual_seed(100 + i)
-            loss = reference(**b).loss
-            loss.backward()
-            out["expect_loss"].append(float(loss))
+            out["expect_loss"].append(_backward(reference, b, 100 + i))
             out["expect"].append(float(clip_grad_norm_(reference.parameters(), 0.05)))
             ref_opt.step()
             ref_opt.zero_grad()
@@ -617,10 +627,7 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
             opt.step()
             opt.zero_grad()
 
-            torch.manual_seed(100 + i)
-            loss = reference(**b).loss
-            loss.backward()
-            out["expect_train"].append(float(loss))
+            out["expect_train"].append(_backward(reference, b, 100 + i))
             reference.eval()
             torch.manual_seed(7)
             with torch.no_grad():
@@ -743,12 +750,7 @@ def hf_model_methods(rank: int, world: int, port: int, strategy: str, kind: str,
         files = dm.save_pretrained(out, max_shard_size="200KB")
         result = {"counts": counts, "dtype": str(dm.dtype), "refused": refused, "files": files}
         if rank == 0:
-            again = type(reference).from_pretrained(out).eval()
-            reference.eval()
-            with torch.no_grad():
-                result["reloaded"] = float(
-                    (again(**batch).logits - reference(**batch).logits).abs().max()
-                )
+            result["reloaded"] = _reloaded_diff(reference, out, batch)
         dist.barrier()
         return result
     finally:
