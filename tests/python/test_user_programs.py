@@ -272,15 +272,21 @@ def test_what_a_script_reads_off_an_hf_model_works_on_the_distributed_one(
 ) -> None:
     """`batch.to(model.device)`, `model.dtype`, `model.num_parameters()` and
     `model.save_pretrained(out)` raised AttributeError on what parallelize returned (FSDP2
-    keeps the model, so scripts call them). Now the counts are the whole model's, and the
-    checkpoint written after a training step loads with from_pretrained as one process's
-    model after that step (GPT-2's tied embedding stored once)."""
+    keeps the model, so scripts call them); so did a pipeline's `zero_grad()`, and a sharded
+    model's `load_state_dict` of the plain model's state dict failed on sizes. Now the counts
+    are the whole model's, the checkpoint written after a training step loads with
+    from_pretrained as one process's model after that step (GPT-2's tied embedding stored
+    once), and the plain model's state dict loads (whole tensors cut to blocks, tied aliases
+    read once): the eval loss is the plain model's."""
     out = tmp_path / "saved"
     results = gloo(2).run(user_programs.hf_model_methods, 0, strategy, kind, str(out))
     for r in results:
         assert all(ours == theirs for ours, theirs in r["counts"]), r["counts"]
         assert r["dtype"] == "torch.float32"
         assert "state_dict" in r["refused"]
+        got, want = r["after_load"]
+        assert abs(got - want) < 1e-5 and r["load_result"] == [[], []]
+        assert r["grads_cleared"]
     r = results[0]
     assert "config.json" in r["files"] and "generation_config.json" in r["files"]
     assert len([f for f in r["files"] if f.endswith(".safetensors")]) > 1  # 200KB shards

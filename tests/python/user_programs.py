@@ -711,7 +711,9 @@ def hf_model_methods(rank: int, world: int, port: int, strategy: str, kind: str,
     """What an HF training script reads off its model, on what parallelize returned: batches
     moved with `.to(model.device)`, `model.dtype`, `model.num_parameters()` logged, and
     `model.save_pretrained(out)` after a step (every rank calls it), which rank 0 loads back
-    with from_pretrained and compares with one process's model after the same step."""
+    with from_pretrained and compares with one process's model after the same step; then
+    `model.load_state_dict(plain_model.state_dict())` of other weights, `model.zero_grad()`,
+    and the eval loss against the plain model's."""
     import torch_plugin
 
     dist_workers._init(rank, world, port)
@@ -752,6 +754,20 @@ def hf_model_methods(rank: int, world: int, port: int, strategy: str, kind: str,
         if rank == 0:
             result["reloaded"] = _reloaded_diff(reference, out, batch)
         dist.barrier()
+        # The plain model's state dict (tied alias included), loaded as a script loads one.
+        torch.manual_seed(9)
+        with torch.no_grad():
+            for p in reference.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        loaded = dm.load_state_dict(reference.state_dict())
+        dm.zero_grad()
+        dm.eval()
+        reference.eval()
+        with torch.no_grad():
+            got, want = float(dm(**moved).loss), float(reference(**batch).loss)
+        result["after_load"] = (got, want)
+        result["load_result"] = [list(loaded.missing_keys), list(loaded.unexpected_keys)]
+        result["grads_cleared"] = all(p.grad is None for p in dm.parameters())
         return result
     finally:
         dist_workers._finish()

@@ -883,6 +883,33 @@ class PipelineParallel:
         embeddings = embedding_weights(self.model_ref)
         return count_parameters(named, embeddings, only_trainable, exclude_embeddings)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As nn.Module.zero_grad, over this rank's parameters."""
+        for p in self.parameters():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.detach_().zero_()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's stage's parameters and buffers under the model's names (the rank's
+        part of the model: full_state_dict() gathers the whole one)."""
+        return {n: t.detach() for n, t, _ in self._stored_tensors()}
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> Any:
+        """Loads a state dict of the model (the plain model's, or any rank's part) into the
+        model every rank holds; strict: this rank's stage must find all its tensors, and every
+        key must name one of the model's."""
+        result = self.model_ref.load_state_dict(state_dict, strict=False)
+        mine = {n for n, _, _ in self._stored_tensors()}
+        missing = [k for k in result.missing_keys if k in mine]
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(
+                "torch_plugin pipeline: error(s) loading a state dict into stage "
+                f"S{self.my_stage}: missing {missing}, unexpected {result.unexpected_keys}"
+            )
+        return type(result)(missing, result.unexpected_keys)
+
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> list[str]:
         """HF's save_pretrained for the whole model (every stage's tensors, gathered to rank
         0, which writes); every rank calls it."""

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -846,6 +846,48 @@ class ShardedModule(nn.Module):
             for n, p in zip(self.param_names, self.local_params, strict=True)
         )
         return count_parameters(named, embeddings, only_trainable, exclude_embeddings)
+
+    def load_state_dict(  # type: ignore[override]
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """nn.Module.load_state_dict, which also takes the plain model's state dict (a
+        checkpoint a script saved before parallelize, or `full_state_dict()`): a whole tensor
+        is cut to this rank's block, and a tied alias (lm_head.weight) is read as the tensor it
+        aliases where that one is not given."""
+        canonical = dict(self.state_keys)
+        specs = dict(
+            zip(
+                self.param_names + self.buffer_names,
+                self.param_specs + self.buffer_specs,
+                strict=True,
+            )
+        )
+        own = super().state_dict(keep_vars=True)
+        out: dict[str, Any] = {}
+        for key, t in state_dict.items():
+            name = canonical.get(key, key)
+            if key not in own and name in own:
+                if name in state_dict:
+                    continue  # the alias of a tensor given under its own name
+                key = name
+            if (
+                name in specs
+                and key in own
+                and isinstance(t, torch.Tensor)
+                and tuple(t.shape) == self.global_shapes[name]
+                and t.shape != own[key].shape
+            ):
+                t = self.shard(t, specs[name])
+            out[key] = t
+        result = super().load_state_dict(out, strict=False, assign=assign)
+        # Buffers the model keeps out of its state dict (rotary inv_freq) are ours to have.
+        missing = [k for k in result.missing_keys if k in canonical.values()]
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(
+                "torch_plugin sharding: error(s) loading a state dict: missing "
+                f"{missing}, unexpected {result.unexpected_keys}"
+            )
+        return type(result)(missing, result.unexpected_keys)
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> list[str]:
         """HF's save_pretrained for the whole model (safetensors shards, index, config),
