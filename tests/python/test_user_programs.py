@@ -236,7 +236,8 @@ def test_a_pipeline_evaluates_in_eval_mode_between_training_steps(gloo) -> None:
     A no_grad step used to fail on every rank (its backward had nothing to differentiate), and
     nothing turned dropout off. Now each evaluation loss is one process's model.eval() loss,
     the gradients and the generator are as they were, and training goes on as one process's;
-    `pp(**batch)` gives the model's output (logits, loss) on every rank as one process's; a
+    `pp(**batch)` gives the model's output (logits, loss) on every rank as one process's (under
+    inference_mode too, at a length first seen there); a
     no_grad step in training mode replays dropout as one process draws it."""
     for r in gloo(2).run(user_programs.pipeline_evaluation, 0, "gpt2"):
         assert r["modes"] == [False, False, False]
@@ -245,7 +246,7 @@ def test_a_pipeline_evaluates_in_eval_mode_between_training_steps(gloo) -> None:
         diffs = [abs(a - b) for a, b in zip(r["train"], r["expect_train"], strict=True)]
         assert max(diffs) < 1e-5, (r["train"], r["expect_train"])
         assert r["grads_kept"] and r["same_generator"]
-        outputs = r["outputs"]  # pp(**batch) under no_grad: the model's output, every rank
+        outputs = r["outputs"]  # pp(**batch): the model's output, on every rank
         # Logits relative to their largest (9e-6 here: three AdamW steps at lr 1e-2 carry the
         # rounding of micro-batched gradients into the parameters).
         assert outputs["logits"] < 1e-4 and outputs["loss"] < 1e-5, outputs

@@ -587,9 +587,9 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
     torch.no_grad() on validation batches of other lengths and sizes, then pp.train(). Each
     evaluation loss against one process's model.eval() loss; whether the evaluation left this
     rank's gradients and the generator as they were; the training losses against one
-    process's; then the model's outputs (pp(**batch): logits and loss on every rank) against
-    one process's; and a no_grad step in training mode (dropout replayed) against one
-    process's."""
+    process's; then the model's outputs (pp(**batch) under torch.inference_mode(): logits and
+    loss on every rank) against one process's; and a no_grad step in training mode (dropout
+    replayed) against one process's."""
     import torch_plugin
 
     dist_workers._init(rank, world, port)
@@ -640,8 +640,8 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
         pp.eval()
         reference.eval()
         logits_diff, loss_diff = 0.0, 0.0
-        with torch.no_grad():
-            for v in valid:
+        with torch.inference_mode():  # a new length, first seen there, captured too
+            for v in [*valid, padded_batch(8, 11, 60)]:
                 got, want = pp(**v), reference(**v)
                 scale = float(want.logits.abs().max())
                 logits_diff = max(

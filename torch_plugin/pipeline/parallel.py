@@ -455,7 +455,11 @@ class PipelineParallel:
             mode = self.model_ref.training
             self.model_ref.train(self._traced_training)  # the plan's graph, in any mode
             try:
-                with torch.enable_grad():  # and gradient mode (an evaluation runs under no_grad)
+                # And in gradient mode: an evaluation runs under no_grad or inference_mode.
+                with torch.inference_mode(False), torch.enable_grad():
+                    call = pytree.tree_map_only(
+                        torch.Tensor, lambda x: x.clone() if x.is_inference() else x, call
+                    )
                     trace = pipeline_capture.capture(self.model_ref, call, self._rows_in(call), n)
             finally:
                 self.model_ref.train(mode)
