@@ -132,3 +132,35 @@ def test_gradients_outlive_their_owner_as_local_ones() -> None:
     layer.zero_grad(set_to_none=True)
     _grads(layer)
     assert type(layer.weight.grad) is torch.Tensor  # no longer made a block
+
+
+def test_the_foreach_path_and_a_parameter_unfrozen_later_count_too() -> None:
+    """clip_grad_norm_(..., foreach=True) goes through torch._foreach_norm; a parameter
+    frozen when the model was parallelized and trained later gets a block as well."""
+    owner = _Owner(other=4.0)
+    layer, group = _model(owner, lead=True)
+    frozen = nn.Parameter(torch.randn(3), requires_grad=False)
+    count_gradients([(frozen, NormShare(group, True))])
+    assert not frozen.requires_grad  # left as it was
+    frozen.requires_grad_(True)
+    (frozen * 2).sum().backward()
+    assert type(frozen.grad) is GradBlock
+    w, b = _grads(layer)
+    mine = float(w.double().square().sum() + b.double().square().sum() + 12.0)  # 3 x 2^2
+    norm = torch.nn.utils.clip_grad_norm_([*layer.parameters(), frozen], 0.5, foreach=True)
+    assert float(norm) == pytest.approx(math.sqrt(mine + 4.0), rel=1e-6)
+
+
+def test_gradients_save_and_copy_as_plain_tensors() -> None:
+    import copy
+    import io
+
+    owner = _Owner()
+    layer, _ = _model(owner, lead=True)
+    w, _ = _grads(layer)
+    buf = io.BytesIO()
+    torch.save({"grad": w, "norm": w.norm()}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)
+    assert type(loaded["grad"]) is torch.Tensor and torch.equal(loaded["grad"], w)
+    assert type(copy.deepcopy(w)) is torch.Tensor

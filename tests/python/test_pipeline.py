@@ -301,3 +301,46 @@ def test_a_module_level_stage_in_eval_mode_turns_its_dropout_calls_off() -> None
     with torch.no_grad():
         assert torch.equal(evaluated(x), model(x))
         assert not torch.equal(gm(x), model(x))  # the training graph still drops
+
+
+def test_eval_keeps_batch_statistics_without_running_ones_and_turns_fused_dropout_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Instance norm and BatchNorm(track_running_stats=False) normalise by the batch in eval
+    mode too: their flag stays (turned off, ATen crashed on the missing statistics). CUDA's
+    fused native_dropout (train: bool?) is turned off. Noise a model adds only in training
+    (randn_like) runs as traced, with a warning naming it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_plugin.pipeline import capture as pipeline_capture
+    from torch_plugin.pipeline.draws import to_evaluation
+    from torch_plugin.runtime.capture import as_call
+
+    class Norms(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 6)
+            self.bn = torch.nn.BatchNorm1d(6, track_running_stats=False)
+            self.inorm = torch.nn.InstanceNorm1d(6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.lin(x)
+            return (self.bn(h) + self.inorm(h.t()).t()).relu().sum(-1)
+
+    torch.manual_seed(0)
+    model = Norms().train()
+    x = torch.randn(8, 6)
+    gm = pipeline_capture.capture(model, as_call((x,)), 8).gm
+    to_evaluation(gm, "stage S0")
+    with torch.no_grad():
+        (got,) = gm(x)
+        assert torch.equal(got, model.eval()(x))
+
+    fused = make_fx(lambda t: torch.native_dropout(t, 0.5, True)[0] * 2)(x)
+    noisy = make_fx(lambda t: t + torch.randn_like(t))(x)
+    with caplog.at_level("WARNING", logger="torch_plugin.pipeline"):
+        to_evaluation(fused, "stage S1")
+        to_evaluation(noisy, "stage S2")
+    assert torch.equal(fused(x), x * 2)
+    assert "randn_like" in caplog.text and "stage S2" in caplog.text
+    assert "stage S1" not in caplog.text

@@ -290,7 +290,8 @@ def to_evaluation(module: fx.GraphModule, where: str) -> None:
     training flag is turned off (native_dropout, batch norm: running statistics, no update);
     SDPA's dropout_p is 0; batch norm's num_batches_tracked is not counted. A draw whose eval
     behaviour cannot be read off the graph (a per-sample rand: stochastic depth; a mask used
-    otherwise) raises, naming the node."""
+    otherwise) raises, naming the node. Other random ops (randn_like: a model's own sampling,
+    or noise it adds only when training) run as traced, with a warning naming them."""
     graph = module.graph
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -314,23 +315,49 @@ def to_evaluation(module: fx.GraphModule, where: str) -> None:
         ):
             graph.erase_node(node)
         elif isinstance(target, torch._ops.OpOverload):
-            args = list(node.args)
-            kwargs = dict(node.kwargs)
-            for i, arg in enumerate(target._schema.arguments):
-                off = None
-                if arg.name in _MODE_FLAGS and str(arg.type) == "bool":
-                    off = False
-                elif arg.name == "dropout_p":
-                    off = 0.0
-                if off is None:
-                    continue
-                if arg.name in kwargs:
-                    kwargs[arg.name] = off
-                elif i < len(args):
-                    args[i] = off
-            node.args, node.kwargs = tuple(args), kwargs
+            if not _turn_off_training(node, target) and (
+                torch.Tag.nondeterministic_seeded in target.tags
+            ):
+                log.warning(
+                    "torch_plugin pipeline: %s in eval mode runs random op %s (node %s) as "
+                    "traced for training",
+                    where,
+                    target,
+                    node.name,
+                )
     graph.lint()
     module.recompile()
+
+
+def _turn_off_training(node: fx.Node, target: torch._ops.OpOverload) -> bool:
+    """Sets the op's training flags off and its dropout_p to 0; whether it had any. Batch
+    norm without running statistics (instance norm, track_running_stats=False) normalises by
+    the batch in eval mode too: its flag stays."""
+    schema = target._schema.arguments
+    values = {
+        a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name))
+        for i, a in enumerate(schema)
+    }
+    if "running_mean" in values and values["running_mean"] is None:
+        return False
+    args, kwargs, found = list(node.args), dict(node.kwargs), False
+    for i, arg in enumerate(schema):
+        off: bool | float | None = None
+        if arg.name in _MODE_FLAGS and str(arg.type) in ("bool", "Optional[bool]"):
+            off = False
+        elif arg.name == "dropout_p":
+            off = 0.0
+        if off is None:
+            continue
+        found = True
+        if arg.name in kwargs:
+            kwargs[arg.name] = off
+        elif i < len(args):
+            args[i] = off
+        else:  # left to its default (native_dropout's train: None, which trains)
+            kwargs[arg.name] = off
+    node.args, node.kwargs = tuple(args), kwargs
+    return found
 
 
 def _keep_everything(draw: fx.Node, where: str) -> None:

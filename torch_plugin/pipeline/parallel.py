@@ -666,6 +666,14 @@ class PipelineParallel:
         count_gradients(
             (p, self._norm_shares[name]) for name, p in self.params_of[self.my_stage].items()
         )
+        if not any(p.requires_grad for p in self.params_of[self.my_stage].values()):
+            log.warning(
+                "torch_plugin pipeline: stage S%d (rank %d) has no trainable parameter, so "
+                "torch.nn.utils.clip_grad_norm_(pp.parameters()) has nothing to sum here and "
+                "skips the collective the other ranks wait in; clip with pp.clip_grad_norm_",
+                self.my_stage,
+                self.rank,
+            )
         self._modules: dict[tuple[Any, int], fx.GraphModule] = {}
         self.module = self._stage_module(self.batch)
 
@@ -898,7 +906,8 @@ class PipelineParallel:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's stage's parameters and buffers under the model's names (the rank's
         part of the model: full_state_dict() gathers the whole one)."""
-        return {n: t.detach() for n, t, _ in self._stored_tensors()}
+        keys = self.model_ref.state_dict(keep_vars=True).keys()
+        return {n: t.detach() for n, t, _ in self._stored_tensors() if n in keys}
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> Any:
         """Loads a state dict of the model (the plain model's, or any rank's part) into the
@@ -907,7 +916,14 @@ class PipelineParallel:
         result = self.model_ref.load_state_dict(state_dict, strict=False)
         mine = {n for n, _, _ in self._stored_tensors()}
         missing = [k for k in result.missing_keys if k in mine]
-        if strict and (missing or result.unexpected_keys):
+        bad = torch.tensor([int(strict and bool(missing or result.unexpected_keys))])
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=self.group)  # every rank raises
+        if bad.item() and not (missing or result.unexpected_keys):
+            raise RuntimeError(
+                "torch_plugin pipeline: another rank's stage did not find its tensors in the "
+                "state dict (its error says which); this rank loaded its own"
+            )
+        if bad.item():
             raise RuntimeError(
                 "torch_plugin pipeline: error(s) loading a state dict into stage "
                 f"S{self.my_stage}: missing {missing}, unexpected {result.unexpected_keys}"
@@ -1145,6 +1161,11 @@ class PipelineParallel:
                         else target
                     )
                     loss_total += self._run_schedule(part, piece, backward)
+            except BaseException:
+                mine = dict(self.named_parameters())
+                for name, g in earlier.items():  # the earlier steps' gradients stay
+                    mine[name].grad = g
+                raise
             finally:
                 self._chunk = (0, self.batch)
                 self._draws.kept = {}  # this step's masks, held until its last backward
@@ -1155,6 +1176,8 @@ class PipelineParallel:
                 for name in names:
                     p = mine[name]
                     if not p.requires_grad:
+                        if name in earlier:
+                            p.grad = earlier[name]
                         continue
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)

@@ -71,18 +71,24 @@ class NormShare:
 
 
 def count_gradients(params: Iterable[tuple[nn.Parameter, NormShare]]) -> list[RemovableHandle]:
-    """Make each parameter's gradient a GradBlock of its share after every accumulation."""
-    return [
-        p.register_post_accumulate_grad_hook(functools.partial(as_block, share))
-        for p, share in params
-        if p.requires_grad
-    ]
+    """Make each parameter's gradient a GradBlock of its share after every accumulation; a
+    frozen parameter too (a loop may unfreeze it later)."""
+    handles = []
+    for p, share in params:
+        frozen = not p.requires_grad
+        p.requires_grad_(True)  # torch registers hooks on tensors that require grad only
+        handles.append(p.register_post_accumulate_grad_hook(functools.partial(as_block, share)))
+        p.requires_grad_(not frozen)
+    return handles
 
 
 def as_block(share: NormShare, param: torch.Tensor) -> None:
     """Make param's gradient (if any) a GradBlock of `share`."""
     g = param.grad
-    if g is None or type(g) is GradBlock or not share.group.alive():
+    if g is None or not share.group.alive():
+        return
+    if type(g) is GradBlock:
+        g._share = share  # a model parallelized again: the latest plan's share
         return
     block = g.as_subclass(GradBlock)
     block._share = share
@@ -118,6 +124,11 @@ def _plain(func: Any, args: tuple, kwargs: dict) -> Any:
         return func(*args, **kwargs)
 
 
+def _as_plain(t: torch.Tensor) -> torch.Tensor:
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.as_subclass(torch.Tensor)
+
+
 class GradBlock(torch.Tensor):
     """A gradient block of a distributed model (see the module's docstring)."""
 
@@ -127,10 +138,26 @@ class GradBlock(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         out = _plain(func, args, kwargs)
+        if func is torch._foreach_norm:  # clip_grad_norm_(..., foreach=True)
+            order = args[1] if len(args) > 1 else kwargs.get("ord", 2.0)
+            if kwargs.get("dtype") is None and len(args) < 3:
+                return [
+                    NormPart.of(n, (t._share,), float(order)) if type(t) is GradBlock else n
+                    for t, n in zip(args[0], out, strict=True)
+                ]
+            return out
         order = _whole_norm_order(func, args, kwargs)
         if order is not None and type(args[0]) is GradBlock:
             return NormPart.of(out, (args[0]._share,), order)
         return out
+
+    # torch.save(p.grad), *_object collectives, deepcopy: a plain tensor (the share is this
+    # run's, and torch copies subclasses through new_empty).
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _as_plain(self).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        return _as_plain(self).__deepcopy__(memo)
 
 
 class NormPart(torch.Tensor):
@@ -139,6 +166,12 @@ class NormPart(torch.Tensor):
 
     _shares: tuple[NormShare | None, ...]
     _order: float
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _as_plain(self).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        return _as_plain(self).__deepcopy__(memo)
 
     @staticmethod
     def of(t: torch.Tensor, shares: tuple[NormShare | None, ...], order: float) -> NormPart:

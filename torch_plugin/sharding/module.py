@@ -854,6 +854,11 @@ class ShardedModule(nn.Module):
         checkpoint a script saved before parallelize, or `full_state_dict()`): a whole tensor
         is cut to this rank's block, and a tied alias (lm_head.weight) is read as the tensor it
         aliases where that one is not given."""
+        if assign:
+            raise ValueError(
+                "torch_plugin sharding: load_state_dict(assign=True) would swap in tensors the "
+                "planned program does not run on; load with assign=False (the default)"
+            )
         canonical = dict(self.state_keys)
         specs = dict(
             zip(
