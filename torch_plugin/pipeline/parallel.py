@@ -972,14 +972,10 @@ class PipelineParallel:
         if norm_type != 2.0:
             raise NotImplementedError("torch_plugin pipeline: clip_grad_norm_ supports norm 2")
         total = torch.zeros((), dtype=torch.float64)
-        if self.my_stage >= 0 and self.my_replica == 0:
-            owned = {
-                name
-                for name in self.params_of[self.my_stage]
-                if next(s for s, ps in enumerate(self.params_of) if name in ps) == self.my_stage
-            }
+        if self.my_stage >= 0:
+            shares = self._norm_shares  # counted: its first stage's, on replica 0
             for name, p in self.named_parameters():
-                if name in owned and p.grad is not None:
+                if name in shares and shares[name].counted and p.grad is not None:
                     total += p.grad.detach().double().pow(2).sum()
         dist.all_reduce(total, group=self.group)
         norm = total.sqrt().to(torch.float32)
@@ -1139,8 +1135,8 @@ class PipelineParallel:
         # accumulating over steps): summed over those ranks already, so only this step's are
         # summed below and these added after; summing them again multiplied them by the ranks.
         earlier: dict[str, torch.Tensor] = {}
+        mine = dict(self.named_parameters()) if self.my_stage >= 0 else {}
         if self.my_stage >= 0 and backward:
-            mine = dict(self.named_parameters())
             for _, names in self.grad_groups:
                 for name in names:
                     if mine[name].grad is not None:
@@ -1162,7 +1158,6 @@ class PipelineParallel:
                     )
                     loss_total += self._run_schedule(part, piece, backward)
             except BaseException:
-                mine = dict(self.named_parameters())
                 for name, g in earlier.items():  # the earlier steps' gradients stay
                     mine[name].grad = g
                 raise
@@ -1171,7 +1166,6 @@ class PipelineParallel:
                 self._draws.kept = {}  # this step's masks, held until its last backward
         self._raise_if_any_failed(backward)
         if self.my_stage >= 0 and backward:
-            mine = dict(self.named_parameters())
             for g, names in self.grad_groups:
                 for name in names:
                     p = mine[name]

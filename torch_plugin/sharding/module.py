@@ -605,14 +605,18 @@ class ShardedModule(nn.Module):
 
     # What a checkpoint stores (checkpoint_layout.model_tensors and its twins read it).
 
-    def _stored_tensors(self) -> Iterator[tuple[str, torch.Tensor, Layout]]:
-        specs = dict(
+    def _specs(self) -> dict[str, str]:
+        """Every parameter's and buffer's spec, by name."""
+        return dict(
             zip(
                 self.param_names + self.buffer_names,
                 self.param_specs + self.buffer_specs,
                 strict=True,
             )
         )
+
+    def _stored_tensors(self) -> Iterator[tuple[str, torch.Tensor, Layout]]:
+        specs = self._specs()
         local = dict(zip(self.param_names, self.local_params, strict=True))
         local.update(
             (n, owner._buffers[attr])
@@ -860,13 +864,7 @@ class ShardedModule(nn.Module):
                 "planned program does not run on; load with assign=False (the default)"
             )
         canonical = dict(self.state_keys)
-        specs = dict(
-            zip(
-                self.param_names + self.buffer_names,
-                self.param_specs + self.buffer_specs,
-                strict=True,
-            )
-        )
+        specs = self._specs()
         own = super().state_dict(keep_vars=True)
         out: dict[str, Any] = {}
         for key, t in state_dict.items():
