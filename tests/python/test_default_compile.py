@@ -822,3 +822,35 @@ def test_named_passes_turn_the_default_off(tmp_path, passes: list[str]) -> None:
     with collect_stats() as stats, torch.no_grad():
         f(**x)
     assert stats and not _summaries(stats)
+
+
+def test_the_weights_digest_tells_any_changed_piece_on_any_number_of_threads(monkeypatch) -> None:
+    """A warm compile skips the output check of a graph checked before on the same weights,
+    told by a digest summed in pieces over threads: it must differ for a change in any piece
+    (the last, short one included), a swap of two equal-shaped weights and a buffer's change,
+    and be the same on equal weights held by other tensors, on one thread or several."""
+    from torch_plugin.placement import whole_graph
+
+    monkeypatch.setattr(whole_graph, "DIGEST_PIECE", 64)  # 16 floats: several pieces each
+    torch.manual_seed(0)
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    gm.register_buffer("table", torch.randn(7, 5))
+    frozen = {"a": torch.randn(10, 10), "b": torch.randn(10, 10), "c": torch.randn(3)}
+    digest = whole_graph._weights_digest(gm, frozen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert whole_graph._weights_digest(gm, frozen) == digest
+        torch.set_num_threads(3)
+        assert whole_graph._weights_digest(gm, frozen) == digest
+    finally:
+        torch.set_num_threads(threads)
+    assert whole_graph._weights_digest(gm, {k: v.clone() for k, v in frozen.items()}) == digest
+    for name, index in (("a", 0), ("a", 50), ("a", 99), ("c", 2)):
+        changed = {k: v.clone() for k, v in frozen.items()}
+        changed[name].view(-1)[index] += 1e-3
+        assert whole_graph._weights_digest(gm, changed) != digest, (name, index)
+    swapped = {**frozen, "a": frozen["b"], "b": frozen["a"]}
+    assert whole_graph._weights_digest(gm, swapped) != digest
+    gm.table[6, 4] += 1.0
+    assert whole_graph._weights_digest(gm, frozen) != digest

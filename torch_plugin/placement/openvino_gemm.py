@@ -132,9 +132,11 @@ def worth_timing(shape: tuple[int, int, int]) -> bool:
     return math.prod(shape) >= MIN_MACS and k * n <= MAX_WEIGHTS
 
 
-def steer(gm: fx.GraphModule, prefers_onednn: Callable[[int, int, int], bool]) -> int:
+def steer(
+    gm: fx.GraphModule, prefers_onednn: Callable[[int, int, int], bool], recompile: bool = True
+) -> int:
     """Puts the identity clamp after each matmul of `gm` whose shape `prefers_onednn`; returns
-    how many (the graph is changed in place and recompiled where any)."""
+    how many (the graph is changed in place, and recompiled where any unless told not to)."""
     steered = 0
     for node, shape in gemm_shapes(gm).items():
         if not prefers_onednn(*shape):
@@ -145,7 +147,7 @@ def steer(gm: fx.GraphModule, prefers_onednn: Callable[[int, int, int], bool]) -
         # The converter reads each node's type and shape off these.
         clamp.meta.update({k: node.meta[k] for k in ("val", "tensor_meta") if k in node.meta})
         steered += 1
-    if steered:
+    if steered and recompile:
         gm.recompile()
     return steered
 
