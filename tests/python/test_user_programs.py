@@ -288,6 +288,26 @@ def test_what_a_script_reads_off_an_hf_model_works_on_the_distributed_one(
         got, want = r["after_load"]
         assert abs(got - want) < 1e-5 and r["load_result"] == [[], []]
         assert r["grads_cleared"]
+        refused = r["refusals"]
+        assert refused["unexpected"][0] == "RuntimeError", refused
+        assert "unexpected ['extra.weight']" in refused["unexpected"][1], refused
+    # A tensor only the last stage holds: its rank names it, the other says another's missed.
+    norm = "transformer.ln_f.weight" if kind == "gpt2" else "model.norm.weight"
+    missing = [r["refusals"]["missing"] for r in results]
+    assert all(m is not None and m[0] == "RuntimeError" for m in missing), missing
+    if strategy == "pipeline":
+        assert f"missing ['{norm}']" in missing[-1][1] and "stage S1" in missing[-1][1]
+        assert "another rank's stage did not find its tensors" in missing[0][1], missing
+        for r in results:
+            assert r["refusals"]["args_and_kwargs"][0] == "ValueError", r["refusals"]
+            assert "not both" in r["refusals"]["args_and_kwargs"][1]
+            assert r["refusals"]["grad_enabled"][0] == "RuntimeError", r["refusals"]
+            assert "torch.no_grad()" in r["refusals"]["grad_enabled"][1]
+    else:
+        assert all(f"missing ['{norm}']" in m[1] for m in missing), missing
+        for r in results:
+            assert r["refusals"]["assign"][0] == "ValueError", r["refusals"]
+            assert "assign=False" in r["refusals"]["assign"][1]
     r = results[0]
     assert "config.json" in r["files"] and "generation_config.json" in r["files"]
     assert len([f for f in r["files"] if f.endswith(".safetensors")]) > 1  # 200KB shards

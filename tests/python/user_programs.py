@@ -768,9 +768,41 @@ def hf_model_methods(rank: int, world: int, port: int, strategy: str, kind: str,
         result["after_load"] = (got, want)
         result["load_result"] = [list(loaded.missing_keys), list(loaded.unexpected_keys)]
         result["grads_cleared"] = all(p.grad is None for p in dm.parameters())
+        result["refusals"] = _refused_loads_and_calls(dm, reference, strategy, kind, moved)
         return result
     finally:
         dist_workers._finish()
+
+
+def _refused_loads_and_calls(
+    dm: Any, reference: torch.nn.Module, strategy: str, kind: str, batch: dict
+) -> dict[str, Any]:
+    """What a script's mistakes raise on what parallelize returned, each error's type and
+    message (None where nothing was raised): strict loads of a state dict with a key too many
+    or the final norm's missing (a tensor of the last stage: only that rank misses it), and
+    per strategy, load_state_dict(assign=True) (sharded) or a call with positional and
+    keyword inputs, or with gradients on (pipeline). Every load reloads the same values."""
+    state = reference.state_dict()
+    norm = "transformer.ln_f.weight" if kind == "gpt2" else "model.norm.weight"
+    attempts: dict[str, Any] = {
+        "unexpected": lambda: dm.load_state_dict({**state, "extra.weight": torch.zeros(2)}),
+        "missing": lambda: dm.load_state_dict({k: v for k, v in state.items() if k != norm}),
+    }
+    if strategy == "pipeline":
+        ids = batch["input_ids"]
+        attempts["args_and_kwargs"] = lambda: dm(ids, attention_mask=batch["attention_mask"])
+        attempts["grad_enabled"] = lambda: torch.enable_grad()(dm)(**batch)
+    else:
+        attempts["assign"] = lambda: dm.load_state_dict(state, assign=True)
+    seen: dict[str, Any] = {}
+    for key, attempt in attempts.items():
+        try:
+            with torch.no_grad():
+                attempt()
+            seen[key] = None
+        except Exception as e:  # noqa: BLE001 - the test reads the error
+            seen[key] = (type(e).__name__, str(e))
+    return seen
 
 
 def pipeline_accumulation(rank: int, world: int, port: int, kind: str) -> dict:
