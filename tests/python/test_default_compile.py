@@ -832,6 +832,7 @@ def test_the_weights_digest_tells_any_changed_piece_on_any_number_of_threads(mon
     from torch_plugin.placement import whole_graph
 
     monkeypatch.setattr(whole_graph, "DIGEST_PIECE", 64)  # 16 floats: several pieces each
+    monkeypatch.setattr(whole_graph, "DIGEST_BATCH", 300)  # summed a few tensors at a time
     torch.manual_seed(0)
     gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
     gm.register_buffer("table", torch.randn(7, 5))

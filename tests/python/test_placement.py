@@ -689,8 +689,8 @@ def test_openvino_takes_a_decoder_at_its_default_use_cache(arch: str, monkeypatc
         raise AssertionError("the TorchScript frontend was used")
 
     monkeypatch.setattr(ov, "convert_model", no_torchscript)
-    # Both rewrites (and the matmul steer) change one copy: each made its own, and at 1.2B a
-    # copy and a recompile cost a fifth of a second.
+    # The rewrites change one copy: each made its own, and at 1.2B a copy cost a fifth of a
+    # second. Only the GQA decoder needs two (the matmul steer needs larger matmuls).
     made = []
     init = torch.fx.GraphModule.__init__
 

@@ -289,6 +289,7 @@ def test_what_a_script_reads_off_an_hf_model_works_on_the_distributed_one(
         assert abs(got - want) < 1e-5 and r["load_result"] == [[], []]
         assert r["grads_cleared"]
         refused = r["refusals"]
+        assert all(v is not None for v in refused.values()), refused  # each one raised
         assert refused["unexpected"][0] == "RuntimeError", refused
         assert "unexpected ['extra.weight']" in refused["unexpected"][1], refused
     # A tensor only the last stage holds: its rank names it, the other says another's missed.

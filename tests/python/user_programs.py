@@ -791,7 +791,12 @@ def _refused_loads_and_calls(
     if strategy == "pipeline":
         ids = batch["input_ids"]
         attempts["args_and_kwargs"] = lambda: dm(ids, attention_mask=batch["attention_mask"])
-        attempts["grad_enabled"] = lambda: torch.enable_grad()(dm)(**batch)
+
+        def with_grad() -> None:
+            with torch.enable_grad():
+                dm(**batch)
+
+        attempts["grad_enabled"] = with_grad
     else:
         attempts["assign"] = lambda: dm.load_state_dict(state, assign=True)
     seen: dict[str, Any] = {}

@@ -19,6 +19,8 @@ import statistics
 import time
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any
 
@@ -391,35 +393,45 @@ def _may_skip_check(frozen: dict[str, torch.Tensor], inputs: Sequence[Any]) -> b
 
 def _weights_digest(gm: fx.GraphModule, frozen: dict[str, torch.Tensor]) -> str:
     """A fingerprint of the frozen weights and the graph's own constants: names, shapes,
-    dtypes and a CRC-32 of each one's bytes, in pieces of `DIGEST_PIECE` bytes (it tells the
-    weights a graph was checked on from changed ones, which is all it is for). zlib lets go of
-    the GIL while it sums, so the pieces are summed on torch's intra-op threads: the 1.2B
-    Llama's 4.8 GB took 2.2 s on one thread of this 2-core machine, a tenth of its warm
-    compile."""
+    dtypes and a CRC-32 of each `DIGEST_PIECE` bytes of theirs (several times SHA-256's speed;
+    it tells the weights a graph was checked on from changed ones, which is all it is for).
+    zlib lets go of the GIL while it sums, so the pieces are summed on as many threads as
+    torch computes on: on one thread of the 2-core Xeon the 1.2B Llama's 4.9 GB took 2.4-3.0 s
+    of its warm compile, on two 1.1-1.5 s. At most `DIGEST_BATCH` bytes of pieces are held at
+    a time (a non-contiguous tensor's bytes are a copy)."""
     tensors = [*sorted(frozen.items()), *sorted(gm.named_buffers())]
-    pieces = []
-    for _, t in tensors:
-        data = tensor_bytes(t)
-        pieces.append([data[i : i + DIGEST_PIECE] for i in range(0, len(data), DIGEST_PIECE)])
-    flat = [p for ps in pieces for p in ps]
-    threads = max(1, min(torch.get_num_threads(), len(flat)))
-    if threads > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(threads) as pool:
-            sums = iter(list(pool.map(zlib.crc32, flat)))
-    else:
-        sums = iter([zlib.crc32(p) for p in flat])
     h = hashlib.sha256()
-    for (name, t), ps in zip(tensors, pieces, strict=True):
-        h.update(repr((name, tuple(t.shape), t.stride(), str(t.dtype), len(ps))).encode())
-        for _ in ps:
-            h.update(next(sums).to_bytes(4, "little"))
+    threads = max(1, torch.get_num_threads())
+    with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as pool:
+
+        def add(batch: list[tuple[str, torch.Tensor, list[memoryview]]]) -> None:
+            flat = [p for _, _, ps in batch for p in ps]
+            sums = iter(pool.map(zlib.crc32, flat) if pool else map(zlib.crc32, flat))
+            for name, t, ps in batch:
+                h.update(repr((name, tuple(t.shape), t.stride(), str(t.dtype), len(ps))).encode())
+                for _ in ps:
+                    h.update(next(sums).to_bytes(4, "little"))
+            batch.clear()
+
+        batch: list[tuple[str, torch.Tensor, list[memoryview]]] = []
+        held = 0
+        for name, t in tensors:
+            data = tensor_bytes(t)
+            batch.append(
+                (name, t, [data[i : i + DIGEST_PIECE] for i in range(0, len(data), DIGEST_PIECE)])
+            )
+            held += len(data)
+            if held >= DIGEST_BATCH:
+                add(batch)
+                held = 0
+        add(batch)
     return h.hexdigest()
 
 
-# Pieces small enough to share out a large model's weights evenly between threads.
-DIGEST_PIECE = 64 << 20
+# Pieces small enough to share a large model's weights out evenly between threads, summed a
+# batch at a time.
+DIGEST_PIECE = 16 << 20
+DIGEST_BATCH = 512 << 20
 
 
 def _verified_key(decision_key: str, compiler: str, digest: str) -> str:
