@@ -803,7 +803,7 @@ def _without_legacy_empty_cat_inputs(own: _CopyOnWrite) -> None:
     # The dropped inputs' producers, now unused. Not Graph.eliminate_dead_code: it also cleans
     # the submodules get_attr nodes name, which the copy shares with the caller's graph.
     for n in reversed(graph.nodes):
-        if not n.users and n.op not in ("placeholder", "output") and not n.is_impure():
+        if not n.users and not n.is_impure():  # placeholders and the output are impure
             graph.erase_node(n)
 
 

@@ -397,7 +397,7 @@ def _weights_digest(gm: fx.GraphModule, frozen: dict[str, torch.Tensor]) -> str:
     it tells the weights a graph was checked on from changed ones, which is all it is for).
     zlib lets go of the GIL while it sums, so the pieces are summed on as many threads as
     torch computes on: on one thread of the 2-core Xeon the 1.2B Llama's 4.9 GB took 2.4-3.0 s
-    of its warm compile, on two 1.1-1.5 s. At most `DIGEST_BATCH` bytes of pieces are held at
+    of its warm compile, on two 1.05-1.5 s. At most `DIGEST_BATCH` bytes of pieces are held at
     a time (a non-contiguous tensor's bytes are a copy)."""
     tensors = [*sorted(frozen.items()), *sorted(gm.named_buffers())]
     h = hashlib.sha256()

@@ -129,7 +129,18 @@ def _as_plain(t: torch.Tensor) -> torch.Tensor:
         return t.as_subclass(torch.Tensor)
 
 
-class GradBlock(torch.Tensor):
+class _CopiedPlain(torch.Tensor):
+    """torch.save(p.grad), *_object collectives, deepcopy: a plain tensor (the share is this
+    run's, and torch copies subclasses through new_empty)."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _as_plain(self).__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        return _as_plain(self).__deepcopy__(memo)
+
+
+class GradBlock(_CopiedPlain):
     """A gradient block of a distributed model (see the module's docstring)."""
 
     _share: NormShare
@@ -151,27 +162,13 @@ class GradBlock(torch.Tensor):
             return NormPart.of(out, (args[0]._share,), order)
         return out
 
-    # torch.save(p.grad), *_object collectives, deepcopy: a plain tensor (the share is this
-    # run's, and torch copies subclasses through new_empty).
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return _as_plain(self).__reduce_ex__(protocol)
 
-    def __deepcopy__(self, memo: dict) -> torch.Tensor:
-        return _as_plain(self).__deepcopy__(memo)
-
-
-class NormPart(torch.Tensor):
+class NormPart(_CopiedPlain):
     """Norms of gradient blocks (0-d, or 1-d once stacked): this rank's parts, each with its
     share. Their norm is the norm over the group; any other op sees plain local values."""
 
     _shares: tuple[NormShare | None, ...]
     _order: float
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return _as_plain(self).__reduce_ex__(protocol)
-
-    def __deepcopy__(self, memo: dict) -> torch.Tensor:
-        return _as_plain(self).__deepcopy__(memo)
 
     @staticmethod
     def of(t: torch.Tensor, shares: tuple[NormShare | None, ...], order: float) -> NormPart:
