@@ -10,6 +10,9 @@ CUDA_HOME ?= /usr/local/cuda
 SANITIZE_BUILD = cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug \
 	  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DTP_FUZZ=ON >/dev/null && \
 	  cmake --build build/sanitize -j2
+# make test-py's first phase: the tests that start no rank process, this many at a time (one
+# Dynamo trace keeps one core busy). Multi-rank tests then run one at a time.
+PYTEST_WORKERS ?= 2
 CORE_DIRS = csrc/ir csrc/pattern csrc/cost csrc/solver csrc/passes csrc/sim
 
 .PHONY: bootstrap demo test test-cpp test-sanitize fuzz test-py test-wheel cuda-check check-core-deps lint stubtest benchmarks clean
@@ -97,7 +100,13 @@ test-wheel:
 
 test-py:
 	@echo "[$$(date +%T)] make test-py"
-	$(PYTHON) -m pytest -q --durations=40 --junitxml=build/pytest.xml tests/python
+	@rc=0; \
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) -m "not multirank" --durations=25 \
+	  --junitxml=build/pytest.xml tests/python || rc=$$?; \
+	echo "[$$(date +%T)] make test-py: multi-rank tests, one at a time"; \
+	$(PYTHON) -m pytest -q -m multirank --durations=25 \
+	  --junitxml=build/pytest-multirank.xml tests/python || rc=$$?; \
+	exit $$rc
 
 # The core must build without LibTorch or Python: only csrc/bindings and kernels/ include them.
 check-core-deps:

@@ -20,6 +20,55 @@ if "TORCH_PLUGIN_PROFILE_DB" not in os.environ:
 
     _PROFILE_DIR = tempfile.TemporaryDirectory(prefix="torch_plugin_tests_")
     os.environ["TORCH_PLUGIN_PROFILE_DB"] = os.path.join(_PROFILE_DIR.name, "profile.db")
+    os.environ["TORCH_PLUGIN_TESTS_PROFILE_DIR"] = _PROFILE_DIR.name
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("TORCH_PLUGIN_TESTS_PROFILE_DIR"):
+    # A parallel worker (make test-py's first phase) keeps a cache of its own beside the
+    # controller's: two workers' decisions would otherwise land in each other's tests in an
+    # order that changes from run to run.
+    _worker_dir = os.path.join(
+        os.environ["TORCH_PLUGIN_TESTS_PROFILE_DIR"], os.environ["PYTEST_XDIST_WORKER"]
+    )
+    os.makedirs(_worker_dir, exist_ok=True)
+    os.environ["TORCH_PLUGIN_PROFILE_DB"] = os.path.join(_worker_dir, "profile.db")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "multirank: starts rank processes (gloo, torchrun); make test-py runs these one at a "
+        "time, after the others ran two at a time, so no collective's timeout races another "
+        "test for the two cores",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The `gloo` fixture's users are multi-rank by construction; the tests that spawn ranks
+    # themselves carry the marker (and _ranks_only_where_marked catches one that does not).
+    for item in items:
+        if "gloo" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.multirank)
+
+
+@pytest.fixture(autouse=True)
+def _ranks_only_where_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A test that starts rank processes without the multirank marker fails, naming the fix:
+    unmarked, it would run beside another test in make test-py's parallel phase."""
+    if request.node.get_closest_marker("multirank") is not None:
+        yield
+        return
+    import gloo_pool
+    import torch.multiprocessing
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(
+            f"{request.node.nodeid} starts rank processes: mark it @pytest.mark.multirank "
+            "(make test-py runs the unmarked tests two at a time)"
+        )
+
+    monkeypatch.setattr(torch.multiprocessing, "spawn", refuse)
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", refuse)
+    monkeypatch.setattr(gloo_pool.GlooPool, "_start", refuse)
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -279,6 +279,7 @@ def test_decorator_wraps_instances() -> None:
     assert cp.manager.requested_scheme == "gather_partials"
 
 
+@pytest.mark.multirank
 def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
     timeout_s, world = 10.0, 3
     dist_workers.spawn(dist_workers.cp_fault, world, timeout_s, str(tmp_path))

@@ -74,6 +74,7 @@ def test_one_process_resume_is_bitwise_and_damage_is_named(tmp_path: Path) -> No
         torch_plugin.load_checkpoint(tmp_path / "linear", other, sgd)
 
 
+@pytest.mark.multirank
 def test_a_dp_tp_checkpoint_resumes_on_a_1d_mesh() -> None:
     """Llama saved on a (2, 2) mesh after 3 AdamW + cosine steps, loaded on (4,) (another
     plan: other blocks per rank), trains on within 1e-5 of the uninterrupted run; no rank
@@ -84,11 +85,13 @@ def test_a_dp_tp_checkpoint_resumes_on_a_1d_mesh() -> None:
         assert written <= local * 1.01, fig
 
 
+@pytest.mark.multirank
 def test_a_truncated_rank_file_fails_every_rank_with_its_name() -> None:
     fig = runner.damaged("truncated")
     assert "truncated" in fig["error"] and fig["fail_s"] < 120
 
 
+@pytest.mark.multirank
 def test_a_rank_killed_mid_step_restarts_from_the_last_checkpoint(tmp_path: Path) -> None:
     """torchrun --max-restarts 1 with examples/train_with_checkpoints.py: rank 1 SIGKILLs
     itself in the middle of step 4 (the async save after step 2 is complete by then: the one

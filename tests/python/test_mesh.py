@@ -49,6 +49,7 @@ def _launch(
     }
 
 
+@pytest.mark.multirank
 def test_rank_with_another_world_size_is_named_at_once(tmp_path: Path) -> None:
     timeout_s = 30.0
     res = _launch(tmp_path, [4, 4, 4, 5], [None] * 4, timeout_s)
@@ -59,6 +60,7 @@ def test_rank_with_another_world_size_is_named_at_once(tmp_path: Path) -> None:
     assert "rank 0 differs from this rank (3)" in res[3]["message"]
 
 
+@pytest.mark.multirank
 def test_missing_rank_fails_the_others_within_the_timeout(tmp_path: Path) -> None:
     timeout_s = 6.0
     res = _launch(tmp_path, [4, 4, 4], [None] * 3, timeout_s)
@@ -72,6 +74,7 @@ def test_missing_rank_fails_the_others_within_the_timeout(tmp_path: Path) -> Non
         assert res[r]["seconds"] < timeout_s + 1.0
 
 
+@pytest.mark.multirank
 def test_rank_with_another_mesh_is_named(tmp_path: Path) -> None:
     timeout_s = 30.0
     res = _launch(tmp_path, [4] * 4, [None, None, None, [2, 2]], timeout_s)
@@ -81,6 +84,7 @@ def test_rank_with_another_mesh_is_named(tmp_path: Path) -> None:
         assert res[r]["seconds"] < timeout_s
 
 
+@pytest.mark.multirank
 def test_ranks_with_other_sharding_plans_fail_before_the_first_step(tmp_path: Path) -> None:
     dist_workers.spawn(dist_workers.sharding_plan_mismatch, 2, str(tmp_path))
     for r in range(2):
@@ -88,6 +92,7 @@ def test_ranks_with_other_sharding_plans_fail_before_the_first_step(tmp_path: Pa
         assert "sharding plans differ" in res["message"] and "ranks [1]" in res["message"]
 
 
+@pytest.mark.multirank
 def test_torchrun_launch_builds_the_mesh(tmp_path: Path) -> None:
     """Under torchrun the agent hosts the store; the launch handshake runs on it."""
     script = tmp_path / "mesh.py"

@@ -109,6 +109,7 @@ def test_four_rank_step_equals_single_process(
     assert all("a multiple of it" in r["refused"] for r in reports), reports[0]["refused"]
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("scenario", ["dead", "stall", "mismatch"])
 def test_faulty_rank_fails_the_job_fast(scenario: str, tmp_path: Path) -> None:
     timeout_s = 5.0

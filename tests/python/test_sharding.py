@@ -123,6 +123,7 @@ def test_sharded_training_step_equals_single_process(gloo, world: int, tmp_path:
             assert z2["budget_bytes"] < z2["least_bytes"][0]
 
 
+@pytest.mark.multirank
 def test_dead_rank_fails_the_others_fast(tmp_path: Path) -> None:
     timeout_s, world = 10.0, 3
     dist_workers.spawn(dist_workers.sharding_fault, world, timeout_s, str(tmp_path))
