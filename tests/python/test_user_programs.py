@@ -309,6 +309,10 @@ def test_what_a_script_reads_off_an_hf_model_works_on_the_distributed_one(
         for r in results:
             assert r["refusals"]["assign"][0] == "ValueError", r["refusals"]
             assert "assign=False" in r["refusals"]["assign"][1]
+    for r in results:  # it syncs its own gradients: DDP would broadcast rank 0's blocks
+        assert r["refusals"]["ddp"][0] == "RuntimeError", r["refusals"]
+        assert "DistributedDataParallel cannot wrap this" in r["refusals"]["ddp"][1]
+        assert "drop the DistributedDataParallel wrapper" in r["refusals"]["ddp"][1]
     r = results[0]
     assert "config.json" in r["files"] and "generation_config.json" in r["files"]
     assert len([f for f in r["files"] if f.endswith(".safetensors")]) > 1  # 200KB shards

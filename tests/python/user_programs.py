@@ -781,7 +781,8 @@ def _refused_loads_and_calls(
     message (None where nothing was raised): strict loads of a state dict with a key too many
     or the final norm's missing (a tensor of the last stage: only that rank misses it), and
     per strategy, load_state_dict(assign=True) (sharded) or a call with positional and
-    keyword inputs, or with gradients on (pipeline). Every load reloads the same values."""
+    keyword inputs, or with gradients on (pipeline); and a DistributedDataParallel around it.
+    Every load reloads the same values."""
     state = reference.state_dict()
     norm = "transformer.ln_f.weight" if kind == "gpt2" else "model.norm.weight"
     attempts: dict[str, Any] = {
@@ -799,6 +800,8 @@ def _refused_loads_and_calls(
         attempts["grad_enabled"] = with_grad
     else:
         attempts["assign"] = lambda: dm.load_state_dict(state, assign=True)
+    # Last: a DDP that was let through has broadcast rank 0's blocks over this rank's.
+    attempts["ddp"] = lambda: torch.nn.parallel.DistributedDataParallel(dm)
     seen: dict[str, Any] = {}
     for key, attempt in attempts.items():
         try:

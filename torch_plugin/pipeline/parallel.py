@@ -35,6 +35,7 @@ from ..checkpoint.pretrained import count_parameters, embedding_weights, save_pr
 from ..runtime.agreement import check_same
 from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from ..runtime.collectives import hold_groups
+from ..runtime.ddp_guard import RefusesDDP
 from ..runtime.grad_norm import GradGroup, NormShare, as_block, count_gradients
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from ..runtime.recompute import CHECKPOINT_CALLS, checkpointed_layers, recompute
@@ -217,7 +218,7 @@ def _reduce_grad_norm(pipe: PipelineParallel, t: torch.Tensor, op: Any) -> torch
     return out
 
 
-class PipelineParallel:
+class PipelineParallel(RefusesDDP):
     """Runs this rank's share of a pipeline plan: its stage, on its replica's samples.
 
     Call `step(inputs, target)` with the whole mini-batch on every rank (each rank slices what
@@ -853,6 +854,9 @@ class PipelineParallel:
                 f"batch ({self.batch}) as dim 0; keep it inside one stage (coarser blocks: a "
                 "smaller scope_depth)"
             )
+
+    def _ddp_refusal(self) -> tuple[str, int]:
+        return "pipeline", self.world
 
     @property
     def training(self) -> bool:

@@ -42,6 +42,7 @@ from ..runtime.capture import (
     takes_loss_kwargs,
 )
 from ..runtime.collectives import Collectives
+from ..runtime.ddp_guard import RefusesDDP
 from ..runtime.grad_norm import GradGroup, NormShare, count_gradients
 from ..runtime.mesh import DeviceMesh
 from ..runtime.recompute import checkpointed_layers, recompute
@@ -219,7 +220,7 @@ def _zero2_grads_elsewhere(module: ShardedModule) -> str | None:
     )
 
 
-class ShardedModule(nn.Module):
+class ShardedModule(RefusesDDP, nn.Module):
     """The rank-local program of a sharded model: this rank's parameter blocks and the graph.
 
     The parameter layout is planned once, on the example call. A call of another signature
@@ -831,6 +832,9 @@ class ShardedModule(nn.Module):
             took,
         )
         return program
+
+    def _ddp_refusal(self) -> tuple[str, int]:
+        return f"sharded model (on {self.mesh})", self.world * self.dp
 
     # What training loops read off an HF model, on the model it wraps (FSDP2 keeps the model).
 
