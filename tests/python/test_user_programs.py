@@ -229,6 +229,32 @@ def test_torch_clip_grad_norm_clips_by_the_whole_models_norm(gloo, strategy, kin
     assert results[0]["norm"] == results[1]["norm"]
 
 
+def test_a_frozen_stage_leaves_torchs_clip_to_the_ranks_that_train(gloo) -> None:
+    """Fine-tuning GPT-2's last layer through a pipeline whose first stage holds only frozen
+    parameters, clipping with torch.nn.utils.clip_grad_norm_(pp.parameters()): the frozen
+    rank found no gradient and returned 0 before any collective, while the training rank's
+    norm waited in one over both ranks until the timeout. Now the training rank's norm is one
+    process's, the frozen rank's is 0 (it has no gradient to clip), pp.clip_grad_norm_ gives
+    one process's norm on both ranks, and the losses are one process's. A stage unfrozen after
+    parallelize is refused by name on its rank rather than left to hang the others."""
+    results = gloo(2).run(user_programs.pipeline_frozen_stage, 0)
+    for r in results:
+        assert r["trains"] == [False, True], r["trains"]
+        expect = r["expect"]
+        assert min(expect) > 0
+        for got, want in zip(r["pp_norm"], expect, strict=True):
+            assert abs(got - want) <= 1e-5 * want, (r["pp_norm"], expect)
+        if r["my_stage"] == 0:
+            assert r["torch_norm"] == [0.0] * len(expect), r["torch_norm"]
+            assert "unfrozen later" in r["unfrozen"] and "before parallelize" in r["unfrozen"]
+        else:
+            for got, want in zip(r["torch_norm"], expect, strict=True):
+                assert abs(got - want) <= 1e-5 * want, (r["torch_norm"], expect)
+        diffs = [abs(a - b) for a, b in zip(r["loss"], r["expect_loss"], strict=True)]
+        assert max(diffs) < 1e-5, (r["loss"], r["expect_loss"])
+    assert sorted(r["my_stage"] for r in results) == [0, 1]
+
+
 def test_a_pipeline_evaluates_in_eval_mode_between_training_steps(gloo) -> None:
     """An evaluation pass as users write it (pp.eval() or their own model.eval(), pp.step on
     validation batches of other lengths and a short one under torch.no_grad(), pp.train()),

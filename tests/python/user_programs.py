@@ -581,6 +581,59 @@ def clipped_with_torch(rank: int, world: int, port: int, strategy: str, kind: st
         dist_workers._finish()
 
 
+def pipeline_frozen_stage(rank: int, world: int, port: int) -> dict:
+    """Fine-tuning the last layer only (embeddings and the first layer frozen, as users freeze
+    a pretrained trunk) through a pipeline, clipping with torch's own function over
+    pp.parameters() as HF Trainer does: whether each stage trains, torch's norm on this rank,
+    pp.clip_grad_norm_'s, the loss, and one process's norm and loss."""
+    from torch.nn.utils import clip_grad_norm_
+
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model("gpt2")
+        model.train()
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith(("transformer.h.1.", "transformer.ln_f.")))
+        reference = copy.deepcopy(model)
+        batches = [padded_batch(8, t, i) for i, t in enumerate((16, 12, 9))]
+        pp = torch_plugin.parallelize(
+            model, world, batches[0], strategy="pipeline", num_microbatches=4
+        )
+        trains = [any(p.requires_grad for p in ps.values()) for ps in pp.params_of]
+        out: dict[str, Any] = {"trains": trains, "my_stage": pp.my_stage}
+        for k in ("loss", "torch_norm", "pp_norm", "expect_loss", "expect"):
+            out[k] = []
+        trainable = [p for p in pp.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(trainable, lr=1e-2) if trainable else None
+        ref_opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-2)
+        for i, b in enumerate(batches):
+            torch.manual_seed(100 + i)
+            out["loss"].append(float(pp.step(b)))
+            out["torch_norm"].append(float(clip_grad_norm_(pp.parameters(), 1e9)))
+            out["pp_norm"].append(float(pp.clip_grad_norm_(1e9)))
+            if opt is not None:
+                opt.step()
+                opt.zero_grad()
+            out["expect_loss"].append(_backward(reference, b, 100 + i))
+            out["expect"].append(float(clip_grad_norm_(reference.parameters(), 1e9)))
+            ref_opt.step()
+            ref_opt.zero_grad()
+        # Unfrozen after parallelize: the frozen stage's rank now has gradients to total.
+        for p in pp.parameters():
+            p.requires_grad_(True)
+        pp.step(batches[0])
+        try:
+            clip_grad_norm_(pp.parameters(), 1e9)
+            out["unfrozen"] = ""
+        except RuntimeError as e:
+            out["unfrozen"] = str(e)
+        return out
+    finally:
+        dist_workers._finish()
+
+
 def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
     """A training loop with an evaluation pass after each step's backward, before the
     optimizer's step: pp.eval() (or the user's own model.eval()) and pp.step under

@@ -213,8 +213,16 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 def _reduce_grad_norm(pipe: PipelineParallel, t: torch.Tensor, op: Any) -> torch.Tensor:
+    if not pipe._in_norm_group:
+        raise RuntimeError(
+            f"torch_plugin pipeline: stage S{pipe.my_stage} (rank {pipe.rank}) had no trainable "
+            "parameter when the pipeline was built, so its ranks take no part in the gradient "
+            "norm torch.nn.utils.clip_grad_norm_(pp.parameters()) reduces over; it has "
+            "gradients now (a parameter unfrozen later). Set requires_grad before parallelize, "
+            "or clip with pp.clip_grad_norm_, which every rank calls"
+        )
     out = t.clone()
-    dist.all_reduce(out, op=op, group=pipe.group)
+    dist.all_reduce(out, op=op, group=pipe._norm_group)
     return out
 
 
@@ -650,6 +658,7 @@ class PipelineParallel(RefusesDDP):
                 self.stage_outputs[stage_of[a]].append(a)
         self.params_of = [self._stage_params(s) for s in range(len(self.stages))]
         self._groups_for_shared_parameters()
+        self._group_for_gradient_norms()
         if self.my_stage < 0:
             self.module = nn.Module()
             return
@@ -667,14 +676,6 @@ class PipelineParallel(RefusesDDP):
         count_gradients(
             (p, self._norm_shares[name]) for name, p in self.params_of[self.my_stage].items()
         )
-        if not any(p.requires_grad for p in self.params_of[self.my_stage].values()):
-            log.warning(
-                "torch_plugin pipeline: stage S%d (rank %d) has no trainable parameter, so "
-                "torch.nn.utils.clip_grad_norm_(pp.parameters()) has nothing to sum here and "
-                "skips the collective the other ranks wait in; clip with pp.clip_grad_norm_",
-                self.my_stage,
-                self.rank,
-            )
         self._modules: dict[tuple[Any, int], fx.GraphModule] = {}
         self.module = self._stage_module(self.batch)
 
@@ -717,6 +718,29 @@ class PipelineParallel(RefusesDDP):
             if self.rank in ranks:
                 names = [n for n in mine if tuple(sorted(holders[n])) == ranks]
                 self.grad_groups.append((g, names))
+
+    def _group_for_gradient_norms(self) -> None:
+        """torch.nn.utils.clip_grad_norm_(pp.parameters()) on a rank whose stage trains nothing
+        (frozen embeddings and first layers) finds no gradient and returns 0 before any
+        collective, so the norm of the other stages' gradients is reduced over the ranks of the
+        stages that train (decided here, from requires_grad), in a group every rank creates."""
+        trains = [any(p.requires_grad for p in ps.values()) for ps in self.params_of]
+        ranks = sorted({r for st in self.stages if trains[st.id] for r in st.devices})
+        self._in_norm_group = self.rank in ranks
+        self._norm_group = self.group
+        if 0 < len(ranks) < self.world:
+            members = [self._global(r) for r in ranks]
+            if self.group is None:
+                self._norm_group = dist.new_group(members)
+            elif self._in_norm_group:
+                self._norm_group = dist.new_group(members, use_local_synchronization=True)
+            log.info(
+                "torch_plugin pipeline: stage(s) %s train no parameter; torch's "
+                "clip_grad_norm_ over pp.parameters() reduces its norm over ranks %s only "
+                "(returning 0 on the others, whose gradients are None)",
+                ", ".join(f"S{st.id}" for st in self.stages if not trains[st.id]),
+                ranks,
+            )
 
     def _stage_module(self, n: int) -> fx.GraphModule:
         """This rank's stage as a GraphModule for micro-batches of n samples (module-level
@@ -803,6 +827,7 @@ class PipelineParallel(RefusesDDP):
     def _release_groups(self) -> None:
         self.group = None
         self.grad_groups = []
+        self._norm_group = None
 
     def _global(self, rank: int) -> int:
         """The global rank of a rank of the plan (point-to-point calls take global ranks)."""
