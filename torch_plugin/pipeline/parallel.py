@@ -880,8 +880,8 @@ class PipelineParallel(RefusesDDP):
                 "smaller scope_depth)"
             )
 
-    def _ddp_refusal(self) -> tuple[str, int]:
-        return "pipeline", self.world
+    def _ddp_refusal(self) -> tuple[str, str, int]:
+        return "pipeline", "runs its stages", self.world
 
     @property
     def training(self) -> bool:

@@ -833,8 +833,8 @@ class ShardedModule(RefusesDDP, nn.Module):
         )
         return program
 
-    def _ddp_refusal(self) -> tuple[str, int]:
-        return f"sharded model (on {self.mesh})", self.world * self.dp
+    def _ddp_refusal(self) -> tuple[str, str, int]:
+        return f"sharded model (on {self.mesh})", "runs sharded", self.world * self.dp
 
     # What training loops read off an HF model, on the model it wraps (FSDP2 keeps the model).
 
