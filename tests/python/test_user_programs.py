@@ -123,6 +123,28 @@ def test_pipeline_takes_a_default_config_and_batches_of_every_length(gloo, kind)
     assert any("chunks of the example's 8" in r["refused"] for r in results)
 
 
+@pytest.mark.parametrize("kind,built_under", [("llama", False), ("gpt2", False), ("llama", True)])
+def test_pipeline_steps_under_autocast_as_one_process(gloo, kind, built_under) -> None:
+    """Mixed-precision training as HF Trainer's bf16=True and hand-written loops run it: steps
+    under torch.autocast("cpu", bfloat16) through a pipeline built without it (or built under
+    it and stepped once without). Under autocast the first step ran the f32 graph, whose loss
+    came out in bf16 (0.009 from one process's: the f32 trace drops HF's logits.float()), and a
+    step at another length failed with a KeyError. Now each stage runs its part of the graph
+    traced under the step's autocast state, matched to the plan through its casts: losses as
+    one process's under the same state (to bf16's rounding of micro-batches: GPT-2's dropout
+    layers), gradients to bf16's resolution, the f32 step as one process's."""
+    results = gloo(2).run(user_programs.pipeline_under_autocast, 0, kind, built_under)
+    for r in results:
+        for i, on in enumerate((True, True, False, True)):
+            loss, want, diff = r["loss"][i], r["expect"][i], r["grad_diff"][i]
+            if not on:  # f32
+                assert abs(loss - want) < 1e-5 and diff < 1e-5, (i, r)
+            else:
+                assert abs(loss - want) < 2e-4 and diff < 5e-3, (i, r)
+        other = "without autocast" if built_under else "under torch.autocast('cpu'"
+        assert any(other in c for c in r["captures"]), r["captures"]
+
+
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])  # rotary buffers; tied embeddings
 def test_pretrained_weights_in_and_out_of_rank_blocks(gloo, tmp_path, kind) -> None:
     src, out = tmp_path / "src", tmp_path / "out"

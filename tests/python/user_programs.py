@@ -202,6 +202,45 @@ def pipeline_checkpointed(rank: int, world: int, port: int, kind: str) -> dict:
         dist_workers._finish()
 
 
+def pipeline_under_autocast(rank: int, world: int, port: int, kind: str, built_under: bool) -> dict:
+    """A pipeline built as usual (or `built_under` autocast), then stepped the way
+    mixed-precision loops run (HF Trainer's bf16=True, a hand-written torch.autocast): steps
+    under torch.autocast("cpu", bfloat16) at the example's length and another, one without
+    autocast, one under it again. Each step's
+    loss and this rank's gradients against one process's step under the same autocast state,
+    and how far that step is from the same step in f32 (the scale autocast changes things by)."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model(kind)
+        model.train()
+        reference = copy.deepcopy(model)
+        f32 = copy.deepcopy(model)
+        steps = [(16, True), (12, True), (12, False), (16, True)]
+        batches = [padded_batch(8, t, i) for i, (t, _) in enumerate(steps)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=built_under):
+            pp = torch_plugin.parallelize(
+                model, world, batches[0], strategy="pipeline", num_microbatches=4
+            )
+        out: dict[str, list] = {k: [] for k in ("loss", "expect", "grad_diff", "f32_loss")}
+        for i, ((_, on), b) in enumerate(zip(steps, batches, strict=True)):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+                loss, want, diff = _pipeline_step_as_one_process(
+                    lambda b=b: pp.step(b), pp, reference, b, 100 + i
+                )
+            out["loss"].append(loss)
+            out["expect"].append(want)
+            out["grad_diff"].append(diff)
+            torch.manual_seed(100 + i)
+            with torch.no_grad():
+                out["f32_loss"].append(float(f32(**b).loss))
+        out["captures"] = sorted(pp.capture_times_s)
+        return out
+    finally:
+        dist_workers._finish()
+
+
 def pipeline_under_saved_tensors_hooks(rank: int, world: int, port: int) -> dict:
     """A training loop whose steps run under saved-tensor hooks (what save_on_cpu installs),
     over batches of changing length: a new length is traced while they are on. Per step the

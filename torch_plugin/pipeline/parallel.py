@@ -40,6 +40,7 @@ from ..runtime.grad_norm import GradGroup, NormShare, as_block, count_gradients
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from ..runtime.recompute import CHECKPOINT_CALLS, checkpointed_layers, recompute
 from ..runtime.spmd_ops import is_draw
+from . import autocast as pipeline_autocast
 from . import capture as pipeline_capture
 from .capture import AtenPipelineGraph, same_graph
 from .draws import (
@@ -205,7 +206,7 @@ def plan_pipeline(
 
 def _shapes(sig: tuple[Any, ...]) -> list[list[int]]:
     """A call signature's tensor shapes (per sample), for messages."""
-    return [list(x) for x in sig if x is not None]
+    return [list(x) for x in sig if isinstance(x, tuple)]
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -294,6 +295,10 @@ class PipelineParallel(RefusesDDP):
         self.aten: AtenPipelineGraph | None = None
         self._sig0: Any = None
         self._sig: Any = None
+        # Where autocast is read: a call's autocast state is part of its signature.
+        self._autocast_device = next(
+            (p.device.type for p in model.parameters() if not p.is_meta), "cpu"
+        )
         self._calls: dict[Any, Any] = {}
         # A stage's capture at a step's new shapes (ATen-level pipelines), by what it ran.
         self.capture_times_s: dict[str, float] = {}
@@ -434,15 +439,17 @@ class PipelineParallel(RefusesDDP):
         return cost_graph(aten.gm, flat_tensors, batch, aten.free, aten=True), call
 
     def _signature(self, call: Any) -> tuple[Any, ...]:
-        """The call's tensor shapes per sample (a batch-major tensor's without its dim 0): what
-        a stage's graph at n samples depends on."""
+        """The call's tensor shapes per sample (a batch-major tensor's without its dim 0) and
+        the autocast state it runs under: what a stage's graph at n samples depends on."""
         assert self.aten is not None
-        return tuple(
+        shapes = tuple(
             (tuple(x.shape[1:]) if major else tuple(x.shape))
             if isinstance(x, torch.Tensor)
             else None
             for x, major in zip(self._flat_tensors(call), self.aten.batch_major, strict=True)
         )
+        state = pipeline_autocast.current(self._autocast_device)
+        return shapes if state is None else (*shapes, state)
 
     def _rows_in(self, call: Any) -> int:
         """Samples in a call: dim 0 of its batch-major tensors."""
@@ -465,7 +472,12 @@ class PipelineParallel(RefusesDDP):
             self.model_ref.train(self._traced_training)  # the plan's graph, in any mode
             try:
                 # And in gradient mode: an evaluation runs under no_grad or inference_mode.
-                with torch.inference_mode(False), torch.enable_grad():
+                state = pipeline_autocast.of(key[0])
+                with (
+                    torch.inference_mode(False),
+                    torch.enable_grad(),
+                    pipeline_autocast.tracing_under(state, self._autocast_device),
+                ):
                     call = pytree.tree_map_only(
                         torch.Tensor, lambda x: x.clone() if x.is_inference() else x, call
                     )
@@ -476,6 +488,8 @@ class PipelineParallel(RefusesDDP):
             if key[0] != self._sig0:
                 took = time.perf_counter() - t0
                 what = f"{n} samples of per-sample shapes {_shapes(key[0])}"
+                if state != pipeline_autocast.of(self._sig0):
+                    what += f" under {state}" if state else " without autocast"
                 self.capture_times_s[what] = took
                 log.info(
                     "torch_plugin pipeline: stage S%d captured for %s in %.2f s (the plan's "
@@ -500,11 +514,23 @@ class PipelineParallel(RefusesDDP):
         return next(k for k in self._traces if k[0] == self._sig)
 
     def _named(self, key: tuple[Any, int]) -> dict[str, fx.Node]:
+        """The plan's node names -> their nodes in the graph traced as `key` says: the same
+        names, or, under another autocast state, matched through its casts."""
         by_name = self._by_name.get(key)
         if by_name is None:
-            by_name = {node.name: node for node in self._traces[key].gm.graph.nodes}
+            graph = self._traces[key].gm.graph
+            state = pipeline_autocast.of(key[0])
+            if state != pipeline_autocast.of(self._sig0):
+                where = f"under {state}" if state else "without autocast"
+                by_name = pipeline_autocast.twins(self.gm.graph, graph, where)
+            else:
+                by_name = {node.name: node for node in graph.nodes}
             self._by_name[key] = by_name
         return by_name
+
+    def _through_casts(self) -> bool:
+        """Whether this step runs under another autocast state than the plan's."""
+        return pipeline_autocast.of(self._sig) != pipeline_autocast.of(self._sig0)
 
     def _meta(self, v: fx.Node) -> Any:
         """Shape and dtype of crossing value v at this step's shapes: its own at the example's,
@@ -758,6 +784,8 @@ class PipelineParallel(RefusesDDP):
             by_name = self._named((self._sig, n))
             for node in [*self.members[s], *self.stage_inputs[s]]:
                 twin = by_name.get(node.name)
+                if self._through_casts():  # matched and checked (pipeline/autocast.py)
+                    continue
                 if twin is None or twin.op != node.op or twin.target != node.target:
                     other = (
                         f"at {n} samples"
@@ -791,8 +819,15 @@ class PipelineParallel(RefusesDDP):
         env: dict[fx.Node, fx.Node] = {}
         for v in self.stage_inputs[s]:
             env[twin(v)] = g.placeholder(v.name)
+        where = f"stage S{s} under {pipeline_autocast.of(self._sig)}"
+
+        def read(x: fx.Node) -> fx.Node:
+            # Under another autocast state, the casts added before this stage's ops join it.
+            return pipeline_autocast.pull(x, g, env, where) if by_name is not None else env[x]
+
         for node in self.members[s]:
-            env[twin(node)] = g.node_copy(twin(node), lambda x: env[x])
+            if twin(node) not in env:  # (a plan's cast that is a no-op now is its input)
+                env[twin(node)] = g.node_copy(twin(node), read)
         outs = [env[twin(o)] for o in self.stage_outputs[s]]
         if s == self.loss_stage:
             outs += [env[twin(v)] if isinstance(v, fx.Node) else v for v in self.out_leaves]
