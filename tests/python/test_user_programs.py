@@ -315,6 +315,22 @@ def test_torch_compile_over_a_sharded_model_runs_its_program(gloo) -> None:
         assert max(abs(a - b) for a, b in zip(r["losses"], r["expect"], strict=True)) < 1e-5
 
 
+@pytest.mark.parametrize("strategy,how", [("tp", "wrap"), ("tp", "in_place"), ("pipeline", "wrap")])
+def test_a_model_compiled_before_parallelize(gloo, strategy, how) -> None:
+    """torch.compile(model) or model.compile() before parallelize, as scripts that compile
+    first do (DDP and FSDP take a compiled model): parallelize failed while capturing
+    ("Detected that you are using FX to symbolically trace a dynamo-optimized function").
+    Now it distributes the model itself and warns that what it returns runs the planned
+    program uncompiled (as torch.compile over a sharded model does: no graph); the losses are
+    one process's."""
+    for r in gloo(2).run(user_programs.compiled_before_parallelize, 0, strategy, how):
+        for ours, expect in zip(r["losses"], r["expect"], strict=True):
+            assert abs(ours - expect) < 1e-5, (r["losses"], r["expect"])
+        assert r["graphs"] == 0, r
+        assert r["returned"] == ("ShardedModule" if strategy == "tp" else "PipelineParallel")
+        assert any("torch.compile's settings are not applied" in w for w in r["warned"]), r
+
+
 @pytest.mark.parametrize("strategy,kind", [("tp", "llama"), ("pipeline", "gpt2")])
 def test_what_a_script_reads_off_an_hf_model_works_on_the_distributed_one(
     gloo, tmp_path, strategy, kind

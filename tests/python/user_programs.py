@@ -766,6 +766,66 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
         dist_workers._finish()
 
 
+def compiled_before_parallelize(rank: int, world: int, port: int, strategy: str, how: str) -> dict:
+    """A script that compiles its model first (torch.compile(model), or model.compile() in
+    place) and then parallelizes it: two steps' losses against one process's, the graphs Dynamo
+    captured in them, what parallelize returned and the warnings it logged."""
+    import logging
+
+    import torch._dynamo.utils
+
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        torch._dynamo.reset()
+        kind = "llama" if strategy == "tp" else "gpt2"
+        model = default_config_model(kind).train()
+        reference = copy.deepcopy(model)
+        batches = [padded_batch(8, t, i) for i, t in enumerate((16, 12))]
+        if how == "wrap":
+            model = torch.compile(model, backend="aot_eager")
+        else:
+            model.compile(backend="aot_eager")
+        warned: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda r: warned.append(r.getMessage())  # type: ignore[method-assign]
+        handler.setLevel(logging.WARNING)
+        logging.getLogger("torch_plugin").addHandler(handler)
+        try:
+            if strategy == "tp":
+                mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+                dist_model = torch_plugin.parallelize(model, mesh, batches[0])
+
+                def step(b: dict) -> torch.Tensor:
+                    loss = dist_model(**b).loss
+                    loss.backward()
+                    return loss
+
+            else:
+                dist_model = torch_plugin.parallelize(
+                    model, world, batches[0], strategy="pipeline", num_microbatches=4
+                )
+                step = dist_model.step
+        finally:
+            logging.getLogger("torch_plugin").removeHandler(handler)
+        torch._dynamo.utils.counters.clear()
+        losses, expect = [], []
+        for i, b in enumerate(batches):
+            torch.manual_seed(100 + i)
+            losses.append(float(step(b)))
+            expect.append(_backward(reference, b, 100 + i))
+        return {
+            "losses": losses,
+            "expect": expect,
+            "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
+            "returned": type(dist_model).__name__,
+            "warned": warned,
+        }
+    finally:
+        dist_workers._finish()
+
+
 def compiled_by_the_user(rank: int, world: int, port: int) -> dict:
     """torch.compile(dist_model), as a loop compiling its model would: the graphs Dynamo
     made, the seconds its first step took, and two steps' losses against one process's."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,31 @@ import torch.utils._pytree as pytree
 from ..pipeline.parallel import PipelineParallel
 from ..runtime.mesh import DeviceMesh
 from ..sharding.module import ShardedModule, shard_model
+
+log = logging.getLogger("torch_plugin")
+
+
+def _uncompiled(model: nn.Module) -> nn.Module:
+    """A model torch.compile'd before parallelize (torch.compile(model), or model.compile() in
+    place), as many scripts do: the model itself, to be distributed (Dynamo's frame cannot be
+    captured), with a warning that the compile is not applied. What parallelize returns runs
+    its planned program as it is: a sharded model's program with its collectives (Dynamo over
+    it makes no graph), a pipeline's stages op by op."""
+    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        how = "torch.compile(model)"
+        model = model._orig_mod
+    elif getattr(model, "_compiled_call_impl", None) is not None:
+        how = "model.compile()"
+        model._compiled_call_impl = None
+    else:
+        return model
+    log.warning(
+        "torch_plugin: parallelize got a model compiled with %s; it distributes the model "
+        "itself, and what it returns runs the planned program (sharded blocks and their "
+        "collectives, or pipeline stages) uncompiled: torch.compile's settings are not applied",
+        how,
+    )
+    return model
 
 
 def _model_loss(output: Any, _target: Any) -> torch.Tensor:
@@ -82,6 +108,7 @@ def parallelize(
             return build
 
         return wrap
+    model = _uncompiled(model)
     if callable(example_inputs):
         example_inputs = example_inputs(model)
     if strategy is None:
