@@ -315,6 +315,19 @@ def test_torch_compile_over_a_sharded_model_runs_its_program(gloo) -> None:
         assert max(abs(a - b) for a, b in zip(r["losses"], r["expect"], strict=True)) < 1e-5
 
 
+@pytest.mark.parametrize("strategy,kind", [("tp", "llama"), ("tp", "gpt2"), ("pipeline", "llama")])
+def test_generate_on_the_model_being_trained(gloo, strategy, kind) -> None:
+    """model.generate(...) in a training script (samples at evaluation) on what parallelize
+    returned raised AttributeError. Now it runs HF's generate on a gathered copy of the whole
+    model (Llama's rotary buffers, GPT-2's tied head): greedy tokens are one process's, before
+    and after an optimizer step (the copy is gathered again), and sampling returns rank 0's
+    tokens on every rank."""
+    results = gloo(2).run(user_programs.generate_while_training, 0, strategy, kind)
+    for r in results:
+        assert r["same"] == [True, True], r
+    assert results[0]["sampled"] == results[1]["sampled"]
+
+
 @pytest.mark.parametrize("strategy,how", [("tp", "wrap"), ("tp", "in_place"), ("pipeline", "wrap")])
 def test_a_model_compiled_before_parallelize(gloo, strategy, how) -> None:
     """torch.compile(model) or model.compile() before parallelize, as scripts that compile

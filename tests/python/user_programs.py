@@ -766,6 +766,56 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
         dist_workers._finish()
 
 
+def generate_while_training(rank: int, world: int, port: int, strategy: str, kind: str) -> dict:
+    """A training script sampling from the model it trains: model.generate(...) on what
+    parallelize returned, greedy, before and after an optimizer step, against one process's
+    model after the same step; and a sampled generate with each rank's generator seeded
+    apart (the tokens every rank returns)."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model(kind).train()
+        reference = copy.deepcopy(model)
+        batch = padded_batch(8, 16, 0)
+        if strategy == "pipeline":
+            dm = torch_plugin.parallelize(
+                model, world, batch, strategy="pipeline", num_microbatches=4
+            )
+            step = dm.step
+        else:
+            mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+            dm = torch_plugin.parallelize(model, mesh, batch)
+
+            def step(b: dict) -> None:
+                dm(**b).loss.backward()
+
+        opt = torch.optim.SGD(dm.parameters(), lr=1.0)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=1.0)
+        prompt = batch["input_ids"][:2, :6]
+        same = []
+        for _ in range(2):
+            dm.eval()
+            reference.eval()
+            got = dm.generate(prompt, max_new_tokens=5, do_sample=False)
+            want = reference.generate(prompt, max_new_tokens=5, do_sample=False)
+            same.append(torch.equal(got, want))
+            dm.train()
+            reference.train()
+            torch.manual_seed(5)
+            step(batch)
+            _backward(reference, batch, 5)
+            opt.step()
+            ref_opt.step()
+            opt.zero_grad()
+            ref_opt.zero_grad()
+        torch.manual_seed(rank)
+        sampled = dm.generate(prompt, max_new_tokens=5, do_sample=True).tolist()
+        return {"same": same, "sampled": sampled}
+    finally:
+        dist_workers._finish()
+
+
 def compiled_before_parallelize(rank: int, world: int, port: int, strategy: str, how: str) -> dict:
     """A script that compiles its model first (torch.compile(model), or model.compile() in
     place) and then parallelizes it: two steps' losses against one process's, the graphs Dynamo

@@ -36,6 +36,7 @@ from ..runtime.agreement import check_same
 from ..runtime.capture import as_call, describe, label_counter, leaf_name, takes_loss_kwargs
 from ..runtime.collectives import hold_groups
 from ..runtime.ddp_guard import RefusesDDP
+from ..runtime.generation import GeneratesOnGatheredCopy
 from ..runtime.grad_norm import GradGroup, NormShare, as_block, count_gradients
 from ..runtime.graph import TracedModel, _batch_of, _module_params, cost_graph, cost_records
 from ..runtime.recompute import CHECKPOINT_CALLS, checkpointed_layers, recompute
@@ -227,7 +228,7 @@ def _reduce_grad_norm(pipe: PipelineParallel, t: torch.Tensor, op: Any) -> torch
     return out
 
 
-class PipelineParallel(RefusesDDP):
+class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
     """Runs this rank's share of a pipeline plan: its stage, on its replica's samples.
 
     Call `step(inputs, target)` with the whole mini-batch on every rank (each rank slices what
@@ -914,6 +915,14 @@ class PipelineParallel(RefusesDDP):
                 f"batch ({self.batch}) as dim 0; keep it inside one stage (coarser blocks: a "
                 "smaller scope_depth)"
             )
+
+    def _generation_parts(self) -> tuple[nn.Module | None, Any, list[torch.Tensor], Any, str]:
+        local = [t for _, t, _ in self._stored_tensors()] if self.my_stage >= 0 else []
+
+        def whole() -> dict[str, torch.Tensor]:
+            return self.full_state_dict(rank0_only=False)
+
+        return self.model_ref, whole, local, self.group, "pipeline"
 
     def _ddp_refusal(self) -> tuple[str, str, int]:
         return "pipeline", "runs its stages", self.world

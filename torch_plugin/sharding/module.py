@@ -43,6 +43,7 @@ from ..runtime.capture import (
 )
 from ..runtime.collectives import Collectives
 from ..runtime.ddp_guard import RefusesDDP
+from ..runtime.generation import GeneratesOnGatheredCopy
 from ..runtime.grad_norm import GradGroup, NormShare, count_gradients
 from ..runtime.mesh import DeviceMesh
 from ..runtime.recompute import checkpointed_layers, recompute
@@ -220,7 +221,7 @@ def _zero2_grads_elsewhere(module: ShardedModule) -> str | None:
     )
 
 
-class ShardedModule(RefusesDDP, nn.Module):
+class ShardedModule(RefusesDDP, GeneratesOnGatheredCopy, nn.Module):
     """The rank-local program of a sharded model: this rank's parameter blocks and the graph.
 
     The parameter layout is planned once, on the example call. A call of another signature
@@ -661,12 +662,16 @@ class ShardedModule(RefusesDDP, nn.Module):
     def _whole_tensors(self) -> Iterator[torch.Tensor]:
         """Each stored tensor whole, gathered one at a time (every rank gets it)."""
         for _, t, lay in self._stored_tensors():
-            kind, dim, sections = _parse(lay.spec)
-            t = t.detach()
-            if kind == "S" and self.world > 1:
-                blocks = self.comm.all_gather(t.contiguous(), "export")
-                t = _whole(list(blocks.unbind(0)), dim, sections)
-            yield t
+            yield self._gathered(t, lay.spec)
+
+    def _gathered(self, t: torch.Tensor, spec: str) -> torch.Tensor:
+        """This rank's block of a tensor of this spec, whole (a collective where sharded)."""
+        kind, dim, sections = _parse(spec)
+        t = t.detach()
+        if kind == "S" and self.world > 1:
+            blocks = self.comm.all_gather(t.contiguous(), "export")
+            t = _whole(list(blocks.unbind(0)), dim, sections)
+        return t
 
     def _autocast_state(self) -> Any:
         dev = self._autocast_device
@@ -832,6 +837,23 @@ class ShardedModule(RefusesDDP, nn.Module):
             took,
         )
         return program
+
+    def _generation_parts(self) -> tuple[nn.Module | None, Any, list[torch.Tensor], Any, str]:
+        # Every block, the buffers a state dict leaves out included (rotary inv_freq).
+        local = dict(zip(self.param_names, self.local_params, strict=True))
+        local.update(
+            (n, owner._buffers[attr])
+            for n, (owner, attr) in zip(self.buffer_names, self._buffer_slots, strict=True)
+        )
+        specs = self._specs()
+
+        def whole() -> dict[str, torch.Tensor]:
+            out = {n: self._gathered(t, specs[n]) for n, t in local.items()}
+            for name, keys in self._state_aliases().items():  # a tied lm_head.weight
+                out.update((k, out[name]) for k in keys if k not in out and name in out)
+            return out
+
+        return self._skeleton, whole, list(local.values()), None, "sharded model"
 
     def _ddp_refusal(self) -> tuple[str, str, int]:
         return f"sharded model (on {self.mesh})", "runs sharded", self.world * self.dp
