@@ -328,6 +328,25 @@ def test_generate_on_the_model_being_trained(gloo, strategy, kind) -> None:
     assert results[0]["sampled"] == results[1]["sampled"]
 
 
+@pytest.mark.parametrize("strategy", ["tp", "pipeline"])
+def test_model_to_after_parallelize(gloo, strategy) -> None:
+    """model.to(...) on what parallelize returned, as scripts call it late. A sharded model
+    cast to bf16 cast its blocks under a program captured in f32 ("expected scalar type Float
+    but found BFloat16"); now each kind of call is captured again at the new dtype: losses and
+    gradients as one process's model cast alike (bf16: to bf16's rounding of the split
+    matmuls), and exact after .float(). A pipeline had no .to: the device and dtype it runs
+    return it, another dtype is refused by name."""
+    for r in gloo(2).run(user_programs.cast_after_parallelize, 0, strategy):
+        if strategy == "pipeline":
+            assert r["same"] and "before parallelize" in r["refused"], r
+            continue
+        assert r["dtype"] == "torch.float32"
+        f32, bf16, back = zip(r["losses"], r["expect"], r["grad_diff"], strict=True)
+        assert abs(f32[0] - f32[1]) < 1e-5 and f32[2] < 1e-5, r
+        assert abs(bf16[0] - bf16[1]) < 1e-3 and bf16[2] < 5e-3, r
+        assert abs(back[0] - back[1]) < 1e-5 and back[2] < 1e-5, r
+
+
 @pytest.mark.parametrize("strategy,how", [("tp", "wrap"), ("tp", "in_place"), ("pipeline", "wrap")])
 def test_a_model_compiled_before_parallelize(gloo, strategy, how) -> None:
     """torch.compile(model) or model.compile() before parallelize, as scripts that compile

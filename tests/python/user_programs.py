@@ -766,30 +766,38 @@ def pipeline_evaluation(rank: int, world: int, port: int, kind: str) -> dict:
         dist_workers._finish()
 
 
+def _parallelized(model: Any, world: int, batch: dict, strategy: str) -> tuple[Any, Any]:
+    """What parallelize returns for `strategy` ("tp": a sharded model on a tp mesh of the
+    world; "pipeline": four micro-batches) and a training step on a batch (forward and
+    backward; it returns the loss)."""
+    import torch_plugin
+
+    if strategy == "pipeline":
+        pp = torch_plugin.parallelize(model, world, batch, strategy="pipeline", num_microbatches=4)
+        return pp, pp.step
+    mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+    dm = torch_plugin.parallelize(model, mesh, batch)
+
+    def step(b: dict) -> torch.Tensor:
+        loss = dm(**b).loss
+        loss.backward()
+        return loss
+
+    return dm, step
+
+
 def generate_while_training(rank: int, world: int, port: int, strategy: str, kind: str) -> dict:
     """A training script sampling from the model it trains: model.generate(...) on what
     parallelize returned, greedy, before and after an optimizer step, against one process's
     model after the same step; and a sampled generate with each rank's generator seeded
     apart (the tokens every rank returns)."""
-    import torch_plugin
 
     dist_workers._init(rank, world, port)
     try:
         model = default_config_model(kind).train()
         reference = copy.deepcopy(model)
         batch = padded_batch(8, 16, 0)
-        if strategy == "pipeline":
-            dm = torch_plugin.parallelize(
-                model, world, batch, strategy="pipeline", num_microbatches=4
-            )
-            step = dm.step
-        else:
-            mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
-            dm = torch_plugin.parallelize(model, mesh, batch)
-
-            def step(b: dict) -> None:
-                dm(**b).loss.backward()
-
+        dm, step = _parallelized(model, world, batch, strategy)
         opt = torch.optim.SGD(dm.parameters(), lr=1.0)
         ref_opt = torch.optim.SGD(reference.parameters(), lr=1.0)
         prompt = batch["input_ids"][:2, :6]
@@ -812,6 +820,56 @@ def generate_while_training(rank: int, world: int, port: int, strategy: str, kin
         torch.manual_seed(rank)
         sampled = dm.generate(prompt, max_new_tokens=5, do_sample=True).tolist()
         return {"same": same, "sampled": sampled}
+    finally:
+        dist_workers._finish()
+
+
+def cast_after_parallelize(rank: int, world: int, port: int, strategy: str) -> dict:
+    """model.to(torch.bfloat16) on what parallelize returned, after a step in f32, as scripts
+    that cast late do: the loss and this rank's largest gradient difference against one
+    process's model cast alike, in bf16 and after .float() again; for a pipeline, what .to
+    raises."""
+    import torch_plugin
+
+    dist_workers._init(rank, world, port)
+    try:
+        model = default_config_model("llama").train()
+        reference = copy.deepcopy(model)
+        batch = padded_batch(8, 16, 0)
+        out: dict[str, Any] = {"losses": [], "expect": [], "grad_diff": []}
+        if strategy == "pipeline":
+            pp = torch_plugin.parallelize(
+                model, world, batch, strategy="pipeline", num_microbatches=4
+            )
+            same = pp.to(pp.device) is pp and pp.to(torch.float32) is pp
+            try:
+                pp.to(torch.bfloat16)
+                return {"refused": None, "same": same}
+            except ValueError as e:
+                return {"refused": str(e), "same": same}
+        mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
+        dm = torch_plugin.parallelize(model, mesh, batch)
+        ref = dict(reference.named_parameters())
+        for cast in (None, torch.bfloat16, torch.float32):
+            if cast is not None:
+                dm.to(cast)
+                reference.to(cast)
+            for p in [*dm.parameters(), *reference.parameters()]:
+                p.grad = None
+            torch.manual_seed(1)
+            loss = dm(**batch).loss
+            loss.backward()
+            out["losses"].append(float(loss))
+            out["expect"].append(_backward(reference, batch, 1))
+            out["grad_diff"].append(
+                max(
+                    float((p.grad.float() - dm.shard(ref[n].grad, spec).float()).abs().max())
+                    for n, p, spec in dm.named_local_parameters()
+                    if p.grad is not None
+                )
+            )
+        out["dtype"] = str(dm.dtype)
+        return out
     finally:
         dist_workers._finish()
 
@@ -916,20 +974,13 @@ def hf_model_methods(rank: int, world: int, port: int, strategy: str, kind: str,
     with from_pretrained and compares with one process's model after the same step; then
     `model.load_state_dict(plain_model.state_dict())` of other weights, `model.zero_grad()`,
     and the eval loss against the plain model's."""
-    import torch_plugin
 
     dist_workers._init(rank, world, port)
     try:
         model = default_config_model(kind).train()
         reference = copy.deepcopy(model)
         batch = padded_batch(8, 16, 0)
-        if strategy == "pipeline":
-            dm = torch_plugin.parallelize(
-                model, world, batch, strategy="pipeline", num_microbatches=4
-            )
-        else:
-            mesh = torch_plugin.DeviceMesh((world,), ("tp",), timeout_s=dist_workers.TIMEOUT_S)
-            dm = torch_plugin.parallelize(model, mesh, batch)
+        dm, _ = _parallelized(model, world, batch, strategy)
         moved = {k: v.to(dm.device) for k, v in batch.items()}
         counts = [
             (dm.num_parameters(**kw), reference.num_parameters(**kw))

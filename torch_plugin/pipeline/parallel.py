@@ -932,6 +932,21 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
         """The model's mode, as nn.Module has it: pp.eval() or model.eval() turn it off."""
         return self.model_ref.training
 
+    def to(self, *args: Any, **kwargs: Any) -> PipelineParallel:
+        """nn.Module.to, as a script calls it on its model (model.to(device)): the device and
+        dtype the stages already run on. Another dtype or device is refused by name, since the
+        stages run the graph captured at the model's; cast or move the model before
+        parallelize."""
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        moved = device is not None and torch.device(device).type != self.device.type
+        if moved or (dtype is not None and dtype != self.dtype):
+            raise ValueError(
+                f"torch_plugin pipeline: pp.to({', '.join(map(str, (*args, *kwargs.values())))}) "
+                f"would move or cast stages that run the graph captured on {self.device} at "
+                f"{self.dtype}; call model.to(...) before parallelize instead"
+            )
+        return self
+
     def train(self, mode: bool = True) -> PipelineParallel:
         """Sets the model's mode (as nn.Module.train does). In eval mode the stages compute
         what the model computes in eval mode (dropout off, batch norm on running statistics),

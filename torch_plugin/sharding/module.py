@@ -357,7 +357,11 @@ class ShardedModule(RefusesDDP, GeneratesOnGatheredCopy, nn.Module):
         }
         self._fixed_zero = dict(plan.zero_stage)
         self._programs: dict[Any, _Program] = {
-            self._call_key(pytree.tree_flatten(full_call), model.training): _Program(
+            self._call_key(
+                pytree.tree_flatten(full_call),
+                model.training,
+                next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32),
+            ): _Program(
                 self._recomputing(self.graph_module, model.training),
                 self._random_ops,
                 captured.out_spec,
@@ -738,9 +742,15 @@ class ShardedModule(RefusesDDP, GeneratesOnGatheredCopy, nn.Module):
             n,
         )
 
-    def _call_key(self, flat: tuple[list[Any], pytree.TreeSpec], training: bool) -> Any:
+    def _call_key(
+        self,
+        flat: tuple[list[Any], pytree.TreeSpec],
+        training: bool,
+        dtype: torch.dtype | None = None,
+    ) -> Any:
         """What selects a program: the call's structure, each tensor's shape and dtype, each
-        other argument's value, the autocast state and the train/eval mode."""
+        other argument's value, the autocast state, the train/eval mode and the parameters'
+        dtype (`dtype`, before the blocks exist)."""
         leaves, spec = flat
         return (
             repr(spec),
@@ -750,7 +760,26 @@ class ShardedModule(RefusesDDP, GeneratesOnGatheredCopy, nn.Module):
             ),
             self._autocast_state(),
             training,
+            dtype or self.dtype,  # model.to(torch.bfloat16) after parallelize: captured again
         )
+
+    def _apply(self, fn: Any, recurse: bool = True) -> ShardedModule:
+        """nn.Module's .to / .half / .bfloat16 / .float on the blocks; where the parameters'
+        dtype changes, the model's meta copy is cast alike, so the next call of each kind
+        captures its program at the new dtype (the old programs ran the old one)."""
+        before = self.dtype
+        super()._apply(fn, recurse)
+        after = self.dtype
+        if after != before and self._skeleton is not None:
+            self._skeleton.to(after)
+            log.info(
+                "torch_plugin sharding: parameters cast from %s to %s; each kind of call is "
+                "captured again at %s",
+                before,
+                after,
+                after,
+            )
+        return self
 
     def _new_program(self, call: tuple[tuple[Any, ...], dict[str, Any]], total: int) -> _Program:
         """The program for a new kind of call (`call`: this dp replica's slice of a batch of
