@@ -334,7 +334,8 @@ def test_model_to_after_parallelize(gloo, strategy) -> None:
     cast to bf16 cast its blocks under a program captured in f32 ("expected scalar type Float
     but found BFloat16"); now each kind of call is captured again at the new dtype: losses and
     gradients as one process's model cast alike (bf16: to bf16's rounding of the split
-    matmuls), and exact after .float(). A pipeline had no .to: the device and dtype it runs
+    matmuls), and exact after .float(); generate's copy follows each cast. A pipeline had no
+    .to: the device and dtype it runs
     return it, another dtype is refused by name."""
     for r in gloo(2).run(user_programs.cast_after_parallelize, 0, strategy):
         if strategy == "pipeline":
@@ -345,6 +346,8 @@ def test_model_to_after_parallelize(gloo, strategy) -> None:
         assert abs(f32[0] - f32[1]) < 1e-5 and f32[2] < 1e-5, r
         assert abs(bf16[0] - bf16[1]) < 1e-3 and bf16[2] < 5e-3, r
         assert abs(back[0] - back[1]) < 1e-5 and back[2] < 1e-5, r
+        assert r["generated_alike"] == [True, True, True], r
+        assert max(r["logit_diff"]) < 1e-4, r  # a stale copy (f32 under bf16) is 3e-3 off
 
 
 @pytest.mark.parametrize("strategy,how", [("tp", "wrap"), ("tp", "in_place"), ("pipeline", "wrap")])

@@ -826,9 +826,9 @@ def generate_while_training(rank: int, world: int, port: int, strategy: str, kin
 
 def cast_after_parallelize(rank: int, world: int, port: int, strategy: str) -> dict:
     """model.to(torch.bfloat16) on what parallelize returned, after a step in f32, as scripts
-    that cast late do: the loss and this rank's largest gradient difference against one
-    process's model cast alike, in bf16 and after .float() again; for a pipeline, what .to
-    raises."""
+    that cast late do: the loss, this rank's largest gradient difference and greedy generate's
+    tokens and logits against one process's model cast alike, in bf16 and after .float()
+    again; for a pipeline, what .to raises."""
     import torch_plugin
 
     dist_workers._init(rank, world, port)
@@ -866,6 +866,18 @@ def cast_after_parallelize(rank: int, world: int, port: int, strategy: str) -> d
                     float((p.grad.float() - dm.shard(ref[n].grad, spec).float()).abs().max())
                     for n, p, spec in dm.named_local_parameters()
                     if p.grad is not None
+                )
+            )
+            # generate's gathered copy follows the cast (casts keep tensor versions).
+            prompt = batch["input_ids"][:2, :6]
+            kw = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+            got = dm.generate(prompt, output_logits=True, **kw)
+            want = reference.generate(prompt, output_logits=True, **kw)
+            out.setdefault("generated_alike", []).append(torch.equal(got.sequences, want.sequences))
+            out.setdefault("logit_diff", []).append(
+                max(
+                    float((a.float() - b.float()).abs().max())
+                    for a, b in zip(got.logits, want.logits, strict=True)
                 )
             )
         out["dtype"] = str(dm.dtype)

@@ -691,7 +691,8 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
             return
         # torch.nn.utils.clip_grad_norm_(pp.parameters(), ...) clips by every stage's norm:
         # a parameter counts in the first stage that reads it, on its replica 0.
-        grads = GradGroup(self, _reduce_grad_norm, "a pipeline", self.rank == 0)
+        # The lead counts what every rank holds alike: the first rank that totals norms.
+        grads = GradGroup(self, _reduce_grad_norm, "a pipeline", self.rank == self._norm_lead)
         first = {}
         for s, names in enumerate(self.params_of):
             for name in names:
@@ -754,6 +755,7 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
         trains = [any(p.requires_grad for p in ps.values()) for ps in self.params_of]
         ranks = sorted({r for st in self.stages if trains[st.id] for r in st.devices})
         self._in_norm_group = self.rank in ranks
+        self._norm_lead = ranks[0] if ranks else 0
         self._norm_group = self.group
         if 0 < len(ranks) < self.world:
             members = [self._global(r) for r in ranks]
@@ -938,7 +940,9 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
         stages run the graph captured at the model's; cast or move the model before
         parallelize."""
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
-        moved = device is not None and torch.device(device).type != self.device.type
+        here = self.device
+        to = torch.device(device) if device is not None else here
+        moved = to.type != here.type or to.index not in (None, here.index)
         if moved or (dtype is not None and dtype != self.dtype):
             raise ValueError(
                 f"torch_plugin pipeline: pp.to({', '.join(map(str, (*args, *kwargs.values())))}) "
@@ -1129,7 +1133,9 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
         return x[a * k : e * k]
 
     def _dtype(self, v: fx.Node) -> torch.dtype:
-        return v.meta["tensor_meta"].dtype
+        """Crossing value v's dtype at this step (the receiver's buffer's): the plan's, or
+        under another autocast state its twin's in the graph traced under it."""
+        return self._meta(v).dtype
 
     # ---- one iteration ---------------------------------------------------------------------
 
@@ -1518,7 +1524,7 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
             for q in self.consumers.get(v, []):
                 for rank, a, e in self._pieces(q, lo, hi):
                     # In the traced dtype, which the receiver's buffer has: under autocast a
-                    # value may be computed in bf16 where the trace saw float32.
+                    # module-level stage may compute in bf16 where the trace saw float32.
                     sends.append(
                         dist.isend(
                             self._samples(v, out, a - lo, e - lo)

@@ -47,13 +47,15 @@ class GeneratesOnGatheredCopy:
                 f"torch_plugin: generate() needs an HF generation model (one with .generate); "
                 f"this {what} was built from {type(template).__name__}"
             )
+        device = next((t.device for t in local), torch.device("cpu"))
         versions = [t._version for t in local]
         cached = self.__dict__.get("_generation_copy")
-        changed = torch.tensor([int(cached is None or cached[0] != versions)])
+        # On the model's device: NCCL reduces device tensors only.
+        changed = torch.tensor([int(cached is None or cached[0] != versions)], device=device)
         if dist.is_initialized():
             dist.all_reduce(changed, op=dist.ReduceOp.MAX, group=group)
         if changed.item():
-            model = cached[1] if cached is not None else _materialized(template)
+            model = cached[1] if cached is not None else _materialized(template, device)
             _load_whole(model, whole(), what, every=_on_meta(template))
             self.__dict__["_generation_copy"] = (versions, model)
             if cached is None:
@@ -69,21 +71,39 @@ class GeneratesOnGatheredCopy:
         model.train(bool(getattr(self, "training", False)))
         out = model.generate(*args, **kwargs)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
-            box = [out]
+            # Through host memory: a pickled device tensor would land on rank 0's device.
+            box = [_mapped(out, lambda t: t.cpu())]
             src = 0 if group is None else dist.get_global_rank(group, 0)
             dist.broadcast_object_list(box, src=src, group=group)
-            out = box[0]
+            out = _mapped(box[0], lambda t: t.to(device))
         return out
 
+    def _forget_generation_copy(self) -> None:
+        """After a cast or a move (which keeps tensor versions): gathered again next time."""
+        self.__dict__.pop("_generation_copy", None)
 
-def _materialized(template: nn.Module) -> nn.Module:
+
+def _mapped(out: Any, fn: Any) -> Any:
+    """generate's output (a tensor, or a ModelOutput / dict of them) with fn on each tensor."""
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    if isinstance(out, dict):  # ModelOutput is an OrderedDict: its fields, in place
+        for k, v in list(out.items()):
+            out[k] = _mapped(v, fn)
+        return out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_mapped(v, fn) for v in out)
+    return out
+
+
+def _materialized(template: nn.Module, device: torch.device) -> nn.Module:
     """A copy of `template` with storage of its own (a structure on the meta device: empty
     tensors, every one of which the gathered tensors must then fill)."""
     import copy
 
     model = copy.deepcopy(template)
     if _on_meta(template):
-        model = model.to_empty(device="cpu")
+        model = model.to_empty(device=device)
     for p in model.parameters():
         p.requires_grad_(False)
     return model

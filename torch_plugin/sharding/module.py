@@ -767,8 +767,19 @@ class ShardedModule(RefusesDDP, GeneratesOnGatheredCopy, nn.Module):
         """nn.Module's .to / .half / .bfloat16 / .float on the blocks; where the parameters'
         dtype changes, the model's meta copy is cast alike, so the next call of each kind
         captures its program at the new dtype (the old programs ran the old one)."""
+        if "local_params" not in self.__dict__:  # still being built
+            return super()._apply(fn, recurse)
         before = self.dtype
+        if self.__dict__.get("_zero2") and self.dp > 1:
+            probe = fn(torch.empty(0, dtype=before, device=self.device))
+            if probe.dtype != before:
+                raise ValueError(
+                    "torch_plugin sharding: casting a model with ZeRO-2 gradient shards (dp "
+                    f"{self.dp}) from {before} to {probe.dtype} after parallelize would leave "
+                    "the shards on the old storage; cast the model before parallelize"
+                )
         super()._apply(fn, recurse)
+        self._forget_generation_copy()
         after = self.dtype
         if after != before and self._skeleton is not None:
             self._skeleton.to(after)
