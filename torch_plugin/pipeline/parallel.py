@@ -489,7 +489,7 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
             if key[0] != self._sig0:
                 took = time.perf_counter() - t0
                 what = f"{n} samples of per-sample shapes {_shapes(key[0])}"
-                if state != pipeline_autocast.of(self._sig0):
+                if self._through_casts(key[0]):
                     what += f" under {state}" if state else " without autocast"
                 self.capture_times_s[what] = took
                 log.info(
@@ -520,8 +520,8 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
         by_name = self._by_name.get(key)
         if by_name is None:
             graph = self._traces[key].gm.graph
-            state = pipeline_autocast.of(key[0])
-            if state != pipeline_autocast.of(self._sig0):
+            if self._through_casts(key[0]):
+                state = pipeline_autocast.of(key[0])
                 where = f"under {state}" if state else "without autocast"
                 by_name = pipeline_autocast.twins(self.gm.graph, graph, where)
             else:
@@ -529,9 +529,10 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
             self._by_name[key] = by_name
         return by_name
 
-    def _through_casts(self) -> bool:
-        """Whether this step runs under another autocast state than the plan's."""
-        return pipeline_autocast.of(self._sig) != pipeline_autocast.of(self._sig0)
+    def _through_casts(self, sig: Any) -> bool:
+        """Whether calls of signature `sig` run under another autocast state than the plan's
+        (their graphs are matched to the plan's through its casts)."""
+        return pipeline_autocast.of(sig) != pipeline_autocast.of(self._sig0)
 
     def _meta(self, v: fx.Node) -> Any:
         """Shape and dtype of crossing value v at this step's shapes: its own at the example's,
@@ -785,10 +786,10 @@ class PipelineParallel(RefusesDDP, GeneratesOnGatheredCopy):
         else:
             source = self._trace(n, self._sig).gm
             by_name = self._named((self._sig, n))
-            for node in [*self.members[s], *self.stage_inputs[s]]:
+            # Under another autocast state _named matched and checked the twins already.
+            same_state = not self._through_casts(self._sig)
+            for node in [*self.members[s], *self.stage_inputs[s]] if same_state else []:
                 twin = by_name.get(node.name)
-                if self._through_casts():  # matched and checked (pipeline/autocast.py)
-                    continue
                 if twin is None or twin.op != node.op or twin.target != node.target:
                     other = (
                         f"at {n} samples"

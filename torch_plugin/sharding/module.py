@@ -621,13 +621,19 @@ class ShardedModule(RefusesDDP, GeneratesOnGatheredCopy, nn.Module):
             )
         )
 
-    def _stored_tensors(self) -> Iterator[tuple[str, torch.Tensor, Layout]]:
-        specs = self._specs()
+    def _local_tensors(self) -> dict[str, torch.Tensor]:
+        """This rank's block of every parameter and buffer, by name (the buffers a state dict
+        leaves out, such as rotary inv_freq, included)."""
         local = dict(zip(self.param_names, self.local_params, strict=True))
         local.update(
             (n, owner._buffers[attr])
             for n, (owner, attr) in zip(self.buffer_names, self._buffer_slots, strict=True)
         )
+        return local
+
+    def _stored_tensors(self) -> Iterator[tuple[str, torch.Tensor, Layout]]:
+        specs = self._specs()
+        local = self._local_tensors()
         seen = set()
         for _, name in self.state_keys:
             if name not in seen:
@@ -879,12 +885,7 @@ class ShardedModule(RefusesDDP, GeneratesOnGatheredCopy, nn.Module):
         return program
 
     def _generation_parts(self) -> tuple[nn.Module | None, Any, list[torch.Tensor], Any, str]:
-        # Every block, the buffers a state dict leaves out included (rotary inv_freq).
-        local = dict(zip(self.param_names, self.local_params, strict=True))
-        local.update(
-            (n, owner._buffers[attr])
-            for n, (owner, attr) in zip(self.buffer_names, self._buffer_slots, strict=True)
-        )
+        local = self._local_tensors()
         specs = self._specs()
 
         def whole() -> dict[str, torch.Tensor]:
