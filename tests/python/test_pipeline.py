@@ -8,6 +8,7 @@ from pathlib import Path
 import dist_workers
 import pytest
 import torch
+import torch.fx as fx
 
 import torch_plugin
 from torch_plugin import models
@@ -345,3 +346,48 @@ def test_eval_keeps_batch_statistics_without_running_ones_and_turns_fused_dropou
     assert torch.equal(fused(x), x * 2)
     assert "randn_like" in caplog.text and "stage S2" in caplog.text
     assert "stage S1" not in caplog.text
+
+
+def _aten_graph(fn):  # noqa: ANN001, ANN202
+    return fx.symbolic_trace(fn).graph
+
+
+def test_autocast_twins_see_through_casts_and_name_a_difference() -> None:
+    """A step under another autocast state matches its graph to the plan's: an op to the op of
+    its name whose inputs are the same once casts are seen through; the casts autocast added
+    are left to join the stage of the op they feed (pull). A graph that differs beyond casts
+    is refused, naming the node and the fix."""
+    from torch_plugin.pipeline import autocast
+
+    aten = torch.ops.aten
+
+    def plan(x, w):  # noqa: ANN001, ANN202
+        return aten.relu.default(aten.mm.default(x, w))
+
+    def cast(x, w):  # noqa: ANN001, ANN202
+        bf = torch.bfloat16
+        mm = aten.mm.default(aten._to_copy.default(x, dtype=bf), aten._to_copy.default(w, dtype=bf))
+        return aten.relu.default(mm)
+
+    def other(x, w):  # noqa: ANN001, ANN202
+        return aten.relu.default(aten.mm.default(w, x))
+
+    new, planned = _aten_graph(cast), _aten_graph(plan)
+    twins = autocast.twins(planned, new, "under autocast")
+    # Every plan node to the node of its name; the two casts belong to no plan node.
+    assert {k: v.name for k, v in twins.items()} == {n.name: n.name for n in planned.nodes}
+    casts = [n for n in new.nodes if n.target is aten._to_copy.default]
+    assert len(casts) == 2 and not set(casts) & set(twins.values())
+    by_target = {n.target: n for n in new.nodes}
+    # The stage holding mm pulls both casts in after its inputs.
+    g = fx.Graph()
+    env = {n: g.placeholder(n.name) for n in new.nodes if n.op == "placeholder"}
+    mm = by_target[aten.mm.default]
+    copied = g.node_copy(mm, lambda a: autocast.pull(a, g, env, "stage S0"))
+    assert [a.target for a in copied.args] == [aten._to_copy.default] * 2
+    with pytest.raises(RuntimeError, match="neither computed in the stage"):
+        autocast.pull(by_target[aten.relu.default].args[0], fx.Graph(), {}, "stage S1")
+    with pytest.raises(
+        RuntimeError, match=r"at node 'mm_default'.*inputs differ.*same torch.autocast"
+    ):
+        autocast.twins(_aten_graph(plan), _aten_graph(other), "under autocast")
