@@ -480,6 +480,9 @@ def _replace_frozen(
         base = opts.placement or PlacementOptions()
         opts = dataclasses.replace(opts, placement=dataclasses.replace(base, freeze=False))
     placed = rewrite_aten_graph(fx_g, opts, "inference", kinds if args else None, manager, args)
+    from .placement import known_graphs
+
+    known_graphs.release(placed)
     return _boxed(placed, args or [])
 
 
@@ -509,6 +512,12 @@ def torch_plugin_backend(
     # The training forward's outputs on the real example inputs (its eager reference run), by
     # node name: its backward's search runs on the activations they save, not on random ones.
     forward_values: dict[str, Any] = {}
+    # A default compile's inference graph seen before: its saved model, without AOTAutograd.
+    known_key = None
+    if opts.auto and manager is None and not _CALL_RECORDERS:
+        from .placement import known_graphs
+
+        known_key = known_graphs.structure_key(gm, example_inputs, input_kinds, opts)
 
     def forward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
@@ -533,6 +542,7 @@ def torch_plugin_backend(
         real = list(example_inputs) if n_inputs == len(example_inputs) else None
         with collect_stats() as stats:
             placed = rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real)
+        _remember(known_key, placed, real, kinds, opts, stats)
         fn = _boxed(placed, inputs)
         if (
             (opts.auto or opts.runs("placement"))
@@ -552,14 +562,85 @@ def torch_plugin_backend(
         placed = rewrite_aten_graph(fx_g, opts, "backward", None, manager, real)
         return _boxed(placed, inputs)
 
-    # Same configuration as torch's aot_eager, so the identity path is bit-identical to it.
-    return aot_autograd(
-        fw_compiler=forward_compiler,
-        bw_compiler=backward_compiler,
-        inference_compiler=inference_compiler,
-        partition_fn=min_cut_rematerialization_partition,
-        keep_inference_input_mutations=True,
-    )(gm, example_inputs)
+    def usual(args: Sequence[Any]) -> Any:
+        # Same configuration as torch's aot_eager, so the identity path is bit-identical to it.
+        return aot_autograd(
+            fw_compiler=forward_compiler,
+            bw_compiler=backward_compiler,
+            inference_compiler=inference_compiler,
+            partition_fn=min_cut_rematerialization_partition,
+            keep_inference_input_mutations=True,
+        )(gm, args)
+
+    if known_key is not None:
+        known = _recall(known_key, example_inputs, input_kinds, opts, usual)
+        if known is not None:
+            return known
+    return usual(example_inputs)
+
+
+def _cache_path(opts: Options) -> str | None:
+    return opts.placement.cache_path if opts.placement is not None else None
+
+
+def _remember(
+    key: str | None,
+    placed: fx.GraphModule,
+    real: Sequence[Any] | None,
+    kinds: Sequence[tuple[str, str]] | None,
+    opts: Options,
+    stats: list[dict[str, Any]],
+) -> None:
+    """Keeps a placed inference graph for known_graphs.recall where it may serve a later
+    compile of the same Dynamo graph; lets go of the models its groups held for it either way."""
+    from .placement import known_graphs
+
+    models = known_graphs.release(placed)
+    if key is None or real is None or kinds is None or not models:
+        return
+    record = stats[0] if stats else {}
+    if not record.get("frozen") or not known_graphs.simple_convention():
+        return
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        known_graphs.remember(
+            key, placed, models, real, kinds, _cache_path(opts), record.get("summary", "")
+        )
+
+
+def _recall(
+    key: str,
+    example_inputs: Sequence[Any],
+    kinds: Sequence[tuple[str, str]],
+    opts: Options,
+    usual: Any,
+) -> Any:
+    """A known inference graph from its saved model (known_graphs.py), recorded as placed
+    graphs are; None where there is none."""
+    from .placement import known_graphs
+    from .placement.result import PlacementResult
+
+    fn = known_graphs.recall(key, example_inputs, kinds, _cache_path(opts), usual)
+    if fn is None:
+        return None
+    result = PlacementResult(
+        groups=[],
+        dp_cost_s=0.0,
+        dp_exact=True,
+        dp_states=0,
+        kind="inference",
+        whole_graph={"pick": fn.backend, "cached": True, "known_graph": fn.summary, "trials": []},
+        search_s=fn.search_s,
+        frozen=len(known_graphs.frozen_indices(kinds)),
+    )
+    summary = result.summary()
+    log.info("torch_plugin: %s", summary)
+    for sink in _PLACEMENT_SINKS:
+        sink.append(result)
+    for sink in _STATS_SINKS:
+        sink.append({"kind": "inference", "summary": summary, "frozen": result.frozen})
+    return fn
 
 
 def _values_by_name(fx_g: fx.GraphModule, outputs: Sequence[Any]) -> dict[str, Any]:

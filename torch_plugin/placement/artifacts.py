@@ -75,11 +75,11 @@ def load(directory: str | None, key: str, suffix: str) -> bytes | None:
         return None
 
 
-def store(directory: str | None, key: str, suffix: str, data: bytes) -> None:
+def store(directory: str | None, key: str, suffix: str, data: bytes) -> bool:
     """Writes atomically (a temporary file renamed), then trims the directory to MAX_BYTES.
-    A failure to write is logged and ignored: the artifact is only a shortcut."""
+    A failure to write is logged and ignored (False): the artifact is only a shortcut."""
     if directory is None or len(data) > MAX_BYTES // 2:
-        return
+        return False
     try:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".part")
@@ -89,6 +89,8 @@ def store(directory: str | None, key: str, suffix: str, data: bytes) -> None:
         _trim(directory)
     except OSError as e:
         log.info("torch_plugin placement: could not keep an artifact in %s (%s)", directory, e)
+        return False
+    return True
 
 
 def _trim(directory: str) -> None:

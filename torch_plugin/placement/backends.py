@@ -497,6 +497,18 @@ class OpenVINOBackend(_NumpyBackend):
                 if any(symbolic):  # a trace fixes the sizes it is shown
                     raise
                 model = ov.convert_model(gm, example_input=tuple(inputs))
+        run = self.runner(model, keep if len(keep) != len(symbolic) else None)
+        if rule == "graph":
+            # A whole graph's model, for known_graphs.py to save where it is the pick; taken off
+            # the callable either way, so that the model does not live as long as it does.
+            run.ir = {"model": model, "compute": self.compute}  # type: ignore[attr-defined]
+        return run
+
+    def runner(self, model: Any, keep: Sequence[int] | None = None) -> Compiled:
+        """The converted (or read back) `model` compiled, as a callable on torch tensors;
+        `keep`: the arguments it takes (the others are sizes it reads off tensors' shapes)."""
+        import openvino as ov
+
         # f32 unless the precision option allows bf16: OpenVINO would otherwise pick bf16 on
         # CPUs that have it.
         compiled = ov.Core().compile_model(
@@ -511,7 +523,7 @@ class OpenVINOBackend(_NumpyBackend):
         request = compiled.create_infer_request()
         outputs = list(compiled.outputs)
         preset = [(i, OutputBuffers(shape, dtype)) for i, shape, dtype in _preset_outputs(outputs)]
-        dropped = len(keep) != len(symbolic)
+        dropped = keep is not None
         # Inputs are handed to the request as tensors on their own memory where they already
         # are what it takes (its dtype, C-contiguous, not 0-d), and outputs read off its
         # tensors: infer(list)'s conversion of its arguments and its result dict cost a
@@ -859,11 +871,20 @@ class OnnxRuntimeBackend(_NumpyBackend):
     artifacts: str | None = None
 
     def compile(self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str) -> Compiled:
-        import onnxruntime as ort
-
         self._check_inputs(inputs)
         self.last_from_cache = False
-        model = self._exported(gm, inputs, rule)
+        model, key = self._exported(gm, inputs, rule)
+        names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        run = self.runner(model, rule, names)
+        if key is not None:  # kept beside the profile cache: known_graphs.py may name it
+            run.ir = {"artifact": key, "names": names}  # type: ignore[attr-defined]
+        return run
+
+    def runner(self, model: bytes | str, rule: str, placeholders: Sequence[str]) -> Compiled:
+        """A session of the ONNX `model` (bytes, or the path of an export past 2 GB, removed
+        once loaded) as a callable on torch tensors; `placeholders`: its graph's inputs."""
+        import onnxruntime as ort
+
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         # Share the cores with torch's own thread pool: as many threads as torch uses. Op-level
@@ -892,12 +913,11 @@ class OnnxRuntimeBackend(_NumpyBackend):
             if isinstance(model, str):  # loaded: the exported files are not needed any more
                 shutil.rmtree(os.path.dirname(model), ignore_errors=True)
         names = [i.name for i in session.get_inputs()]
-        if len(names) != len(inputs):
+        if len(names) != len(placeholders):
             # The exporter drops inputs the graph does not read; keep the ones it kept.
-            placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-            keep = [placeholders.index(n) for n in names]
+            keep = [list(placeholders).index(n) for n in names]
         else:
-            keep = list(range(len(inputs)))
+            keep = list(range(len(placeholders)))
 
         feeds = list(zip(names, keep, strict=False))
 
@@ -911,10 +931,11 @@ class OnnxRuntimeBackend(_NumpyBackend):
 
     def _exported(
         self, gm: fx.GraphModule, inputs: Sequence[torch.Tensor], rule: str
-    ) -> bytes | str:
-        """The ONNX model of `gm`; a whole graph's from the artifacts beside the profile cache
-        when it was exported before (artifacts.py), exported and kept otherwise. A model past
-        protobuf's 2 GB is a file path instead (_export_onnx), not kept."""
+    ) -> tuple[bytes | str, str | None]:
+        """The ONNX model of `gm` and its key among the artifacts (None: not kept); a whole
+        graph's from the artifacts beside the profile cache when it was exported before
+        (artifacts.py), exported and kept otherwise. A model past protobuf's 2 GB is a file
+        path instead (_export_onnx), not kept."""
         from torch._guards import tracing
 
         from . import artifacts
@@ -928,7 +949,7 @@ class OnnxRuntimeBackend(_NumpyBackend):
             cached = artifacts.load(self.artifacts, key, ".onnx")
             self.last_from_cache = cached is not None
             if cached is not None:
-                return cached
+                return cached, key
         # torch.export runs Dynamo; outside the enclosing frame's tracing context, or its
         # guards leak into (and break) the user's compiled frame.
         with (
@@ -940,8 +961,9 @@ class OnnxRuntimeBackend(_NumpyBackend):
             warnings.simplefilter("ignore")
             model = _export_onnx(gm, tuple(inputs))
         if key is not None and isinstance(model, bytes):
-            artifacts.store(self.artifacts, key, ".onnx", model)
-        return model
+            if artifacts.store(self.artifacts, key, ".onnx", model):
+                return model, key
+        return model, None
 
 
 # The exporter's own loggers: onnxscript's optimiser and onnx_ir's passes log each initializer

@@ -69,6 +69,11 @@ class PlacementResult:
     def summary(self) -> str:
         """One line: what runs this graph, against what, and why."""
         w = self.whole_graph
+        if w is not None and w.get("known_graph"):  # known_graphs.recall: what placed it then
+            return (
+                f"{w['known_graph']}; now from its saved model before AOTAutograd in "
+                f"{self.search_s:.1f} s (known graph)"
+            )
         if w is None:
             counts = ", ".join(f"{k} {v}" for k, v in self.backend_counts().items())
             return (

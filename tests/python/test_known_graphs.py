@@ -1,0 +1,154 @@
+"""A default compile's inference graph seen before, from its saved model without AOTAutograd
+(placement/known_graphs.py). Timings are stubbed (`fixed_profile`): OpenVINO is the pick on any
+machine; every output is compared with eager's."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from torch_plugin.backend import collect_stats
+from torch_plugin.models import hf_suite, output_tensors
+from torch_plugin.placement import backends as placement_backends
+from torch_plugin.placement import known_graphs
+
+pytest.importorskip("openvino")
+
+
+def _opts(tmp_path: Any, backend: str = "openvino") -> dict[str, Any]:
+    placement = {
+        "cache_path": str(tmp_path / "profile.db"),
+        "samples": 1,
+        "budget_factor": 100.0,
+        "allow_refine": False,
+        "backends": ["aten", backend],
+    }
+    return {"placement": placement}
+
+
+def _vit() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    model, inputs = hf_suite.build("vit", batch=2)
+    return model.eval(), {"pixel_values": inputs["pixel_values"]}
+
+
+def _close(got: Any, want: Any, tol: float = 1e-4) -> None:
+    for a, b in zip(output_tensors(got), output_tensors(want), strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(1.0, float(b.abs().max())))
+
+
+class _Counted:
+    """Counts AOTAutograd's traces, OpenVINO's conversions and ONNX exports of ATen graphs."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        import torch._dynamo.backends.common as common
+
+        self.aot = 0
+        self.converted = 0
+        aot, convert = common.aot_module_simplified, placement_backends.OpenVINOBackend._convert_fx
+        export = placement_backends.OnnxRuntimeBackend._exported
+
+        def traced(*a: Any, **k: Any) -> Any:
+            self.aot += 1
+            return aot(*a, **k)
+
+        def converted(gm: Any, inputs: Any) -> Any:
+            self.converted += 1
+            return convert(gm, inputs)
+
+        def exported(backend: Any, gm: Any, inputs: Any, rule: str) -> Any:
+            self.converted += 1
+            return export(backend, gm, inputs, rule)
+
+        monkeypatch.setattr(common, "aot_module_simplified", traced)
+        monkeypatch.setattr(
+            placement_backends.OpenVINOBackend, "_convert_fx", staticmethod(converted)
+        )
+        monkeypatch.setattr(placement_backends.OnnxRuntimeBackend, "_exported", exported)
+
+
+def _compile(model: torch.nn.Module, x: dict[str, torch.Tensor], opts: dict[str, Any]) -> Any:
+    torch._dynamo.reset()
+    return torch.compile(model, backend="torch_plugin", options=opts)
+
+
+@pytest.mark.parametrize("backend", ["openvino", "onnxruntime"])
+def test_a_warm_compile_of_a_known_graph_skips_aotautograd_and_the_conversion(
+    tmp_path, fixed_profile, monkeypatch, backend
+) -> None:
+    pytest.importorskip(backend)
+    fixed_profile({backend: 1e-5})
+    model, x = _vit()
+    opts = _opts(tmp_path, backend)
+    with torch.no_grad():
+        want = model(**x)
+        with collect_stats() as stats:
+            _close(_compile(model, x, opts)(**x), want)
+    assert f": {backend} (" in stats[0]["summary"]
+    assert "(known graph)" not in stats[0]["summary"]
+    counted = _Counted(monkeypatch)
+    with torch.no_grad(), collect_stats() as stats:
+        f = _compile(model, x, opts)
+        _close(f(**x), want)
+        _close(f(**x), want)
+    (record,) = stats
+    assert record["summary"].endswith("(known graph)"), record["summary"]
+    assert f": {backend} (" in record["summary"]
+    assert counted.aot == 0 and counted.converted == 0
+
+
+def test_a_known_graph_whose_weights_change_compiles_the_usual_way(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """Weights changed in place after a known graph's compile: the next call compiles the usual
+    way, with the new weights (eager's outputs); so do other weights at the compile."""
+    fixed_profile({"openvino": 1e-5})
+    model, x = _vit()
+    opts = _opts(tmp_path)
+    with torch.no_grad():
+        _compile(model, x, opts)(**x)
+        counted = _Counted(monkeypatch)
+        f = _compile(model, x, opts)
+        _close(f(**x), model(**x))
+        assert counted.aot == 0
+        model.classifier.weight.mul_(-2.0)
+        _close(f(**x), model(**x))
+        assert counted.aot == 1 and counted.converted == 1
+        _close(f(**x), model(**x))
+        assert counted.aot == 1
+        other = copy.deepcopy(model)
+        other.classifier.bias.add_(1.0)
+        with collect_stats() as stats:
+            _close(_compile(other, x, opts)(**x), other(**x))
+        assert "(known graph)" not in stats[0]["summary"] and counted.aot == 2
+
+
+def test_a_graph_is_not_known_where_the_call_differs(tmp_path) -> None:
+    """No key for a call that needs gradients, a fake or size argument, a graph holding a
+    tensor of its own; the key tells input layouts, options and autocast apart."""
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    g.output((g.call_function(torch.add, (a, b)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    kinds = [("parameter", "w"), ("user", "x")]
+    w, x = torch.nn.Parameter(torch.randn(4)), torch.randn(4)
+    key = known_graphs.structure_key
+    with torch.no_grad():
+        base = key(gm, [w, x], kinds, "opts")
+        assert base is not None and key(gm, [w, x], kinds, "opts") == base
+        assert key(gm, [w, x.t().contiguous().view(4)], kinds, "opts") == base
+        assert key(gm, [w, x.double()], kinds, "opts") != base
+        assert key(gm, [w, x], kinds, "other opts") != base
+        assert key(gm, [w, x], [("user", ""), ("user", "x")], "opts") != base
+        with torch.autocast("cpu", torch.bfloat16):
+            assert key(gm, [w, x], kinds, "opts") != base
+        assert key(gm, [w, 4], kinds, "opts") is None
+        with torch.inference_mode():
+            made = torch.randn(4)
+        assert key(gm, [w, made], kinds, "opts") is None
+        held = torch.fx.GraphModule(torch.nn.Module(), g)
+        held.register_buffer("c", torch.ones(4))
+        assert key(held, [w, x], kinds, "opts") is None
+    assert key(gm, [w, x], kinds, "opts") is None  # w requires grad, grad mode on

@@ -1,0 +1,295 @@
+"""Inference graphs recognised before AOTAutograd: a warm or second process's compile (issue 39).
+
+A warm compile replays the cached decision, but AOTAutograd still traces Dynamo's graph to ATen
+first (bert-base: 0.85 s of a 4-5 s compile in a second process) and OpenVINO converts that ATen
+graph again (0.28 s). Where the default compile ran an inference graph as one OpenVINO or ONNX
+Runtime model with its weights frozen in, and AOTAutograd's calling convention is the plain one
+(each Dynamo input one ATen placeholder, none written, no output aliasing an input or another
+output), the model is kept beside the profile cache (OpenVINO's IR, its weights memory-mapped
+when read back; ONNX Runtime's export is kept there already) under a key of Dynamo's graph: its
+code, its inputs' layouts and kinds, the options, the autocast state and the library versions.
+The frozen weights' digest is stored with it and compared on recall. A hit compiles the kept
+model and calls it with the user's tensors; a call whose weights changed since (in place or
+replaced) compiles the usual way from then on. Anything else (another graph, other weights, a
+call that needs gradients) takes the usual path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .. import _C
+from .artifacts import _trim, artifact_dir
+from .cache import ProfileCache, machine_key
+
+log = logging.getLogger("torch_plugin")
+
+# Bump when what an entry means changes.
+VERSION = "known-graph-v1"
+
+
+def structure_key(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    kinds: Sequence[tuple[str, str]],
+    options: Any,
+) -> str | None:
+    """Dynamo's graph, its inputs and the options as a key; None where no entry may serve it:
+    an input that is not a plain CPU tensor (a size, a fake, one made under inference_mode,
+    whose version the weights guard cannot read), a graph holding tensors of its own (they
+    would be ATen inputs ahead of the user's), or a call that needs gradients."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for x in example_inputs:
+        if (
+            not isinstance(x, torch.Tensor)
+            or isinstance(x, FakeTensor)
+            or x.device.type != "cpu"
+            or x.is_inference()
+        ):
+            return None
+    if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
+        return None
+    if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
+        return None
+    if any(n.op == "get_attr" for n in gm.graph.nodes):
+        return None
+    h = hashlib.sha256()
+    h.update(VERSION.encode())
+    h.update(gm.code.encode())
+    for x, kind in zip(example_inputs, kinds, strict=True):
+        h.update(repr((tuple(x.shape), x.stride(), str(x.dtype), x.requires_grad, kind)).encode())
+    h.update(repr(options).encode())
+    autocast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    h.update(repr((autocast, torch.is_grad_enabled())).encode())
+    return h.hexdigest()
+
+
+def frozen_indices(kinds: Sequence[tuple[str, str]]) -> list[int]:
+    """The inputs frozen into an inference graph (backend.FrozenWeightsGuard's)."""
+    return [i for i, (k, _) in enumerate(kinds) if k in ("parameter", "buffer")]
+
+
+def weights_digest(example_inputs: Sequence[Any], frozen: Sequence[int]) -> str:
+    from .whole_graph import _weights_digest
+
+    tensors = {f"{i:06d}": example_inputs[i] for i in frozen}
+    return _weights_digest(fx.GraphModule({}, fx.Graph()), tensors)
+
+
+def _paths(cache_path: str | None, key: str) -> tuple[str, str] | None:
+    directory = artifact_dir(cache_path)
+    if directory is None:
+        return None
+    return directory, os.path.join(directory, f"{key}.xml")
+
+
+def _entry_key(key: str) -> str:
+    versions = {m: _version(m) for m in ("openvino", "onnxruntime", "onnxscript")}
+    return ProfileCache.key(
+        VERSION, key, machine_key("cpu", {"torch": torch.__version__, **versions})
+    )
+
+
+def _version(module: str) -> str:
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception:  # noqa: BLE001 - not installed, or broken: not what made an entry
+        return "absent"
+
+
+def simple_convention() -> bool:
+    """Whether AOTAutograd's inference graph being compiled calls as Dynamo's does: no input
+    written, every output a fresh tensor, no extra inputs (tokens, subclasses, rng states)."""
+    from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    if meta is None:
+        return False
+    return (
+        not any(i.mutates_data or i.mutates_metadata for i in meta.input_info)
+        and all(o.output_type == OutputType.non_alias for o in meta.output_info)
+        and meta.num_intermediate_bases == 0
+        and not meta.tokens
+        and meta.num_graphsafe_rng_states == 0
+        and all(isinstance(m, PlainTensorMeta) for m in meta.subclass_inp_meta)
+    )
+
+
+def release(placed: fx.GraphModule) -> list[dict[str, Any]]:
+    """What the placed graph's whole-graph groups hold for remember() (OpenVINO's model, ONNX
+    Runtime's artifact key), taken off them: a model kept alive with its callable would keep
+    its constants too."""
+    from .materialize import _GroupCall
+
+    taken = []
+    for mod in placed.modules():
+        if isinstance(mod, _GroupCall) and hasattr(mod.fn, "ir"):
+            taken.append({**mod.fn.ir, "backend": mod.backend})
+            del mod.fn.ir
+    return taken
+
+
+def remember(
+    key: str,
+    placed: fx.GraphModule,
+    models: list[dict[str, Any]],
+    example_inputs: Sequence[Any],
+    kinds: Sequence[tuple[str, str]],
+    cache_path: str | None,
+    summary: str,
+) -> bool:
+    """Keeps the placed graph's model (`models`, from release) under `key` where it is the
+    whole graph, its weights frozen in, its arguments user inputs only; False where it is not
+    (nothing kept)."""
+    from .materialize import _GroupCall, single_group_call
+
+    found = single_group_call(
+        placed,
+        lambda n: n.op == "call_module" and type(placed.get_submodule(str(n.target))) is _GroupCall,
+    )
+    paths = _paths(cache_path, key)
+    if found is None or len(models) != 1 or paths is None:
+        return False
+    call, index, order = found
+    group = placed.get_submodule(str(call.target))
+    frozen = frozen_indices(kinds)
+    (model,) = models
+    if group.backend != model["backend"] or set(index) & set(frozen):
+        return False
+    n_placeholders = sum(1 for n in placed.graph.nodes if n.op == "placeholder")
+    if n_placeholders != len(example_inputs):
+        return False
+    entry = {
+        "backend": group.backend,
+        "index": index,
+        "order": order,
+        "frozen": frozen,
+        "summary": summary,
+    }
+    if group.backend == "openvino":
+        if not _save_ir(model["model"], *paths):
+            return False
+        entry["compute"] = model["compute"]
+    else:  # ONNX Runtime's export, kept already
+        entry["artifact"], entry["names"] = model["artifact"], model["names"]
+    entry["digest"] = weights_digest(example_inputs, frozen)
+    cache = ProfileCache(cache_path)
+    try:
+        cache.put_decision(_entry_key(key), entry)
+    finally:
+        cache.close()
+    return True
+
+
+def _save_ir(model: Any, directory: str, xml: str) -> bool:
+    import openvino as ov
+
+    tmp = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=directory, suffix=".part")
+        ov.save_model(model, os.path.join(tmp, "m.xml"), compress_to_fp16=False)
+        # The weights first: an .xml is only ever read beside its whole .bin.
+        os.replace(os.path.join(tmp, "m.bin"), xml[:-4] + ".bin")
+        os.replace(os.path.join(tmp, "m.xml"), xml)
+        _trim(directory)
+    except Exception as e:  # noqa: BLE001 - the model is only a shortcut
+        log.info("torch_plugin placement: could not keep a model in %s (%s)", directory, e)
+        return False
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+def recall(
+    key: str,
+    example_inputs: Sequence[Any],
+    kinds: Sequence[tuple[str, str]],
+    cache_path: str | None,
+    usual: Callable[[list[Any]], Any],
+) -> Callable[..., Any] | None:
+    """The graph of `key` from its saved model, called with Dynamo's arguments; None where
+    there is none for these weights (or it cannot be read). `usual(args)`: the usual compile,
+    which runs from the first call whose weights changed since."""
+    t0 = time.perf_counter()
+    paths = _paths(cache_path, key)
+    if paths is None:
+        return None
+    try:
+        cache = ProfileCache(cache_path)
+        try:
+            entry = cache.get_decision(_entry_key(key))
+        finally:
+            cache.close()
+    except Exception as e:  # noqa: BLE001 - an unreadable cache is a cache miss
+        log.info("torch_plugin placement: known graph unreadable (%s)", e)
+        return None
+    frozen = frozen_indices(kinds)
+    if not isinstance(entry, dict) or entry.get("frozen") != frozen:
+        return None
+    if entry["digest"] != weights_digest(example_inputs, frozen):
+        return None
+    fn = _runner(entry, paths, cache_path)
+    if fn is None:
+        return None
+    index, order = entry["index"], entry["order"]
+    guard = _C.FrozenArguments(list(example_inputs), frozen)
+    state: dict[str, Any] = {}
+
+    def run(*args: Any) -> Any:
+        if "usual" in state:
+            return state["usual"](*args)
+        if guard.first_changed(list(args)) >= 0:
+            log.info(
+                "torch_plugin: a weight of a known inference graph was replaced or changed in "
+                "place; compiling it the usual way"
+            )
+            state["usual"] = usual(list(args))
+            return state["usual"](*args)
+        res = fn(*[args[i] for i in index])
+        return tuple([res[k] for k in order])
+
+    run.backend = entry["backend"]  # type: ignore[attr-defined]
+    run.search_s = time.perf_counter() - t0  # type: ignore[attr-defined]
+    run.summary = entry["summary"]  # type: ignore[attr-defined]
+    return run
+
+
+def _runner(entry: dict[str, Any], paths: tuple[str, str], cache_path: str | None) -> Any:
+    """The entry's compiled model as its backend calls it; None where it cannot be read."""
+    from . import artifacts
+    from .backends import get_backends
+
+    try:
+        name = entry["backend"]
+        (backend,) = [
+            b
+            for b in get_backends([name], entry.get("compute", "f32"), cache_path)
+            if b.name == name
+        ]
+        if name == "openvino":
+            import openvino as ov
+
+            if not os.path.exists(paths[1]):
+                return None
+            return backend.runner(ov.Core().read_model(paths[1]))
+        model = artifacts.load(paths[0], entry["artifact"], ".onnx")
+        return None if model is None else backend.runner(model, "graph", entry["names"])
+    except Exception as e:  # noqa: BLE001 - the usual compile instead
+        log.info("torch_plugin placement: known graph's kept model unusable (%s)", e)
+        return None
