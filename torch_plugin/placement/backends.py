@@ -500,7 +500,7 @@ class OpenVINOBackend(_NumpyBackend):
         run = self.runner(model, keep if len(keep) != len(symbolic) else None)
         if rule == "graph":
             # A whole graph's model, for known_graphs.py to save where it is the pick; taken off
-            # the callable either way, so that the model does not live as long as it does.
+            # the callable either way (it holds the frozen weights' memory, which it shares).
             run.ir = {"model": model, "compute": self.compute}  # type: ignore[attr-defined]
         return run
 

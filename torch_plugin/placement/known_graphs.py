@@ -131,8 +131,8 @@ def simple_convention() -> bool:
 
 def release(placed: fx.GraphModule) -> list[dict[str, Any]]:
     """What the placed graph's whole-graph groups hold for remember() (OpenVINO's model, ONNX
-    Runtime's artifact key), taken off them: a model kept alive with its callable would keep
-    its constants too."""
+    Runtime's artifact key), taken off them: OpenVINO's model shares the frozen weights' memory,
+    and kept with its callable it would keep weights the user has since replaced alive."""
     from .materialize import _GroupCall
 
     taken = []
