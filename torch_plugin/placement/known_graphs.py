@@ -17,7 +17,7 @@ call that needs gradients) takes the usual path.
 from __future__ import annotations
 
 import hashlib
-import importlib
+import importlib.metadata
 import logging
 import os
 import shutil
@@ -102,10 +102,12 @@ def _entry_key(key: str) -> str:
     )
 
 
-def _version(module: str) -> str:
+def _version(dist: str) -> str:
+    """An installed package's version, read off its metadata: importing onnxscript for it cost
+    a second process's compile about a second."""
     try:
-        return str(importlib.import_module(module).__version__)
-    except Exception:  # noqa: BLE001 - not installed, or broken: not what made an entry
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
         return "absent"
 
 
