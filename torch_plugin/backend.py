@@ -480,9 +480,7 @@ def _replace_frozen(
         base = opts.placement or PlacementOptions()
         opts = dataclasses.replace(opts, placement=dataclasses.replace(base, freeze=False))
     placed = rewrite_aten_graph(fx_g, opts, "inference", kinds if args else None, manager, args)
-    from .placement import known_graphs
-
-    known_graphs.release(placed)
+    _release_models(placed)
     return _boxed(placed, args or [])
 
 
@@ -519,12 +517,19 @@ def torch_plugin_backend(
 
         known_key = known_graphs.structure_key(gm, example_inputs, input_kinds, opts)
 
+    # The real inputs of the compile in progress: Dynamo's, or a known graph's call whose weights
+    # changed (usual() below). Not kept after a compile (a known graph's callable keeps
+    # usual(), which would keep a compile's batch and weights alive).
+    compiling: list[Sequence[Any]] = [()]
+
     def forward_compiler(fx_g: fx.GraphModule, inputs: Sequence[Any]) -> Any:
         n_inputs = sum(1 for n in fx_g.graph.nodes if n.op == "placeholder")
         kinds = input_kinds if n_inputs == len(input_kinds) else None
+        example_inputs = compiling[0]
         real = list(example_inputs) if opts.auto and n_inputs == len(example_inputs) else None
         sink: list[Any] = []
         placed = rewrite_aten_graph(fx_g, opts, "forward", kinds, manager, real, sink)
+        _release_models(placed)
         forward_values.clear()
         if sink:
             forward_values.update(_values_by_name(fx_g, sink[0]))
@@ -539,6 +544,7 @@ def torch_plugin_backend(
             # guarded as a weight.
             written = set(fx_bridge.written_inputs(fx_g))
             kinds = [("user", k[1]) if i in written else k for i, k in enumerate(kinds)]
+        example_inputs = compiling[0]
         real = list(example_inputs) if n_inputs == len(example_inputs) else None
         with collect_stats() as stats:
             placed = rewrite_aten_graph(fx_g, opts, "inference", kinds, manager, real)
@@ -560,17 +566,23 @@ def torch_plugin_backend(
         real = _backward_inputs(fx_g, forward_values) if opts.auto else None
         forward_values.clear()
         placed = rewrite_aten_graph(fx_g, opts, "backward", None, manager, real)
+        _release_models(placed)
         return _boxed(placed, inputs)
 
     def usual(args: Sequence[Any]) -> Any:
-        # Same configuration as torch's aot_eager, so the identity path is bit-identical to it.
-        return aot_autograd(
-            fw_compiler=forward_compiler,
-            bw_compiler=backward_compiler,
-            inference_compiler=inference_compiler,
-            partition_fn=min_cut_rematerialization_partition,
-            keep_inference_input_mutations=True,
-        )(gm, args)
+        compiling[0] = args
+        try:
+            # Same configuration as torch's aot_eager, so the identity path is bit-identical to
+            # it.
+            return aot_autograd(
+                fw_compiler=forward_compiler,
+                bw_compiler=backward_compiler,
+                inference_compiler=inference_compiler,
+                partition_fn=min_cut_rematerialization_partition,
+                keep_inference_input_mutations=True,
+            )(gm, args)
+        finally:
+            compiling[0] = ()
 
     if known_key is not None:
         known = _recall(known_key, example_inputs, input_kinds, opts, usual)
@@ -581,6 +593,14 @@ def torch_plugin_backend(
 
 def _cache_path(opts: Options) -> str | None:
     return opts.placement.cache_path if opts.placement is not None else None
+
+
+def _release_models(placed: fx.GraphModule) -> None:
+    """Lets go of the models a placed graph's groups hold for known_graphs.remember (only an
+    inference graph of the default compile's may be kept)."""
+    from .placement import known_graphs
+
+    known_graphs.release(placed)
 
 
 def _remember(

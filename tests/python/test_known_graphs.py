@@ -123,6 +123,37 @@ def test_a_known_graph_whose_weights_change_compiles_the_usual_way(
         with collect_stats() as stats:
             _close(_compile(other, x, opts)(**x), other(**x))
         assert "(known graph)" not in stats[0]["summary"] and counted.aot == 2
+    # Each weights' model in files of its own: an entry is never read beside another's weights.
+    assert len(list((tmp_path / "profile.artifacts").glob("*.xml"))) >= 2
+
+
+class _SetsGradMode(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.set_grad_enabled(False)
+        return self.lin(x).relu()
+
+
+def test_a_graph_that_sets_the_grad_mode_is_not_kept(tmp_path, fixed_profile) -> None:
+    """A forward that turns gradients off as a function call leaves them off after each call,
+    as eager does: AOTAutograd's wrapper sets the mode again after the call, which a kept model
+    would skip, so none is kept."""
+    fixed_profile({"openvino": 1e-5})
+    model = _SetsGradMode().requires_grad_(False)
+    x = torch.randn(4, 8)
+    opts = _opts(tmp_path)
+    for _ in range(2):
+        f = _compile(model, {}, opts)
+        with torch.enable_grad(), collect_stats() as stats:
+            got = f(x)
+            assert not torch.is_grad_enabled()
+        assert "(known graph)" not in stats[0]["summary"]
+        with torch.no_grad():
+            _close(got, model(x))
+    assert not list((tmp_path / "profile.artifacts").glob("*.xml"))
 
 
 def test_a_graph_is_not_known_where_the_call_differs(tmp_path) -> None:
@@ -144,6 +175,12 @@ def test_a_graph_is_not_known_where_the_call_differs(tmp_path) -> None:
         assert key(gm, [w, x], [("user", ""), ("user", "x")], "opts") != base
         with torch.autocast("cpu", torch.bfloat16):
             assert key(gm, [w, x], kinds, "opts") != base
+        default = torch.get_default_dtype()
+        try:
+            torch.set_default_dtype(torch.float64)
+            assert key(gm, [w, x], kinds, "opts") != base  # torch.ones(3) in the code
+        finally:
+            torch.set_default_dtype(default)
         assert key(gm, [w, 4], kinds, "opts") is None
         with torch.inference_mode():
             made = torch.randn(4)
@@ -151,4 +188,27 @@ def test_a_graph_is_not_known_where_the_call_differs(tmp_path) -> None:
         held = torch.fx.GraphModule(torch.nn.Module(), g)
         held.register_buffer("c", torch.ones(4))
         assert key(held, [w, x], kinds, "opts") is None
+        # A module's attributes (LeakyReLU's slope) are not in the graph's code.
+        g2 = torch.fx.Graph()
+        a2 = g2.placeholder("a")
+        g2.placeholder("b")
+        g2.output((g2.call_module("act", (a2,)),))
+        root = torch.nn.Module()
+        root.act = torch.nn.LeakyReLU(0.1)
+        assert key(torch.fx.GraphModule(root, g2), [w, x], kinds, "opts") is None
+        # Symbolic sizes (a dynamic graph).
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import (
+            DimDynamic,
+            ShapeEnv,
+            StatelessSymbolicContext,
+        )
+
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC])
+        sym = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(x, symbolic_context=context)
+        dynamic = torch.fx.GraphModule(torch.nn.Module(), copy.deepcopy(g))
+        for n in dynamic.graph.nodes:
+            if n.op == "placeholder":
+                n.meta["example_value"] = sym
+        assert key(dynamic, [w, x], kinds, "opts") is None
     assert key(gm, [w, x], kinds, "opts") is None  # w requires grad, grad mode on

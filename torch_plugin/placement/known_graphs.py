@@ -16,6 +16,7 @@ call that needs gradients) takes the usual path.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -30,7 +31,7 @@ import torch
 import torch.fx as fx
 
 from .. import _C
-from .artifacts import _trim, artifact_dir
+from .artifacts import MAX_BYTES, _trim, artifact_dir
 from .cache import ProfileCache, machine_key
 
 log = logging.getLogger("torch_plugin")
@@ -48,7 +49,8 @@ def structure_key(
     """Dynamo's graph, its inputs and the options as a key; None where no entry may serve it:
     an input that is not a plain CPU tensor (a size, a fake, one made under inference_mode,
     whose version the weights guard cannot read), a graph holding tensors of its own (they
-    would be ATen inputs ahead of the user's), or a call that needs gradients."""
+    would be ATen inputs ahead of the user's) or modules (their attributes are not in its
+    code), symbolic sizes, or a call that needs gradients."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     for x in example_inputs:
@@ -63,17 +65,44 @@ def structure_key(
         return None
     if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
         return None
-    if any(n.op == "get_attr" for n in gm.graph.nodes):
-        return None
+    for n in gm.graph.nodes:
+        if n.op in ("get_attr", "call_module"):
+            return None
+        val = n.meta.get("example_value") if n.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and any(
+            isinstance(d, torch.SymInt) for d in (*val.shape, *val.stride())
+        ):
+            return None
     h = hashlib.sha256()
     h.update(VERSION.encode())
+    h.update(_own_code())
     h.update(gm.code.encode())
     for x, kind in zip(example_inputs, kinds, strict=True):
         h.update(repr((tuple(x.shape), x.stride(), str(x.dtype), x.requires_grad, kind)).encode())
     h.update(repr(options).encode())
     autocast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
-    h.update(repr((autocast, torch.is_grad_enabled())).encode())
+    h.update(repr((autocast, torch.is_grad_enabled(), torch.get_default_dtype())).encode())
     return h.hexdigest()
+
+
+@functools.cache
+def _own_code() -> bytes:
+    """A digest of torch_plugin's own code (its Python sources, its extension's build): what
+    makes the ATen graph and the model from Dynamo's graph, which an entry's key is. Each
+    upgrade, and each rebuild, starts afresh."""
+    import torch_plugin
+
+    h = hashlib.sha256()
+    root = os.path.dirname(torch_plugin.__file__)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    h.update(name.encode() + f.read())
+    st = os.stat(_C.__file__)
+    h.update(repr((st.st_size, st.st_mtime_ns)).encode())
+    return h.digest()
 
 
 def frozen_indices(kinds: Sequence[tuple[str, str]]) -> list[int]:
@@ -86,13 +115,6 @@ def weights_digest(example_inputs: Sequence[Any], frozen: Sequence[int]) -> str:
 
     tensors = {f"{i:06d}": example_inputs[i] for i in frozen}
     return _weights_digest(fx.GraphModule({}, fx.Graph()), tensors)
-
-
-def _paths(cache_path: str | None, key: str) -> tuple[str, str] | None:
-    directory = artifact_dir(cache_path)
-    if directory is None:
-        return None
-    return directory, os.path.join(directory, f"{key}.xml")
 
 
 def _entry_key(key: str) -> str:
@@ -127,6 +149,9 @@ def simple_convention() -> bool:
         and meta.num_intermediate_bases == 0
         and not meta.tokens
         and meta.num_graphsafe_rng_states == 0
+        # A graph that sets the grad mode (torch.set_grad_enabled called as a function):
+        # AOTAutograd's wrapper sets it again after each call.
+        and meta.grad_enabled_mutation is None
         and all(isinstance(m, PlainTensorMeta) for m in meta.subclass_inp_meta)
     )
 
@@ -163,8 +188,8 @@ def remember(
         placed,
         lambda n: n.op == "call_module" and type(placed.get_submodule(str(n.target))) is _GroupCall,
     )
-    paths = _paths(cache_path, key)
-    if found is None or len(models) != 1 or paths is None:
+    directory = artifact_dir(cache_path)
+    if found is None or len(models) != 1 or directory is None:
         return False
     call, index, order = found
     group = placed.get_submodule(str(call.target))
@@ -182,13 +207,17 @@ def remember(
         "frozen": frozen,
         "summary": summary,
     }
+    entry["digest"] = weights_digest(example_inputs, frozen)
     if group.backend == "openvino":
-        if not _save_ir(model["model"], *paths):
+        # Named by the weights too: the files of one graph on other weights are other files,
+        # so no entry is ever read beside another's weights (two processes, a failed write).
+        entry["artifact"] = f"{key[:32]}-{entry['digest'][:32]}"
+        weights = sum(example_inputs[i].nbytes for i in frozen)
+        if weights > MAX_BYTES // 2 or not _save_ir(model["model"], directory, entry["artifact"]):
             return False
         entry["compute"] = model["compute"]
-    else:  # ONNX Runtime's export, kept already
+    else:  # ONNX Runtime's export, kept already (named by its weights' bytes)
         entry["artifact"], entry["names"] = model["artifact"], model["names"]
-    entry["digest"] = weights_digest(example_inputs, frozen)
     cache = ProfileCache(cache_path)
     try:
         cache.put_decision(_entry_key(key), entry)
@@ -197,7 +226,7 @@ def remember(
     return True
 
 
-def _save_ir(model: Any, directory: str, xml: str) -> bool:
+def _save_ir(model: Any, directory: str, name: str) -> bool:
     import openvino as ov
 
     tmp = None
@@ -206,8 +235,9 @@ def _save_ir(model: Any, directory: str, xml: str) -> bool:
         tmp = tempfile.mkdtemp(dir=directory, suffix=".part")
         ov.save_model(model, os.path.join(tmp, "m.xml"), compress_to_fp16=False)
         # The weights first: an .xml is only ever read beside its whole .bin.
-        os.replace(os.path.join(tmp, "m.bin"), xml[:-4] + ".bin")
-        os.replace(os.path.join(tmp, "m.xml"), xml)
+        os.replace(os.path.join(tmp, "m.bin"), os.path.join(directory, name + ".bin"))
+        os.replace(os.path.join(tmp, "m.xml"), os.path.join(directory, name + ".xml"))
+        _touch(directory, name)
         _trim(directory)
     except Exception as e:  # noqa: BLE001 - the model is only a shortcut
         log.info("torch_plugin placement: could not keep a model in %s (%s)", directory, e)
@@ -216,6 +246,14 @@ def _save_ir(model: Any, directory: str, xml: str) -> bool:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return True
+
+
+def _touch(directory: str, name: str) -> None:
+    """Both files of an IR used now, at one time: the least recently used go first (_trim),
+    and a pair goes together."""
+    now = time.time()
+    for suffix in (".xml", ".bin"):
+        os.utime(os.path.join(directory, name + suffix), (now, now))
 
 
 def recall(
@@ -229,8 +267,8 @@ def recall(
     there is none for these weights (or it cannot be read). `usual(args)`: the usual compile,
     which runs from the first call whose weights changed since."""
     t0 = time.perf_counter()
-    paths = _paths(cache_path, key)
-    if paths is None:
+    directory = artifact_dir(cache_path)
+    if directory is None:
         return None
     try:
         cache = ProfileCache(cache_path)
@@ -246,7 +284,7 @@ def recall(
         return None
     if entry["digest"] != weights_digest(example_inputs, frozen):
         return None
-    fn = _runner(entry, paths, cache_path)
+    fn = _runner(entry, directory, cache_path)
     if fn is None:
         return None
     index, order = entry["index"], entry["order"]
@@ -272,7 +310,7 @@ def recall(
     return run
 
 
-def _runner(entry: dict[str, Any], paths: tuple[str, str], cache_path: str | None) -> Any:
+def _runner(entry: dict[str, Any], directory: str, cache_path: str | None) -> Any:
     """The entry's compiled model as its backend calls it; None where it cannot be read."""
     from . import artifacts
     from .backends import get_backends
@@ -287,10 +325,12 @@ def _runner(entry: dict[str, Any], paths: tuple[str, str], cache_path: str | Non
         if name == "openvino":
             import openvino as ov
 
-            if not os.path.exists(paths[1]):
+            xml = os.path.join(directory, entry["artifact"] + ".xml")
+            if not os.path.exists(xml):
                 return None
-            return backend.runner(ov.Core().read_model(paths[1]))
-        model = artifacts.load(paths[0], entry["artifact"], ".onnx")
+            _touch(directory, entry["artifact"])
+            return backend.runner(ov.Core().read_model(xml))
+        model = artifacts.load(directory, entry["artifact"], ".onnx")
         return None if model is None else backend.runner(model, "graph", entry["names"])
     except Exception as e:  # noqa: BLE001 - the usual compile instead
         log.info("torch_plugin placement: known graph's kept model unusable (%s)", e)
