@@ -8,10 +8,11 @@ import copy
 from typing import Any
 
 import pytest
+import test_default_compile as default_compile
 import torch
+from test_default_compile import _close, _vit
 
 from torch_plugin.backend import collect_stats
-from torch_plugin.models import hf_suite, output_tensors
 from torch_plugin.placement import backends as placement_backends
 from torch_plugin.placement import known_graphs
 
@@ -19,24 +20,7 @@ pytest.importorskip("openvino")
 
 
 def _opts(tmp_path: Any, backend: str = "openvino") -> dict[str, Any]:
-    placement = {
-        "cache_path": str(tmp_path / "profile.db"),
-        "samples": 1,
-        "budget_factor": 100.0,
-        "allow_refine": False,
-        "backends": ["aten", backend],
-    }
-    return {"placement": placement}
-
-
-def _vit() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    model, inputs = hf_suite.build("vit", batch=2)
-    return model.eval(), {"pixel_values": inputs["pixel_values"]}
-
-
-def _close(got: Any, want: Any, tol: float = 1e-4) -> None:
-    for a, b in zip(output_tensors(got), output_tensors(want), strict=True):
-        torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(1.0, float(b.abs().max())))
+    return default_compile._opts(tmp_path, backends=["aten", backend])
 
 
 class _Counted:
