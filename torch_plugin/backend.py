@@ -513,9 +513,9 @@ def torch_plugin_backend(
     # A default compile's inference graph seen before: its saved model, without AOTAutograd.
     known_key = None
     if opts.auto and manager is None and not _CALL_RECORDERS:
-        from .placement import known_graphs
+        from .placement.known_graphs import structure_key
 
-        known_key = known_graphs.structure_key(gm, example_inputs, input_kinds, opts)
+        known_key = structure_key(gm, example_inputs, input_kinds, opts)
 
     # The real inputs of the compile in progress: Dynamo's, or a known graph's call whose weights
     # changed (usual() below). Not kept after a compile (a known graph's callable keeps
@@ -598,9 +598,9 @@ def _cache_path(opts: Options) -> str | None:
 def _release_models(placed: fx.GraphModule) -> None:
     """Lets go of the models a placed graph's groups hold for known_graphs.remember (only an
     inference graph of the default compile's may be kept)."""
-    from .placement import known_graphs
+    from .placement.known_graphs import release
 
-    known_graphs.release(placed)
+    release(placed)
 
 
 def _remember(
@@ -613,20 +613,18 @@ def _remember(
 ) -> None:
     """Keeps a placed inference graph for known_graphs.recall where it may serve a later
     compile of the same Dynamo graph; lets go of the models its groups held for it either way."""
-    from .placement import known_graphs
+    from .placement.known_graphs import release, remember, simple_convention
 
-    models = known_graphs.release(placed)
+    models = release(placed)
     if key is None or real is None or kinds is None or not models:
         return
     record = stats[0] if stats else {}
-    if not record.get("frozen") or not known_graphs.simple_convention():
+    if not record.get("frozen") or not simple_convention():
         return
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
-        known_graphs.remember(
-            key, placed, models, real, kinds, _cache_path(opts), record.get("summary", "")
-        )
+        remember(key, placed, models, real, kinds, _cache_path(opts), record.get("summary", ""))
 
 
 def _recall(
@@ -638,10 +636,10 @@ def _recall(
 ) -> Any:
     """A known inference graph from its saved model (known_graphs.py), recorded as placed
     graphs are; None where there is none."""
-    from .placement import known_graphs
+    from .placement.known_graphs import frozen_indices, recall
     from .placement.result import PlacementResult
 
-    fn = known_graphs.recall(key, example_inputs, kinds, _cache_path(opts), usual)
+    fn = recall(key, example_inputs, kinds, _cache_path(opts), usual)
     if fn is None:
         return None
     result = PlacementResult(
@@ -652,7 +650,7 @@ def _recall(
         kind="inference",
         whole_graph={"pick": fn.backend, "cached": True, "known_graph": fn.summary, "trials": []},
         search_s=fn.search_s,
-        frozen=len(known_graphs.frozen_indices(kinds)),
+        frozen=len(frozen_indices(kinds)),
     )
     summary = result.summary()
     log.info("torch_plugin: %s", summary)
