@@ -171,6 +171,31 @@ def test_lowering_casts_matmuls_and_folds_the_weight_casts() -> None:
     assert fold_constants(low) == 0  # nothing left to fold
 
 
+def test_lowering_casts_convolutions_which_autocast_leaves_in_f32() -> None:
+    """aten.convolution, what conv2d lowers to in an AOT graph, is not on autocast's list: the
+    lowering casts it as autocast casts conv2d (ResNet-50's convolutions ran in f32 under the
+    bf16 option otherwise), its weight's cast folded."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3)
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(1, 3, 10, 10)
+    args = (x, g.get_attr("w"), g.get_attr("b"), [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    out = g.call_function(torch.ops.aten.convolution.default, args)
+    out.meta["val"] = torch.empty(1, 8, 8, 8)
+    g.output((out,))
+    gm = torch.fx.GraphModule({"w": conv.weight.detach(), "b": conv.bias.detach()}, g)
+    inp = torch.randn(1, 3, 10, 10)
+    low = lower_precision_graph(gm, [inp], "bf16")
+    (node,) = [n for n in low.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert node.meta["val"].dtype == torch.bfloat16, low.code
+    assert all(a.meta["val"].dtype == torch.bfloat16 for a in node.all_input_nodes), low.code
+    assert [n.op for n in node.all_input_nodes[1:]] == ["get_attr", "get_attr"]  # folded
+    (got,) = low(inp)
+    assert got.dtype == torch.float32
+    assert 0 < output_error((got,), gm(inp)) <= TOLERANCE["bf16"]
+
+
 def test_large_outputs_are_cast_back_outside_the_graph() -> None:
     """An output from DEFER_CAST_MIN_BYTES on leaves the lowered graph in bf16, its cast back to
     f32 the caller's (into memory it reuses); a smaller one is cast in the graph."""
