@@ -196,6 +196,63 @@ def test_lowering_casts_convolutions_which_autocast_leaves_in_f32() -> None:
     assert 0 < output_error((got,), gm(inp)) <= TOLERANCE["bf16"]
 
 
+class _Mlp(torch.nn.Module):
+    """A transformer's MLP block on [batch, tokens, width]: layer norm, linear, GELU, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.up = torch.nn.LayerNorm(16), torch.nn.Linear(16, 64)
+        self.down = torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def test_lowering_casts_activations_before_their_views_and_writes_gelu_out_in_f32() -> None:
+    """The lowered graph has the order and form Inductor traced under autocast sees: a linear's
+    activation cast before the view that flattens it (so view, addmm, view fold into one
+    oneDNN linear), and GELU computed in f32 between two prims.convert_element_type (so it
+    fuses into that linear)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    x = torch.randn(2, 4, 16)
+    with torch.no_grad():
+        gm = make_fx(lambda x: (model(x),))(x)
+    low = lower_precision_graph(gm, [x], "bf16")
+    nodes = list(low.graph.nodes)
+    assert not [n for n in nodes if n.target is torch.ops.aten.gelu.default], low.code
+    converts = [n for n in nodes if n.target is torch.ops.prims.convert_element_type.default]
+    assert [n.args[1] for n in converts] == [torch.float32, torch.bfloat16], low.code
+    for mm in [n for n in nodes if n.target is torch.ops.aten.addmm.default]:
+        flat = mm.args[1]  # the activation: a view of a cast, never a cast of a view
+        assert flat.target is torch.ops.aten.view.default, low.code
+        assert flat.args[0].target is not torch.ops.aten.view.default, low.code
+    assert 0 < output_error(low(x), (model(x),)) <= TOLERANCE["bf16"]
+
+
+@pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="Inductor packs bf16 linears for oneDNN only where oneDNN has bf16",
+)
+def test_bf16_inductor_fuses_the_activation_into_the_linear(tmp_path, fixed_profile) -> None:
+    """What the lowering's order and form are for: Inductor's GELU goes into the bf16 linear's
+    oneDNN call, as it does for the model traced under autocast."""
+    from torch._dynamo.utils import counters
+
+    fixed_profile({"inductor": 1e-5})
+    torch.manual_seed(0)
+    model, x = _Mlp().eval(), torch.randn(2, 4, 16)
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path, "bf16", ["inductor"]))
+    counters.clear()
+    with collect_stats() as stats, torch.no_grad():
+        got = f(x)
+    assert ": inductor (" in _summary(stats), _summary(stats)
+    assert counters["inductor"]["mkldnn_unary_fusion_matcher_count"] >= 1, dict(counters)
+    assert output_error((got,), (model(x),)) <= TOLERANCE["bf16"]
+
+
 def test_large_outputs_are_cast_back_outside_the_graph() -> None:
     """An output from DEFER_CAST_MIN_BYTES on leaves the lowered graph in bf16, its cast back to
     f32 the caller's (into memory it reuses); a smaller one is cast in the graph."""
