@@ -36,3 +36,17 @@ def check_torch() -> None:
             f"torch_plugin was built with CUDA kernels (CUDA {_build_info.TORCH_CUDA}) but this "
             f"torch ({running}) is a CPU build; reinstall torch_plugin against this torch"
         )
+
+
+def size_hint(d: torch.SymInt | int) -> int:
+    """A symbolic size's value for measuring, without a guard on it (int() of a symbol would
+    specialise the user's dynamic graph). torch 2.13 names this `optimization_hint`; torch 2.11
+    (the CUDA image's) has no such function, so a backed symbol's own hint is read instead."""
+    if not isinstance(d, torch.SymInt):
+        return int(d)
+    try:
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+    except ImportError:
+        hint = d.node.hint
+        return int(hint if hint is not None else d.node.shape_env.size_hint(d.node.expr))
+    return int(optimization_hint(d))

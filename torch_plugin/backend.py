@@ -238,9 +238,9 @@ def _place(
     ):
         # A dynamic graph's sizes come as Dynamo's symbols: measured at their values (using a
         # symbol as an int would specialise the graph to it).
-        from torch.fx.experimental.symbolic_shapes import optimization_hint
+        from ._compat import size_hint
 
-        real = [optimization_hint(x) if isinstance(x, torch.SymInt) else x for x in example_inputs]
+        real = [size_hint(x) if isinstance(x, torch.SymInt) else x for x in example_inputs]
     from torch._dispatch.python import no_python_dispatcher
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 

@@ -36,3 +36,22 @@ def test_another_torch_minor_is_refused_naming_both(monkeypatch) -> None:
         _compat.check_torch()
     monkeypatch.setattr(_build_info, "TORCH_VERSION", "2.13.7")  # a patch release: fine
     _compat.check_torch()
+
+
+@pytest.mark.parametrize("torch_has_optimization_hint", [True, False])
+def test_a_symbolic_size_is_read_without_a_guard_on_every_supported_torch(
+    monkeypatch: pytest.MonkeyPatch, torch_has_optimization_hint: bool
+) -> None:
+    """torch 2.11 (the CUDA image's) has no optimization_hint: importing it made every default
+    compile on the H200 fall back to the unrewritten graph."""
+    import torch.fx.experimental.symbolic_shapes as sym
+    from torch._dynamo.source import ConstantSource
+
+    from torch_plugin._compat import size_hint
+
+    if not torch_has_optimization_hint:
+        monkeypatch.delattr(sym, "optimization_hint", raising=False)
+    env = sym.ShapeEnv()
+    s = env.create_symintnode(env.create_symbol(7, ConstantSource("n")), hint=7)
+    assert size_hint(s) == 7 and size_hint(5) == 5
+    assert not env.guards  # int(s) would have added one

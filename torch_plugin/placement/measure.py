@@ -49,12 +49,7 @@ def synthesize_inputs(gm: fx.GraphModule) -> list[Any]:
 
 
 def _synthesized(gm: fx.GraphModule) -> list[Any]:
-    from torch.fx.experimental.symbolic_shapes import optimization_hint
-
-    # A symbolic size at its value: int() of a symbol would add a guard on it, specialising
-    # the user's dynamic graph to this call's length.
-    def size(d: Any) -> int:
-        return int(optimization_hint(d)) if isinstance(d, torch.SymInt) else int(d)
+    from .._compat import size_hint as size  # a symbol's value without a guard on it
 
     gen = torch.Generator().manual_seed(0)
     states = rng_state_inputs(gm)
