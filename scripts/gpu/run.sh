@@ -23,6 +23,9 @@ cuobjdump --dump-sass torch_plugin/_C*.so 2>/dev/null | grep -oE "UTMALDG|LDGSTS
 # The tests that need a GPU (they skip on the CPU machine).
 [ -n "${GPU_TESTS:-}" ] && timeout "${GPU_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider \
   $GPU_TESTS 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
+# Why the CUDA-graph candidate fails on decoders' graphs (small configs, seconds).
+[ "${PROBE:-0}" = 1 ] && timeout "${PROBE_S:-120}" python3 scripts/gpu/probe_capture.py 2>&1 \
+  | grep -v "^W1" | tee "$OUT/probe.log"
 # The default compile against Inductor on six HF models at real sizes (issue 40, item 3).
 [ "${DEFAULT_COMPILE:-0}" = 1 ] && timeout "${DEFAULT_COMPILE_S:-330}" python3 \
   benchmarks/gpu_default_compile.py --out "$OUT" --budget-s "${DC_BUDGET_S:-240}" \
