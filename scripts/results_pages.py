@@ -124,11 +124,21 @@ def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def table(rows: list[dict[str, Any]], key: str | None = None) -> str:
+def _provenance_col(c: str) -> bool:
+    """A merged row's run stamp (benchmarks/provenance.kept_rows) other than its commit and
+    device: after the measured columns, which it otherwise pushed off the table."""
+    return c in ("dirty", "date") or c.startswith("machine.")
+
+
+def table(rows: list[dict[str, Any]], key: str | None = None, first: Any = None) -> str:
     flat = [flatten(r) for r in rows[:MAX_ROWS]]
     cols: list[str] = []
     for r in flat:
         cols += [c for c in r if c not in cols and c not in ("trace", "__key__")]
+    # The columns the benchmark names as its figures ("columns" in its JSON) lead.
+    lead = [c for c in first or [] if c in cols]
+    cols = lead + [c for c in cols if c not in lead]
+    cols = [c for c in cols if not _provenance_col(c)] + [c for c in cols if _provenance_col(c)]
     cols = cols[:MAX_COLS]
     head = ([key] if key else []) + cols
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -155,16 +165,22 @@ def render(name: str, data: Any, depth: int = 1) -> str:
     if not isinstance(data, dict):
         return f"{fmt(data)}\n"
     out = []
-    scalars = {k: v for k, v in data.items() if not isinstance(v, (dict, list)) or fmt(v) != "…"}
+    scalars = {
+        k: v
+        for k, v in data.items()
+        if k != "columns" and (not isinstance(v, (dict, list)) or fmt(v) != "…")
+    }
     for k, v in scalars.items():
         out.append(f"- **{k}**: {fmt(v)}")
     if scalars:
         out.append("")
     for k, v in data.items():
-        if k in scalars:
+        if k in scalars or k == "columns":
             continue
         out.append(f"{'#' * min(depth + 1, 6)} {k}\n")
-        if is_keyed_records(v):
+        if is_records(v):
+            out.append(table(v, first=data.get("columns")))
+        elif is_keyed_records(v):
             out.append(table([{"__key__": rk, **rv} for rk, rv in v.items()], key="name"))
         else:
             out.append(render(k, v, depth + 1))
