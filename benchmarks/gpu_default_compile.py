@@ -166,6 +166,13 @@ def run_row(name: str, batch: int, dry: bool) -> dict[str, Any]:
                 plans = [r.whole_graph for r in placed if r.whole_graph]
                 row["ours_pick"] = [p["pick"] for p in plans]
                 row["ours_failures"] = [f for r in placed for f in r.failures]
+                # Candidates the search did not try, and why (the budget, a bound).
+                row["ours_skipped"] = [
+                    f"{t['backend']}: {t['skipped']}"
+                    for p in plans
+                    for t in p["trials"]
+                    if t.get("skipped")
+                ]
                 row["ours_trials_ms"] = [
                     {
                         t["backend"]: round(t["median_s"] * 1e3, 4) if t["compiled"] else None
@@ -228,9 +235,15 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
     saved = RESULTS / "gpu_default_compile.json"
-    kept: list[dict[str, Any]] = []
-    if args.merge:
-        kept = kept_rows(saved, {(m, b) for m in args.models for b in args.batches})
+    # Every saved row until this run measures its (model, batch) again: a run stopped by its
+    # budget or time limit kept only the rows of models it was not asked for, and lost the
+    # others (the H100's GPT-2 rows, 2026-12-04).
+    saved_rows = kept_rows(saved, set()) if args.merge else []
+
+    def kept() -> list[dict[str, Any]]:
+        done = {(r["model"], r["batch"]) for r in rows}
+        return [r for r in saved_rows if (r["model"], r["batch"]) not in done]
+
     here = {"commit": provenance().get("commit"), "device": _device()}
     for name in args.models:
         for batch in args.batches:
@@ -240,7 +253,7 @@ def main() -> None:
             with contextlib.suppress(KeyboardInterrupt):
                 row = {**here, **run_row(name, batch, args.dry_run)}
                 rows.append(row)
-                write(args.out, _in_order(kept + rows), skipped)
+                write(args.out, _in_order(kept() + rows), skipped)
                 torch._dynamo.reset()  # the row's compiled models and their memory go
                 gc.collect()
                 if DEV == "cuda":
@@ -261,10 +274,11 @@ def main() -> None:
                     + f" err {row.get('ours_max_rel_err', float('nan')):.1e}"
                     + f" pick {row.get('ours_pick')}"
                     + "".join(f"\n    failed: {f[:240]}" for f in row.get("ours_failures", []))
+                    + "".join(f"\n    skipped: {f[:240]}" for f in row.get("ours_skipped", []))
                     + "".join(f" [{k}]" for k in row if k.endswith("_error")),
                     flush=True,
                 )
-    data = write(args.out, _in_order(kept + rows), skipped)
+    data = write(args.out, _in_order(kept() + rows), skipped)
     print(json.dumps(data["summary"]), "skipped:", skipped)
 
 
@@ -276,12 +290,32 @@ def _in_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (MODELS.index(r["model"]), r["batch"]))
 
 
+COLUMNS = (
+    "model",
+    "batch",
+    "dtype",
+    "ours_vs_inductor",
+    "ours_vs_reduce_overhead",
+    "eager_ms",
+    "inductor_ms",
+    "inductor_reduce_overhead_ms",
+    "ours_ms",
+    "ours_pick",
+    "ours_compile_s",
+    "inductor_compile_s",
+    "ours_max_rel_err",
+    "commit",
+)
+
+
 def write(out_dir: str, rows: list[dict[str, Any]], skipped: list[str]) -> dict[str, Any]:
     """The results so far (after every row: a run stopped by its time limit keeps its rows)."""
     data = {
         **provenance(),
         "device": _device(),
         "timing": "wall-clock per call, device synchronised, median of calls in turns",
+        # The figures the results page shows first.
+        "columns": list(COLUMNS),
         "rows": rows,
         "skipped": skipped,
         # Over this device's rows only: a merged file may hold another GPU's.
