@@ -94,7 +94,7 @@ class PassManager:
         """
     def search_whole_graph_first(self, backends: collections.abc.Sequence[str], measurer: typing.Any, options: WholeGraphSearchOptions) -> WholeGraphPlan:
         """
-        The default placement's driver: each compiler's whole graph compiled (reference first, within the budget) and measured in turns against eager; returns the pick and whether the finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, elapsed() -> s.
+        The default placement's driver: each compiler's whole graph compiled (reference first, within the budget) and measured in turns against eager; returns the pick and whether the finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache).
         """
     def tune_schedule(self, sizes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], evaluate: collections.abc.Callable[[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], float | None], options: TuneOptions, *, progress: collections.abc.Callable[[typing.SupportsInt | typing.SupportsIndex, collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], typing.SupportsFloat | typing.SupportsIndex | None, typing.SupportsFloat | typing.SupportsIndex | None], None] = None) -> TuneResult:
         """
@@ -1104,6 +1104,12 @@ class WholeGraphSearchOptions:
         ...
     @close_ratio.setter
     def close_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def compiles_with(self) -> dict[str, str]:
+        ...
+    @compiles_with.setter
+    def compiles_with(self, arg0: collections.abc.Mapping[str, str]) -> None:
         ...
     @property
     def drop_ratio(self) -> float:

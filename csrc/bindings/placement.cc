@@ -225,7 +225,8 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("always_refine", &WholeGraphSearchOptions::always_refine)
       .field("lower_bound_s", &WholeGraphSearchOptions::lower_bound_s)
       .field("expected_compile_s", &WholeGraphSearchOptions::expected_compile_s)
-      .field("cheap_fraction", &WholeGraphSearchOptions::cheap_fraction);
+      .field("cheap_fraction", &WholeGraphSearchOptions::cheap_fraction)
+      .field("compiles_with", &WholeGraphSearchOptions::compiles_with);
   m.def("measure_f32_peak", &cost::MeasureF32Peak, py::arg("threads"), py::arg("seconds") = 0.02,
         py::arg("tries") = 3,
         "The machine's f32 multiply-add peak in FLOP/s on `threads` threads, measured "

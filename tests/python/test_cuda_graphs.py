@@ -124,3 +124,29 @@ def test_the_default_compile_on_a_gpu_times_the_cuda_graph_candidate() -> None:
         torch.testing.assert_close(again, model(x + 1), rtol=1e-3, atol=1e-3)
     trials = [t["backend"] for r in results for t in (r.whole_graph or {}).get("trials", [])]
     assert "inductor_cudagraphs" in trials, trials
+
+
+def test_the_replay_is_no_compile_of_its_own_to_expect_or_record() -> None:
+    """Its seconds (a capture, or Inductor's compile when it went first) once became its
+    expected compile: it went before Inductor on the next graph or was skipped for the budget
+    (GPT-2, ViT, DistilBERT on the H100 and H200 kept plain Inductor). Now the search places it
+    after Inductor (compiles_with) and no rate of it is kept."""
+    from torch_plugin.placement import whole_graph
+    from torch_plugin.placement.cache import ProfileCache
+
+    inductor = B.InductorBackend()
+    replay = CudaGraphBackend(inductor)
+    assert replay.compiles_with == "inductor" and inductor.compiles_with is None
+    rates = {"inductor": 0.02, "inductor_cudagraphs": 0.03}
+    assert whole_graph.expected_compiles([inductor, replay], rates, 100) == {
+        "inductor": pytest.approx(2.0)
+    }
+    trials = [
+        {"backend": "inductor", "compiled": True, "compile_s": 2.0},
+        {"backend": "inductor_cudagraphs", "compiled": True, "compile_s": 3.0},
+    ]
+    cache = ProfileCache(":memory:")
+    by_name = {"inductor": inductor, "inductor_cudagraphs": replay}
+    whole_graph.record_compile_rates(cache, "m", trials, 100, None, by_name)
+    names = ["inductor", "inductor_cudagraphs"]
+    assert whole_graph.compile_rates(cache, "m", names) == {"inductor": pytest.approx(0.02)}

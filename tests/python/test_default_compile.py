@@ -400,9 +400,9 @@ def test_a_warm_compile_loads_inductors_frozen_graph_from_its_cache(
     recorded: list[str] = []
     real = whole_graph.record_compile_rates
 
-    def spy(cache, machine, trials, nodes, computes=None):  # noqa: ANN001, ANN202
+    def spy(cache, machine, trials, nodes, computes=None, by_name=None):  # noqa: ANN001, ANN202
         recorded.extend(t["backend"] for t in trials)
-        return real(cache, machine, trials, nodes, computes)
+        return real(cache, machine, trials, nodes, computes, by_name)
 
     monkeypatch.setattr(whole_graph, "record_compile_rates", spy)
     monkeypatch.setattr(placement_backends.InductorBackend, "compile_s_per_node", 1.0)

@@ -47,6 +47,9 @@ class Backend:
     # What the compiled graph computes in: "bf16" where the precision option allows it and
     # the backend can (placement/precision.py); "f32" keeps the graph's own dtypes.
     compute = "f32"
+    # The compiler whose compile this one replays another way (a CUDA graph of Inductor's
+    # graph), or None: its compile seconds are not a compile's.
+    compiles_with: str | None = None
     # Expected seconds per graph node to compile a whole graph (0: unknown), from real-size
     # compiles on a 2-core machine (bert-base, GPT-2, ResNet-50, ViT-B/16, T5-base): the search
     # skips a compiler that would overrun its budget (placement_search.h).

@@ -134,8 +134,10 @@ class CudaGraphBackend(Backend):
     graph_level = True
     rtol = atol = 1e-3
     devices = ("cuda",)
-    # Its compile is Inductor's, already paid by the "inductor" candidate: 0 (unknown) keeps it
-    # after the reference in the search's order and never skips it for an expected overrun.
+    # Its compile is Inductor's, already paid by the "inductor" candidate: the search tries it
+    # right after that one and never skips it for the budget (WholeGraphSearchOptions::
+    # compiles_with), and its seconds are no compile rate of its own (record_compile_rates).
+    compiles_with = "inductor"
     compile_s_per_node = 0.0
 
     def __init__(self, inner: InductorBackend) -> None:

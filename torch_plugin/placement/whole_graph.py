@@ -300,10 +300,11 @@ def place_whole_graph_first(
                             always_refine=always_refine and not dynamic,
                             refine_candidates=len(nodes),
                             lower_bound_s={} if dynamic else lower_bounds(graph, backends, inputs),
-                            expected_compile_s={
-                                b.name: rates.get(b.name, b.compile_s_per_node) * len(nodes)
+                            expected_compile_s=expected_compiles(backends, rates, len(nodes)),
+                            compiles_with={
+                                b.name: b.compiles_with
                                 for b in backends
-                                if b.graph_level
+                                if b.graph_level and b.compiles_with
                             },
                         ),
                     )
@@ -371,7 +372,7 @@ def place_whole_graph_first(
                 # cache), and of those the compiles no cache served.
                 if frozen:
                     trials = [t for t in plan["trials"] if t["backend"] not in served]
-                    record_compile_rates(cache, machine, trials, len(nodes), computes)
+                    record_compile_rates(cache, machine, trials, len(nodes), computes, by_name)
             for name in checked:
                 verified = {"error": errors.get(name)}
                 cache.put_decision(_verified_key(decision_key, name, str(digest)), verified)
@@ -464,12 +465,26 @@ def compile_rates(
     return {name: float(statistics.median(h)) for name, h in histories.items() if h}
 
 
+def expected_compiles(
+    backends: Sequence[Any], rates: dict[str, float], nodes: int
+) -> dict[str, float]:
+    """Per graph compiler, its expected whole-graph compile in seconds: its recorded rate (else
+    its prior) times the nodes. None for a compiler that replays another's compile (a CUDA
+    graph of Inductor's): the search places it after that one (compiles_with)."""
+    return {
+        b.name: rates.get(b.name, b.compile_s_per_node) * nodes
+        for b in backends
+        if b.graph_level and b.compiles_with is None
+    }
+
+
 def record_compile_rates(
     cache: ProfileCache,
     machine: str,
     trials: Sequence[dict[str, Any]],
     nodes: int,
     computes: dict[str, str] | None = None,
+    by_name: dict[str, Any] | None = None,
 ) -> None:
     """Adds each compiled trial's seconds per node to its compiler's history: its compile
     less one run of its graph (the output check's; a batch-8 GPT-2's check runs made
@@ -483,6 +498,10 @@ def record_compile_rates(
         name = t["backend"]
         compile_s = t["compile_s"] - t.get("median_s", 0.0)
         if name == "eager" or not t["compiled"] or compile_s <= 0:
+            continue
+        # A replay's seconds are a capture's, or the compile it replays when it went first: no
+        # compile rate of its own (recorded, they had it expected to cost Inductor's compile).
+        if getattr((by_name or {}).get(name), "compiles_with", None) is not None:
             continue
         compute = (computes or {}).get(name, "f32")
         seen = [*_rate_history(cache, machine, name, compute), compile_s / nodes]

@@ -177,6 +177,47 @@ TEST(PlacementSearch, ACompilerExpectedToOverrunTheBudgetIsNotCompiled) {
   EXPECT_EQ(plan.pick, "onnxruntime");
 }
 
+TEST(PlacementSearch, AReplayOfACompileFollowsItAndIsNeverSkippedForTheBudget) {
+  const std::map<std::string, std::string> with = {{"inductor_cudagraphs", "inductor"}};
+  // A replay's recorded seconds (its capture, or the compile it paid when it went first) made
+  // it cheap: it went before the compile it replays.
+  const std::map<std::string, double> expected = {
+      {"inductor_cudagraphs", 0.5}, {"inductor", 10.0}, {"onnxruntime", 20.0}};
+  const std::vector<std::string> all = {"inductor_cudagraphs", "onnxruntime", "inductor"};
+  EXPECT_EQ(WholeGraphOrder(all, "inductor", expected),
+            (std::vector<std::string>{"inductor_cudagraphs", "inductor", "onnxruntime"}));
+  EXPECT_EQ(WholeGraphOrder(all, "inductor", expected, 0.25, with),
+            (std::vector<std::string>{"inductor", "inductor_cudagraphs", "onnxruntime"}));
+  // Without the compile it replays, it stands where its own expectation puts it.
+  EXPECT_EQ(WholeGraphOrder({"inductor_cudagraphs", "openvino"}, "inductor", expected, 0.25, with),
+            (std::vector<std::string>{"inductor_cudagraphs", "openvino"}));
+
+  // Eager's slow timing spends Inductor's budget (1.25 x 2 s) before the replay's turn.
+  Stub s;
+  s.timing_takes_time = true;
+  s.run_s = {{"eager", 3.0}, {"inductor", 0.2}, {"inductor_cudagraphs", 0.05}};
+  s.compile_s = {{"inductor", 2.0}, {"inductor_cudagraphs", 0.1}};
+  WholeGraphSearchOptions o;
+  o.expected_compile_s = expected;
+  auto plan = SearchWholeGraphFirst({"inductor", "inductor_cudagraphs"}, s.Measurer(), o);
+  ASSERT_EQ(plan.trials.size(), 3u);
+  EXPECT_EQ(plan.trials[1].backend, "inductor_cudagraphs");  // as cheap, first
+  EXPECT_EQ(plan.pick, "inductor_cudagraphs");
+  s.clock = 0.0;
+  o.expected_compile_s = {{"inductor_cudagraphs", 20.0}, {"inductor", 10.0}};
+  plan = SearchWholeGraphFirst({"inductor", "inductor_cudagraphs"}, s.Measurer(), o);
+  EXPECT_EQ(plan.trials[2].skipped, "compile budget of 3.5 s spent");  // rescue: 1.75 x 2 s
+  EXPECT_EQ(plan.pick, "inductor");
+  s.clock = 0.0;
+  o.compiles_with = with;
+  plan = SearchWholeGraphFirst({"inductor_cudagraphs", "inductor"}, s.Measurer(), o);
+  ASSERT_EQ(plan.trials.size(), 3u);
+  EXPECT_EQ(plan.trials[1].backend, "inductor");
+  EXPECT_EQ(plan.trials[2].backend, "inductor_cudagraphs");
+  EXPECT_TRUE(plan.trials[2].compiled);
+  EXPECT_EQ(plan.pick, "inductor_cudagraphs");
+}
+
 TEST(PlacementSearch, PicksTheFastestWholeGraphMeasuredInTurns) {
   Stub s;
   s.run_s = {{"eager", 10e-3}, {"inductor", 8e-3}, {"openvino", 5e-3}};
