@@ -107,11 +107,34 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     os << v;
     return os.str();
   };
-  double reference_s = 0.0;          // the reference's first timing; 0 until it ran
   double reference_compile_s = 0.0;  // its compile; 0 until it compiled
   // A graph timed under its own lower bound proves the bounds wrong (the machine's peak was
   // measured low, say while another runtime's threads still spun): they rule nothing out after.
   bool bounds_hold = true;
+  bool resampled = false;  // the graphs were timed a second time for the budget's stretch
+  auto best_of = [](const std::vector<double>& v) {
+    double best = 0.0;
+    for (double x : v) {
+      if (x > 0 && (best == 0.0 || x < best)) best = x;
+    }
+    return best;
+  };
+  // Whether a compiler other than the reference already ran faster than the reference (the
+  // best of each one's timings).
+  auto beaten = [&] {
+    double ref = 0.0;
+    for (size_t i = 1; i < plan.trials.size(); ++i) {
+      if (plan.trials[i].backend == options.reference) ref = best_of(times[i]);
+    }
+    for (size_t i = 1; i < plan.trials.size(); ++i) {
+      const auto& done = plan.trials[i];
+      double t = best_of(times[i]);
+      if (done.compiled && done.backend != options.reference && t > 0 && (ref <= 0 || t < ref)) {
+        return true;
+      }
+    }
+    return false;
+  };
   for (const auto& b : WholeGraphOrder(backends, options.reference, options.expected_compile_s,
                                        options.cheap_fraction, options.compiles_with)) {
     WholeGraphTrial t{b, false, 0.0, 0.0, ""};
@@ -123,18 +146,28 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     double spent = measurer.elapsed();
     double bound = Get(options.lower_bound_s, b);
     double expected = Get(options.expected_compile_s, b);
-    // Whether a compiler other than the reference already ran faster than the reference.
-    bool beaten = false;
-    for (size_t i = 1; i < plan.trials.size(); ++i) {
-      const auto& done = plan.trials[i];
-      if (done.compiled && done.backend != options.reference && !times[i].empty() &&
-          times[i][0] > 0 && (reference_s <= 0 || times[i][0] < reference_s)) {
-        beaten = true;
-      }
-    }
     double budget = plan.budget_s;
-    if (budget > 0 && !beaten && reference_compile_s > 0) {
-      budget = std::max(budget, options.rescue_budget_factor * reference_compile_s);
+    if (budget > 0 && reference_compile_s > 0 && !beaten()) {
+      double stretched = std::max(budget, options.rescue_budget_factor * reference_compile_s);
+      // Where the stretch alone lets this compiler in, a second timing of each graph settles
+      // whether one already beat the reference: one slow first sample of OpenVINO's graph on
+      // this noisy host stretched T5's budget for ONNX Runtime's 16.5 s compile (2.2x
+      // Inductor's cold compile for a graph OpenVINO ran 1.5x faster than Inductor).
+      bool decides = stretched > budget && (spent >= budget || expected > budget - spent);
+      bool contender = false;  // a compiled graph besides the reference's, to time again
+      for (size_t i = 1; i < plan.trials.size(); ++i) {
+        contender |= plan.trials[i].compiled && plan.trials[i].backend != options.reference;
+      }
+      if (decides && contender && !resampled) {
+        resampled = true;
+        for (size_t i = 1; i < plan.trials.size(); ++i) {
+          if (!plan.trials[i].compiled) continue;
+          time_one(i, plan.trials[i].backend);
+          if (times[i].back() > 0 && times[i].back() < fastest) fastest = times[i].back();
+        }
+        spent = measurer.elapsed();
+      }
+      if (!beaten()) budget = stretched;
     }
     if (replays) {
       // Tried whatever is left of the budget (below).
@@ -179,7 +212,6 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
         }
         bounds_hold = false;
       }
-      if (b == options.reference) reference_s = times.back()[0];
     }
   }
   if (plan.budget_s <= 0) plan.budget_s = options.fallback_budget_s;
