@@ -359,3 +359,25 @@ def test_openvino_hands_a_bf16_models_outputs_back_as_bf16(tmp_path, fixed_profi
     assert ": openvino (" in _summary(stats), _summary(stats)
     assert got.dtype == torch.bfloat16
     assert output_error(got, want) <= TOLERANCE["bf16"], output_error(got, want)
+
+
+def test_openvino_takes_a_bf16_models_activations_as_bf16(tmp_path, fixed_profile) -> None:
+    """A bf16 input (an image, hidden states) goes to OpenVINO as a bf16 tensor made from its
+    bits; numpy has none, and such graphs were refused ('not a supported tensor')."""
+    pytest.importorskip("openvino")
+    fixed_profile({"openvino": 1e-5})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    model = model.to(torch.bfloat16).eval()
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = model(x)
+    f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path, None, ["openvino"]))
+    with collect_stats() as stats, torch.no_grad():
+        got = f(x)
+        again = f(x[:, :].flip(0).contiguous())
+    assert ": openvino (" in _summary(stats), _summary(stats)
+    assert got.dtype == torch.bfloat16
+    assert output_error(got, want) <= TOLERANCE["bf16"], output_error(got, want)
+    with torch.no_grad():
+        assert output_error(again, model(x.flip(0))) <= TOLERANCE["bf16"]

@@ -465,6 +465,12 @@ class OpenVINOBackend(_NumpyBackend):
     # off a tensor argument's shape (_sizes_from_shapes).
     dynamic_shapes = True
 
+    @staticmethod
+    def _check_inputs(inputs: Sequence[Any]) -> None:
+        # bf16 tensors go in from their bits (runner); numpy has no bf16 for the others' path.
+        bf16 = [isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 for x in inputs]
+        _NumpyBackend._check_inputs([x for x, b in zip(inputs, bf16, strict=True) if not b])
+
     def compile(self, gm: fx.GraphModule, inputs: Sequence[Any], rule: str) -> Compiled:
         import openvino as ov
 
@@ -510,6 +516,7 @@ class OpenVINOBackend(_NumpyBackend):
     def runner(self, model: Any, keep: Sequence[int] | None = None) -> Compiled:
         """The converted (or read back) `model` compiled, as a callable on torch tensors;
         `keep`: the arguments it takes (the others are sizes it reads off tensors' shapes)."""
+        import numpy
         import openvino as ov
 
         # f32 unless the precision option allows bf16: OpenVINO would otherwise pick bf16 on
@@ -537,13 +544,26 @@ class OpenVINOBackend(_NumpyBackend):
         direct_outputs = all(types.get(o.get_element_type()) for o in outputs)
         # numpy has no bf16: OpenVINO hands a bf16 output over as float16 holding bf16's bits
         # (a bf16 model's logits read 1.80 for 0.69), reinterpreted here, not converted.
-        bf16_outputs = {i for i, o in enumerate(outputs) if o.get_element_type() == ov.Type.bf16}
+        bf16 = ov.Type.bf16
+        bf16_outputs = {i for i, o in enumerate(outputs) if o.get_element_type() == bf16}
 
         def tensor(i: int, a: Any) -> torch.Tensor:
             t = torch.from_numpy(a.copy())
             return t.view(torch.bfloat16) if i in bf16_outputs else t
 
         set_input, get_output = request.set_input_tensor, request.get_output_tensor
+        # bf16 inputs (a bf16 model's activations) go in as tensors of OpenVINO's bf16 made
+        # from their bits, each other input as its port's type.
+        bf16_inputs = {k for k, p in enumerate(compiled.inputs) if p.get_element_type() == bf16}
+
+        def set_each(args: Sequence[torch.Tensor]) -> None:
+            for k, a in enumerate(args):
+                a = a.detach().contiguous()
+                if k in bf16_inputs:
+                    bits = a.view(torch.int16).numpy()
+                    set_input(k, ov.Tensor(bits, ov.Shape(list(a.shape)), bf16))
+                else:
+                    set_input(k, ov.Tensor(numpy.array(a.numpy(), dtype=in_dtypes[k])))
 
         def direct(arrays: list[Any]) -> bool:
             if not direct_outputs or len(arrays) != len(in_dtypes):
@@ -566,6 +586,13 @@ class OpenVINOBackend(_NumpyBackend):
                 a = buffers.take()
                 request.set_output_tensor(i, ov.Tensor(a, shared_memory=True))
                 written[i] = torch.from_numpy(a)
+            if bf16_inputs:
+                set_each(args)
+                request.infer(share_outputs=True)
+                return tuple(
+                    written[i] if i in written else tensor(i, get_output(i).data)
+                    for i in range(len(outputs))
+                )
             arrays = [a.detach().numpy() for a in args]
             if direct(arrays):
                 request.infer(share_outputs=True)
