@@ -381,3 +381,15 @@ def test_openvino_takes_a_bf16_models_activations_as_bf16(tmp_path, fixed_profil
     assert output_error(got, want) <= TOLERANCE["bf16"], output_error(got, want)
     with torch.no_grad():
         assert output_error(again, model(x.flip(0))) <= TOLERANCE["bf16"]
+    # A bf16 ViT (its image in bf16) through OpenVINO's FX frontend, whose input ports take
+    # bf16: it fell back to TorchScript's, which does not convert ViT.
+    vit, inputs = hf_suite.build("vit", batch=2)
+    vit = vit.to(torch.bfloat16).eval()
+    image = inputs["pixel_values"].to(torch.bfloat16)
+    with torch.no_grad():
+        want = vit(pixel_values=image).logits
+    opts = _opts(tmp_path / "vit", None, ["openvino"])
+    with collect_stats() as stats, torch.no_grad():
+        got = torch.compile(vit, backend="torch_plugin", options=opts)(pixel_values=image).logits
+    assert ": openvino (" in _summary(stats), _summary(stats)
+    assert output_error(got, want) <= TOLERANCE["bf16"], output_error(got, want)

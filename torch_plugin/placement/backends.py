@@ -642,6 +642,7 @@ class OpenVINOBackend(_NumpyBackend):
             torch.float32: ov.Type.f32,
             torch.float64: ov.Type.f64,
             torch.float16: ov.Type.f16,
+            torch.bfloat16: ov.Type.bf16,  # a bf16 model's activations (runner feeds their bits)
             torch.int64: ov.Type.i64,
             torch.int32: ov.Type.i32,
             torch.bool: ov.Type.boolean,
