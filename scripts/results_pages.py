@@ -165,21 +165,20 @@ def render(name: str, data: Any, depth: int = 1) -> str:
     if not isinstance(data, dict):
         return f"{fmt(data)}\n"
     out = []
-    scalars = {
-        k: v
-        for k, v in data.items()
-        if k != "columns" and (not isinstance(v, (dict, list)) or fmt(v) != "…")
-    }
+    # A benchmark's "columns" says which of its rows' figures lead their table; not shown.
+    first = data.get("columns")
+    data = {k: v for k, v in data.items() if k != "columns"}
+    scalars = {k: v for k, v in data.items() if not isinstance(v, (dict, list)) or fmt(v) != "…"}
     for k, v in scalars.items():
         out.append(f"- **{k}**: {fmt(v)}")
     if scalars:
         out.append("")
     for k, v in data.items():
-        if k in scalars or k == "columns":
+        if k in scalars:
             continue
         out.append(f"{'#' * min(depth + 1, 6)} {k}\n")
         if is_records(v):
-            out.append(table(v, first=data.get("columns")))
+            out.append(table(v, first=first))
         elif is_keyed_records(v):
             out.append(table([{"__key__": rk, **rv} for rk, rv in v.items()], key="name"))
         else:

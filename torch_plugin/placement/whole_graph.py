@@ -469,7 +469,7 @@ def expected_compiles(
     backends: Sequence[Any], rates: dict[str, float], nodes: int
 ) -> dict[str, float]:
     """Per graph compiler, its expected whole-graph compile in seconds: its recorded rate (else
-    its prior) times the nodes. None for a compiler that replays another's compile (a CUDA
+    its prior) times the nodes. Absent for a compiler that replays another's compile (a CUDA
     graph of Inductor's): the search places it after that one (compiles_with)."""
     return {
         b.name: rates.get(b.name, b.compile_s_per_node) * nodes
