@@ -22,7 +22,9 @@ the best contender of the same precision over ours (above 1: ours is faster).
 Each row also says how near the hardware's limit its contenders run: the forward's FLOPs
 (torch's FlopCounterMode) over the time, against the machine's f32 multiply-add peak measured
 in the same process on either side of the timing (bf16: twice that, avx512_bf16's dot
-products). A contender at 90% of the peak leaves no compiler more than 1.11x.
+products). A contender at 90% of the peak leaves no compiler more than 1.11x. And what a call
+through torch.compile costs before any backend runs (Dynamo's guards and weight arguments, with
+the caches cold as after an inference): the contenders called directly do not pay it.
 
 Compile times come from fresh processes with empty caches (Inductor's FX cache, our profile
 cache): Inductor with freezing, ours cold, ours warm (same process after torch._dynamo.reset())
@@ -278,6 +280,7 @@ def time_row(name: str, batch: int, rounds: int, only: str | None = None) -> dic
 
     if only in (None, F32[0]):  # one child of a row split by contender counts them
         row["gflop"] = _gflop(model, args)
+        row["entry_ms"] = _entry_ms(model, args)
     # A 0.1 s pause before each block: another runtime's spinning pool winds down. The peak is
     # measured on either side of the timing: a reading taken while the host is busy is low.
     before = _f32_peak_gflops()
@@ -286,6 +289,36 @@ def time_row(name: str, batch: int, rounds: int, only: str | None = None) -> dic
     row["ms"] = {k: statistics.median(v) * 1e3 for k, v in per.items()}
     row["spread_ms"] = {k: (min(v) * 1e3, max(v) * 1e3) for k, v in per.items()}
     return _ratios(row)
+
+
+def _entry_ms(model: torch.nn.Module, args: tuple, calls: int = 60) -> dict[str, float]:
+    """What a call through torch.compile costs before any backend's code runs: Dynamo's guards
+    and its gathering of the weights it passes as arguments, timed on a backend that returns
+    stored outputs. "cold_caches": each call right after 64 MB were read, as after an inference
+    at these sizes (its weights pass through every cache); "warm": back to back. Every
+    contender called through torch.compile (Inductor, OpenVINO's backend, ours) pays it; one
+    called directly (ov.convert_model's request, ONNX Runtime's session) does not."""
+    import numpy
+
+    def stub(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        outs = gm(*example)
+        return lambda *a: outs
+
+    compiled = torch.compile(model, backend=stub, dynamic=False)
+    evict = numpy.ones(64 * 2**20 // 8)
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        compiled(*args)
+        for key, before in (("warm", None), ("cold_caches", evict.sum)):
+            times = []
+            for _ in range(calls):
+                if before is not None:
+                    before()
+                t0 = time.perf_counter()
+                compiled(*args)
+                times.append(time.perf_counter() - t0)
+            out[key] = statistics.median(times) * 1e3
+    return out
 
 
 def _gflop(model: torch.nn.Module, args: tuple) -> float:
@@ -408,8 +441,9 @@ def _time_apart(spec: list[str], rounds: int, caches: Any) -> dict[str, Any]:
             row["failed"][c] = "; ".join(part.get("failed", []))[:200]
         for k in ("error", "failed", "ran", "ms", "spread_ms"):
             row[k].update(part.get(k, {}))
-        if part.get("gflop"):
-            row["gflop"] = part["gflop"]
+        for k in ("gflop", "entry_ms"):
+            if part.get(k):
+                row[k] = part[k]
         peaks += [part["f32_peak_gflops"]] if part.get("f32_peak_gflops") else []
         print(spec, c, json.dumps(part.get("ms")), json.dumps(part.get("failed")), flush=True)
     # Each contender ran in a process of its own: the highest reading stands for the machine.
@@ -534,6 +568,11 @@ def tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
             rec["ours, of peak"] = frac.get(ours)
             rec["best other, of peak"] = frac.get(r.get(f"best_{prec}"))
             rec["error of ours"] = r.get("error", {}).get(ours)
+            # torch.compile's own cost per call, which ov.convert_model's and ONNX Runtime's
+            # direct calls do not pay: of ours' time.
+            entry = r.get("entry_ms", {}).get("cold_caches")
+            ms = r.get("ms", {}).get(ours)
+            rec["torch.compile's call, of ours"] = entry / ms if entry and ms else None
             out[f"{prec}_ms"].append(rec)
         c = r.get("compile", {})
         plans = c.get("ours", {}).get("plans", [])

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 # The repository root on sys.path for the test only: benchmarks/ has modules named like the
 # tests' own helpers (user_programs), which later tests' workers must not pick up.
@@ -83,3 +84,21 @@ def test_real_size_rows_say_how_near_the_peak_each_contender_runs(
     # A row measured before the counts were recorded has none.
     assert rsi._ratios({"ms": {"ours": 50.0}})["peak_fraction"] == {}
     assert rsi.summarise([row])["geomean_peak_fraction_f32"] == pytest.approx(0.8)
+
+
+def test_real_size_rows_say_what_torch_compile_itself_costs_a_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import real_size_inference as rsi
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    entry = rsi._entry_ms(model, (torch.randn(3, 8),), calls=3)
+    assert set(entry) == {"warm", "cold_caches"} and all(v > 0 for v in entry.values())
+    # The page gives it as a share of ours' call, per precision.
+    row = {"model": "resnet50", "batch": 1, "ms": {"ours": 40.0, "ours_bf16": 20.0}}
+    table = rsi.tables([{**row, "entry_ms": {"warm": 0.1, "cold_caches": 0.8}}])
+    assert table["f32_ms"][0]["torch.compile's call, of ours"] == pytest.approx(0.02)
+    assert table["bf16_ms"][0]["torch.compile's call, of ours"] == pytest.approx(0.04)
+    # A row measured before it was recorded has none.
+    assert rsi.tables([row])["bf16_ms"][0]["torch.compile's call, of ours"] is None
