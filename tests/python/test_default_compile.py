@@ -105,6 +105,27 @@ def test_frozen_weights_are_guarded_against_updates_and_replacement(
     assert "without freezing" in changed[-1]
 
 
+def test_weights_stay_guarded_under_torchs_guard_filter_that_drops_module_guards(
+    tmp_path, fixed_profile, caplog
+) -> None:
+    # PyTorch's remedy for Dynamo's per-call cost (docs: default_compile.md, what a call costs):
+    # torch takes guard_filter_fn out of the options, and the frozen-weights guard still sees a
+    # weight changed in place or replaced, which Dynamo no longer checks.
+    fixed_profile({"onnxruntime": 1e-5})
+    model, x = _vit()
+    opts = _opts(tmp_path, backends=["aten", "onnxruntime"])
+    opts["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    f = torch.compile(model, backend="torch_plugin", options=opts)
+    with torch.no_grad(), caplog.at_level(logging.INFO, "torch_plugin"):
+        _close(f(**x), model(**x))
+        model.classifier.weight.mul_(2.0)
+        _close(f(**x), model(**x))
+        model.classifier.weight = torch.nn.Parameter(torch.randn_like(model.classifier.weight))
+        _close(f(**x), model(**x))
+    changed = [r.getMessage() for r in caplog.records if "changed in place" in r.getMessage()]
+    assert len(changed) == 2, changed
+
+
 def test_training_runs_forward_and_backward_on_the_faster_and_matches_eager(
     tmp_path, fixed_profile
 ) -> None:
