@@ -224,6 +224,7 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("allow_refine", &WholeGraphSearchOptions::allow_refine)
       .field("always_refine", &WholeGraphSearchOptions::always_refine)
       .field("lower_bound_s", &WholeGraphSearchOptions::lower_bound_s)
+      .field("floor_slack", &WholeGraphSearchOptions::floor_slack)
       .field("expected_compile_s", &WholeGraphSearchOptions::expected_compile_s)
       .field("cheap_fraction", &WholeGraphSearchOptions::cheap_fraction)
       .field("compiles_with", &WholeGraphSearchOptions::compiles_with);
@@ -278,13 +279,19 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
             return measurer.attr("served")(b).cast<bool>();
           };
         }
+        if (py::hasattr(measurer, "floor")) {
+          m.floor = [measurer](const std::string& b, double target_s) {
+            return measurer.attr("floor")(b, target_s).cast<double>();
+          };
+        }
         return passes::SearchWholeGraphFirst(backends, m, options);
       },
       py::arg("backends"), py::arg("measurer"), py::arg("options"),
       "The default placement's driver: each compiler's whole graph compiled (reference first, "
       "within the budget) and measured in turns against eager; returns the pick and whether the "
       "finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, "
-      "elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache).");
+      "elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache) "
+      "and floor(backend, target_s) -> s (a lower bound on its run time, measured on demand).");
 
   using passes::EvolveOptions;
   Struct<EvolveOptions>(m, "EvolveOptions", "Options of the evolutionary offload search.")

@@ -179,8 +179,21 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     } else if (budget > 0 && expected > budget - spent) {
       t.skipped = "would take ~" + fixed(expected) + " s to compile, " + fixed(budget - spent) +
                   " s of the " + fixed(budget) + " s budget left";
+    } else if (measurer.floor && fastest > 0 && options.floor_slack > 0) {
+      // Last: measuring the floor costs kernel runs, which a skip above saves.
+      double floor = measurer.floor(b, fastest / options.floor_slack);
+      if (floor * options.floor_slack >= fastest) {
+        t.skipped = "cannot win: its matmuls alone take " + fixed(floor * 1e3) + " ms, " +
+                    fixed(fastest * 1e3) + " ms measured";
+      }
     }
     if (!t.skipped.empty()) {
+      // The reference ruled out before its compile: the budget is what its compile was
+      // expected to take (else the compilers after it would have none).
+      if (b == options.reference && plan.budget_s <= 0 && expected > 0 && !replays &&
+          t.skipped.rfind("cannot win", 0) == 0) {
+        plan.budget_s = options.budget_factor * expected;
+      }
       plan.trials.push_back(t);
       times.emplace_back();
       timing_s.push_back(0.0);

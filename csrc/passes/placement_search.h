@@ -39,6 +39,12 @@ struct WholeGraphMeasurer {
   // Whether `backend`'s last compile was served from a cache (Inductor's FX graph cache, a kept
   // export): its seconds are no compile's. May be empty (never).
   std::function<bool(const std::string& backend)> served;
+  // A lower bound in seconds on `backend`'s run time, measured on demand before its compile:
+  // the kernels it is known to call, timed alone (Inductor's matmuls go to the same BLAS
+  // whatever it fuses around them). Measured only as far as it must to reach `target_s` (the
+  // fastest graph so far over floor_slack): any partial sum is a bound too. Called only for a
+  // compiler about to be compiled once a graph is timed. May be empty; 0: no bound.
+  std::function<double(const std::string& backend, double target_s)> floor;
 };
 
 struct WholeGraphSearchOptions {
@@ -85,6 +91,10 @@ struct WholeGraphSearchOptions {
   // the precision it computes in): one that cannot beat the fastest graph timed so far is not
   // compiled. Absent or 0: no bound.
   std::map<std::string, double> lower_bound_s;
+  // A measured floor (WholeGraphMeasurer::floor) rules a compiler out only where this fraction
+  // of it still exceeds the fastest graph so far: its kernels ran warm and alone, and either
+  // timing may be a noisy sample.
+  double floor_slack = 0.85;
   // Per compiler, its expected compile time in seconds: once the budget is known (the
   // reference compiled), a compiler expected to overrun what is left of it is not compiled.
   // Absent or 0: unknown, compiled while any budget is left.

@@ -71,10 +71,11 @@ def install_whole_graph(seconds: dict[str, float], setattr_: Callable[..., Any] 
     setattr_(whole_graph._Writes, "restore_s", 0.0)
     # Nothing skipped for this machine's speed either: no compile-time expectation, neither the
     # priors nor the rates learned from earlier compiles (the search then skips only once the
-    # budget is spent), and a peak no FLOP count reaches (no bound).
+    # budget is spent), a peak no FLOP count reaches and no measured matmul floor (no bound).
     from torch_plugin.placement import backends
 
     for cls in backends.BACKENDS.values():
         setattr_(cls, "compile_s_per_node", 0.0)
     setattr_(whole_graph, "_f32_peak", lambda threads: float("inf"))
+    setattr_(whole_graph.kernel_floor, "matmul_floor", lambda gm, target_s: 0.0)
     setattr_(whole_graph, "compile_rates", lambda cache, machine, compilers, computes=None: {})

@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 
 from .. import _C, fx_bridge
+from . import kernel_floor
 from .artifacts import artifact_dir, tensor_bytes
 from .backends import InductorBackend, for_device, get_backends, symbolic_placeholders
 from .cache import ProfileCache, device_key, machine_key
@@ -248,6 +249,13 @@ def place_whole_graph_first(
         # Less the copies that set its written inputs back before each run.
         return seconds if written is None else max(seconds - written.restore_s, 0.0)
 
+    def floor(name: str, target_s: float) -> float:
+        # Inductor's matmuls timed alone: its compile is skipped where they cannot beat the
+        # fastest graph so far (kernel_floor.py). Not for a symbolic-size graph.
+        if dynamic or not kernel_floor.applies(by_name.get(name), inputs):
+            return 0.0
+        return kernel_floor.matmul_floor(gm, target_s)
+
     cache = ProfileCache(opts.cache_path)
     try:
         cached = cache.get_decision(decision_key)
@@ -278,6 +286,7 @@ def place_whole_graph_first(
                     time=time_whole,
                     elapsed=lambda: time.perf_counter() - t_start,
                     served=lambda name: name in served,
+                    floor=floor,
                 )
                 # As a dict: the profile cache keeps it as JSON.
                 plan = (

@@ -37,7 +37,7 @@ struct Stub {
               if (timing_takes_time) clock += t;
               return t;
             },
-            [this] { return clock; }, nullptr};
+            [this] { return clock; }, nullptr, nullptr};
   }
 };
 
@@ -158,6 +158,61 @@ TEST(PlacementSearch, AGraphTimedUnderItsBoundDisprovesTheBounds) {
   EXPECT_EQ(plan.pick, "openvino");
   EXPECT_TRUE(plan.notes.empty());
   EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "compile onnxruntime"), 0);
+}
+
+TEST(PlacementSearch, AMeasuredFloorOverTheFastestRulesTheReferenceOutAndBudgetsOnItsExpectation) {
+  // bert-base, batch 1, f32: OpenVINO's graph runs in 108 ms; Inductor's matmuls alone (the
+  // BLAS calls its graph makes) measure 140 ms, so its 25 s compile cannot pay. It is skipped,
+  // and ONNX Runtime after it gets the budget Inductor's compile was expected to set.
+  Stub s;
+  s.run_s = {{"eager", 200e-3}, {"openvino", 108e-3}, {"inductor", 220e-3}, {"onnxruntime", 140e-3}};
+  s.compile_s = {{"openvino", 2.0}, {"inductor", 25.0}, {"onnxruntime", 8.0}};
+  WholeGraphSearchOptions o;
+  o.expected_compile_s = {{"openvino", 0.5}, {"inductor", 13.5}, {"onnxruntime", 8.1}};
+  std::vector<std::pair<std::string, double>> asked;
+  auto m = s.Measurer();
+  m.floor = [&](const std::string& b, double target_s) {
+    asked.emplace_back(b, target_s);
+    return b == "inductor" ? 140e-3 : 0.0;
+  };
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, m, o);
+  ASSERT_EQ(plan.trials.size(), 4u);
+  EXPECT_EQ(plan.trials[2].backend, "inductor");
+  EXPECT_FALSE(plan.trials[2].compiled);
+  EXPECT_EQ(plan.trials[2].skipped, "cannot win: its matmuls alone take 140.0 ms, 108.0 ms measured");
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "compile inductor"), 0);
+  EXPECT_DOUBLE_EQ(plan.budget_s, 1.25 * 13.5);
+  EXPECT_TRUE(plan.trials[3].compiled);  // 2 s spent of 16.9
+  EXPECT_EQ(plan.pick, "openvino");
+  // Asked once per compiler about to be compiled after a timing, against the fastest over
+  // the slack: OpenVINO (timed after eager), Inductor, ONNX Runtime.
+  ASSERT_EQ(asked.size(), 3u);
+  EXPECT_EQ(asked[1].first, "inductor");
+  EXPECT_NEAR(asked[1].second, 108e-3 / 0.85, 1e-12);
+  // A floor whose slack's share is under the fastest decides nothing: compiled and timed.
+  m.floor = [](const std::string& b, double) { return b == "inductor" ? 120e-3 : 0.0; };
+  s.calls.clear();
+  s.clock = 0.0;
+  plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, m, o);
+  EXPECT_TRUE(plan.trials[2].compiled) << plan.trials[2].skipped;
+  EXPECT_DOUBLE_EQ(plan.budget_s, 1.25 * 25.0);
+}
+
+TEST(PlacementSearch, TheFloorIsNotMeasuredForACompilerSkippedOtherwise) {
+  Stub s;
+  s.run_s = {{"eager", 100e-3}, {"inductor", 90e-3}, {"openvino", 50e-3}, {"onnxruntime", 48e-3}};
+  s.compile_s = {{"inductor", 12.0}, {"openvino", 0.5}, {"onnxruntime", 8.0}};
+  WholeGraphSearchOptions o;  // budget 15 s, 12.5 s spent: ONNX Runtime's 7 s do not fit
+  o.expected_compile_s = {{"openvino", 0.6}, {"onnxruntime", 7.0}};
+  std::vector<std::string> asked;
+  auto m = s.Measurer();
+  m.floor = [&](const std::string& b, double) {
+    asked.push_back(b);
+    return 0.0;
+  };
+  auto plan = SearchWholeGraphFirst({"onnxruntime", "openvino", "inductor"}, m, o);
+  EXPECT_FALSE(plan.trials[3].compiled);
+  EXPECT_EQ(asked, (std::vector<std::string>{"inductor", "openvino"}));  // not ONNX Runtime
 }
 
 TEST(PlacementSearch, ACompilerExpectedToOverrunTheBudgetIsNotCompiled) {

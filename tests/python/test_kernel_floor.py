@@ -1,0 +1,135 @@
+"""Inductor's matmul floor (placement/kernel_floor.py): which matmuls it counts, how it sums
+them, and that the default compile skips Inductor's compile when the floor is over the fastest
+graph. Timings are stubbed: no test depends on this machine's speed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+from torch_plugin.backend import collect_stats
+from torch_plugin.placement import backends as placement_backends
+from torch_plugin.placement import kernel_floor
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(256, 1024)
+        self.down = torch.nn.Linear(1024, 256)
+        self.again = torch.nn.Linear(256, 1024)  # the same matmul as `up`
+        self.tiny = torch.nn.Linear(256, 4, bias=False)  # under MIN_FLOPS
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.down(torch.relu(self.up(x)))
+        return self.again(h), self.tiny(h)
+
+
+def _aten_graph(model: torch.nn.Module, *inputs: Any) -> torch.fx.GraphModule:
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm, example_inputs):  # type: ignore[no-untyped-def]
+        def fw(fx_g, _inputs):  # type: ignore[no-untyped-def]
+            graphs.append(fx_g)
+            return fx_g
+
+        return aot_autograd(fw_compiler=fw)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=capture)(*inputs)
+    return graphs[0]
+
+
+def test_matmuls_groups_equal_matmuls_largest_first_and_leaves_small_ones_out() -> None:
+    gm = _aten_graph(_Mlp().eval(), torch.randn(64, 256))
+    groups = kernel_floor.matmuls(gm)
+    # up and again: one group of two (2 x 64 x 256 x 1024 FLOPs each); down: one; tiny: none.
+    assert [count for _, count in groups] == [2, 1], groups
+    (op, a_shape, _, b_shape, b_stride), _ = groups[0]
+    assert (op, a_shape, b_shape) == ("addmm", (64, 256), (256, 1024))
+    assert b_stride == (1, 256)  # a Linear's weight, transposed: MKL's packed call applies
+    assert groups[1][0][3] == (1024, 256)
+
+
+def test_the_floor_sums_each_groups_fastest_call_and_stops_at_the_target() -> None:
+    gm = _aten_graph(_Mlp().eval(), torch.randn(64, 256))
+    timed: list[int] = []
+
+    def timer(call: Any) -> float:
+        timed.append(1)
+        return 0.004 if len(timed) % 2 else 0.003  # ATen's call, then MKL's packed one
+
+    ways = 2 if torch._C.has_mkl else 1
+    fastest = 0.003 if ways == 2 else 0.004
+    # Both groups: 2 x fastest + 1 x fastest.
+    assert abs(kernel_floor.matmul_floor(gm, 1.0, timer) - 3 * fastest) < 1e-12
+    assert len(timed) == 2 * ways
+    # A target the first group reaches: the second is never timed, and its sum is returned.
+    timed.clear()
+    assert abs(kernel_floor.matmul_floor(gm, 0.005, timer) - 2 * fastest) < 1e-12
+    assert len(timed) == ways
+
+
+def test_the_floor_holds_only_for_inductor_in_f32_on_the_cpu_with_its_default_matmuls(
+    monkeypatch,
+) -> None:
+    import torch._inductor.config as inductor_config
+
+    x = [torch.randn(2, 2)]
+    inductor = placement_backends.InductorBackend()
+    assert kernel_floor.applies(inductor, x)
+    assert not kernel_floor.applies(placement_backends.OpenVINOBackend(), x)
+    assert not kernel_floor.applies(None, x)
+    bf16 = placement_backends.InductorBackend()
+    bf16.compute = "bf16"
+    assert not kernel_floor.applies(bf16, x)
+    monkeypatch.setattr(inductor_config, "max_autotune", True)
+    assert not kernel_floor.applies(inductor, x)
+
+
+def test_the_default_compile_skips_inductor_when_its_matmuls_cannot_beat_the_fastest(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """OpenVINO's graph measures 10 us; Inductor's matmuls alone "take" 1 ms (stubbed): its
+    compile cannot pay and never runs. ONNX Runtime, after it, is still compiled."""
+    fixed_profile({"openvino": 1e-5, "inductor": 5e-4, "onnxruntime": 2e-5})
+    # OpenVINO's compile expected cheap (tried first), ONNX Runtime's after Inductor's.
+    for cls, per_node in (("OpenVINOBackend", 1e-3), ("InductorBackend", 1.0)):
+        monkeypatch.setattr(getattr(placement_backends, cls), "compile_s_per_node", per_node)
+    monkeypatch.setattr(placement_backends.OnnxRuntimeBackend, "compile_s_per_node", 0.5)
+    asked: list[float] = []
+    monkeypatch.setattr(
+        kernel_floor, "matmul_floor", lambda gm, target_s: asked.append(target_s) or 1e-3
+    )
+    compiled: list[int] = []
+    real = placement_backends.InductorBackend.compile
+    monkeypatch.setattr(
+        placement_backends.InductorBackend,
+        "compile",
+        lambda self, *a: compiled.append(1) or real(self, *a),
+    )
+    model = _Mlp().eval()
+    x = torch.randn(64, 256)
+    opts = {
+        "placement": {
+            "cache_path": str(tmp_path / "profile.db"),
+            "samples": 1,
+            "budget_factor": 100.0,
+            "allow_refine": False,
+        }
+    }
+    f = torch.compile(model, backend="torch_plugin", options=opts)
+    with collect_stats() as stats, torch.no_grad():
+        got = f(x)
+        want = model(x)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    (line,) = [r["summary"] for r in stats if "summary" in r]
+    assert ": openvino (" in line, line
+    assert "inductor skipped (cannot win: its matmuls alone take 1.0 ms, 0.0 ms measured)" in line
+    assert "onnxruntime skipped" not in line and "onnxruntime 0.020 ms" in line, line
+    assert compiled == []
+    assert asked and abs(asked[0] - 1e-5 / 0.85) < 1e-12
