@@ -94,7 +94,7 @@ class PassManager:
         """
     def search_whole_graph_first(self, backends: collections.abc.Sequence[str], measurer: typing.Any, options: WholeGraphSearchOptions) -> WholeGraphPlan:
         """
-        The default placement's driver: each compiler's whole graph compiled (reference first, within the budget) and measured in turns against eager; returns the pick and whether the finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache).
+        The default placement's driver: each compiler's whole graph compiled (reference first, within the budget) and measured in turns against eager; returns the pick and whether the finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache) and floor(backend, target_s) -> s (a lower bound on its run time, measured on demand).
         """
     def tune_schedule(self, sizes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], evaluate: collections.abc.Callable[[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], float | None], options: TuneOptions, *, progress: collections.abc.Callable[[typing.SupportsInt | typing.SupportsIndex, collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], typing.SupportsFloat | typing.SupportsIndex | None, typing.SupportsFloat | typing.SupportsIndex | None], None] = None) -> TuneResult:
         """
@@ -1128,6 +1128,12 @@ class WholeGraphSearchOptions:
         ...
     @fallback_budget_s.setter
     def fallback_budget_s(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def floor_slack(self) -> float:
+        ...
+    @floor_slack.setter
+    def floor_slack(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
     def keep_eager_margin(self) -> float:
