@@ -165,7 +165,8 @@ TEST(PlacementSearch, AMeasuredFloorOverTheFastestRulesTheReferenceOutAndBudgets
   // BLAS calls its graph makes) measure 140 ms, so its 25 s compile cannot pay. It is skipped,
   // and ONNX Runtime after it gets the budget Inductor's compile was expected to set.
   Stub s;
-  s.run_s = {{"eager", 200e-3}, {"openvino", 108e-3}, {"inductor", 220e-3}, {"onnxruntime", 140e-3}};
+  s.run_s = {
+      {"eager", 200e-3}, {"openvino", 108e-3}, {"inductor", 220e-3}, {"onnxruntime", 140e-3}};
   s.compile_s = {{"openvino", 2.0}, {"inductor", 25.0}, {"onnxruntime", 8.0}};
   WholeGraphSearchOptions o;
   o.expected_compile_s = {{"openvino", 0.5}, {"inductor", 13.5}, {"onnxruntime", 8.1}};
@@ -179,7 +180,8 @@ TEST(PlacementSearch, AMeasuredFloorOverTheFastestRulesTheReferenceOutAndBudgets
   ASSERT_EQ(plan.trials.size(), 4u);
   EXPECT_EQ(plan.trials[2].backend, "inductor");
   EXPECT_FALSE(plan.trials[2].compiled);
-  EXPECT_EQ(plan.trials[2].skipped, "cannot win: its matmuls alone take 140.0 ms, 108.0 ms measured");
+  EXPECT_EQ(plan.trials[2].skipped,
+            "cannot win: its matmuls alone take 140.0 ms, 108.0 ms measured");
   EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "compile inductor"), 0);
   EXPECT_DOUBLE_EQ(plan.budget_s, 1.25 * 13.5);
   EXPECT_TRUE(plan.trials[3].compiled);  // 2 s spent of 16.9
