@@ -133,3 +133,43 @@ def test_the_default_compile_skips_inductor_when_its_matmuls_cannot_beat_the_fas
     assert "onnxruntime skipped" not in line and "onnxruntime 0.020 ms" in line, line
     assert compiled == []
     assert asked and abs(asked[0] - 1e-5 / 0.85) < 1e-12
+
+
+def test_operands_are_made_in_any_layout_a_graph_gives_them() -> None:
+    # A broadcast operand (stride 0) shares memory between elements: made without writing it.
+    a = kernel_floor._strided((4, 8), (0, 1))
+    assert a.shape == (4, 8) and a.stride() == (0, 1)
+    assert torch.equal(a[0], a[3])
+    assert kernel_floor._strided((8, 4), (1, 8)).stride() == (1, 8)
+
+
+def test_a_floor_that_cannot_be_measured_is_no_bound(tmp_path, fixed_profile, monkeypatch) -> None:
+    """A matmul the floor cannot time (an error in a kernel call) costs no compile: the floor
+    is 0, logged, and Inductor is compiled and measured as before."""
+    fixed_profile({"openvino": 1e-5, "inductor": 5e-4})
+    monkeypatch.setattr(placement_backends.OpenVINOBackend, "compile_s_per_node", 1e-3)
+    monkeypatch.setattr(placement_backends.InductorBackend, "compile_s_per_node", 1.0)
+
+    def fails(gm: Any, target_s: float) -> float:
+        raise RuntimeError("no kernel for this layout")
+
+    monkeypatch.setattr(kernel_floor, "matmul_floor", fails)
+    model = _Mlp().eval()
+    x = torch.randn(64, 256)
+    opts = {
+        "placement": {
+            "cache_path": str(tmp_path / "profile.db"),
+            "samples": 1,
+            "budget_factor": 100.0,
+            "allow_refine": False,
+            "backends": ["openvino", "inductor"],
+        }
+    }
+    f = torch.compile(model, backend="torch_plugin", options=opts)
+    with collect_stats() as stats, torch.no_grad():
+        got = f(x)
+        want = model(x)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    (line,) = [r["summary"] for r in stats if "summary" in r]
+    assert "inductor 0.500 ms" in line and "skipped" not in line, line

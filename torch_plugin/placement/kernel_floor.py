@@ -101,18 +101,23 @@ def _calls(key: tuple[Any, ...]) -> list[Callable[[], Any]]:
     """The ways Inductor may run one matmul: ATen's call, and MKL's packed sgemm where the
     right operand is a transposed (N, K) weight, as Inductor packs a frozen nn.Linear's."""
     op, a_shape, a_stride, b_shape, b_stride = key
-    a = torch.empty_strided(a_shape, a_stride).normal_()
-    b = torch.empty_strided(b_shape, b_stride).normal_()
+    a, b = _strided(a_shape, a_stride), _strided(b_shape, b_stride)
     bias = torch.randn(b_shape[1])
     calls: list[Callable[[], Any]] = [
         (lambda: torch.addmm(bias, a, b)) if op == "addmm" else (lambda: torch.mm(a, b))
     ]
     w = b.t()
-    if torch._C.has_mkl and w.is_contiguous():
+    if torch._C.has_mkl and w.is_contiguous() and a.is_contiguous():
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, a_shape[0])
         kept = bias if op == "addmm" else None
         calls.append(lambda: torch.ops.mkl._mkl_linear(a, packed, w, kept, a_shape[0]))
     return calls
+
+
+def _strided(shape: tuple[int, int], stride: tuple[int, int]) -> torch.Tensor:
+    """Random values in the operand's layout, whatever its strides (a broadcast one's 0)."""
+    size = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+    return torch.randn(size).as_strided(shape, stride)
 
 
 def matmul_floor(

@@ -254,7 +254,11 @@ def place_whole_graph_first(
         # fastest graph so far (kernel_floor.py). Not for a symbolic-size graph.
         if dynamic or not kernel_floor.applies(by_name.get(name), inputs):
             return 0.0
-        return kernel_floor.matmul_floor(gm, target_s)
+        try:
+            return kernel_floor.matmul_floor(gm, target_s)
+        except Exception as e:  # noqa: BLE001 - no floor is a bound too (0)
+            log.info("torch_plugin placement: no matmul floor for %s (%s)", name, e)
+            return 0.0
 
     cache = ProfileCache(opts.cache_path)
     try:
