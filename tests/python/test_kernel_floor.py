@@ -43,6 +43,21 @@ def _aten_graph(model: torch.nn.Module, *inputs: Any) -> torch.fx.GraphModule:
     return graphs[0]
 
 
+def _compile_mlp(tmp_path: Any, **placement: Any) -> str:
+    """The default compile of _Mlp, checked against eager; its one summary line. A wide budget
+    and no finer search: what is tried never depends on this machine's compile speed."""
+    model, x = _Mlp().eval(), torch.randn(64, 256)
+    defaults = {"samples": 1, "budget_factor": 100.0, "allow_refine": False}
+    opts = {"placement": {"cache_path": str(tmp_path / "profile.db"), **defaults, **placement}}
+    f = torch.compile(model, backend="torch_plugin", options=opts)
+    with collect_stats() as stats, torch.no_grad():
+        got, want = f(x), model(x)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    (line,) = [r["summary"] for r in stats if "summary" in r]
+    return line
+
+
 def test_matmuls_groups_equal_matmuls_largest_first_and_leaves_small_ones_out() -> None:
     gm = _aten_graph(_Mlp().eval(), torch.randn(64, 256))
     groups = kernel_floor.matmuls(gm)
@@ -111,23 +126,7 @@ def test_the_default_compile_skips_inductor_when_its_matmuls_cannot_beat_the_fas
         "compile",
         lambda self, *a: compiled.append(1) or real(self, *a),
     )
-    model = _Mlp().eval()
-    x = torch.randn(64, 256)
-    opts = {
-        "placement": {
-            "cache_path": str(tmp_path / "profile.db"),
-            "samples": 1,
-            "budget_factor": 100.0,
-            "allow_refine": False,
-        }
-    }
-    f = torch.compile(model, backend="torch_plugin", options=opts)
-    with collect_stats() as stats, torch.no_grad():
-        got = f(x)
-        want = model(x)
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    (line,) = [r["summary"] for r in stats if "summary" in r]
+    line = _compile_mlp(tmp_path)
     assert ": openvino (" in line, line
     assert "inductor skipped (cannot win: its matmuls alone take 1.0 ms, 0.0 ms measured)" in line
     assert "onnxruntime skipped" not in line and "onnxruntime 0.020 ms" in line, line
@@ -154,22 +153,5 @@ def test_a_floor_that_cannot_be_measured_is_no_bound(tmp_path, fixed_profile, mo
         raise RuntimeError("no kernel for this layout")
 
     monkeypatch.setattr(kernel_floor, "matmul_floor", fails)
-    model = _Mlp().eval()
-    x = torch.randn(64, 256)
-    opts = {
-        "placement": {
-            "cache_path": str(tmp_path / "profile.db"),
-            "samples": 1,
-            "budget_factor": 100.0,
-            "allow_refine": False,
-            "backends": ["openvino", "inductor"],
-        }
-    }
-    f = torch.compile(model, backend="torch_plugin", options=opts)
-    with collect_stats() as stats, torch.no_grad():
-        got = f(x)
-        want = model(x)
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    (line,) = [r["summary"] for r in stats if "summary" in r]
+    line = _compile_mlp(tmp_path, backends=["openvino", "inductor"])
     assert "inductor 0.500 ms" in line and "skipped" not in line, line
