@@ -278,14 +278,15 @@ def time_row(name: str, batch: int, rounds: int, only: str | None = None) -> dic
     except ImportError:  # run as a script: benchmarks/ itself is on sys.path
         from timing import round_robin
 
-    if only in (None, F32[0]):  # one child of a row split by contender counts them
+    first = only in (None, F32[0])  # one child of a row split by contender counts them
+    if first:
         row["gflop"] = _gflop(model, args)
     # A 0.1 s pause before each block: another runtime's spinning pool winds down. The peak is
     # measured on either side of the timing: a reading taken while the host is busy is low.
     before = _f32_peak_gflops()
     per = round_robin(fns, args, rounds, pause_s=0.1, window_s=0.5, min_samples=2)
     row["f32_peak_gflops"] = max(before, _f32_peak_gflops())
-    if only in (None, F32[0]):
+    if first:
         # After the timing: the stub's compile adds an entry to Dynamo's cache of this code,
         # whose guards every torch.compile'd contender's later calls would check first.
         row["entry_ms"] = _entry_ms(model, args)

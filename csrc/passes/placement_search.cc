@@ -169,11 +169,13 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
       }
       if (!beaten()) budget = stretched;
     }
+    bool cannot_win = false;  // ruled out by a bound, not by the budget
     if (replays) {
       // Tried whatever is left of the budget (below).
     } else if (budget > 0 && spent >= budget) {
       t.skipped = "compile budget of " + fixed(budget) + " s spent";
     } else if (bounds_hold && bound > 0 && fastest > 0 && bound >= fastest) {
+      cannot_win = true;
       t.skipped = "cannot win: at least " + fixed(bound * 1e3) + " ms at its peak, " +
                   fixed(fastest * 1e3) + " ms measured";
     } else if (budget > 0 && expected > budget - spent) {
@@ -183,6 +185,7 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
       // Last: measuring the floor costs kernel runs, which a skip above saves.
       double floor = measurer.floor(b, fastest / options.floor_slack);
       if (floor * options.floor_slack >= fastest) {
+        cannot_win = true;
         t.skipped = "cannot win: its matmuls alone take " + fixed(floor * 1e3) + " ms, " +
                     fixed(fastest * 1e3) + " ms measured";
       }
@@ -190,8 +193,7 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     if (!t.skipped.empty()) {
       // The reference ruled out before its compile: the budget is what its compile was
       // expected to take (else the compilers after it would have none).
-      if (b == options.reference && plan.budget_s <= 0 && expected > 0 && !replays &&
-          t.skipped.rfind("cannot win", 0) == 0) {
+      if (cannot_win && b == options.reference && plan.budget_s <= 0 && expected > 0) {
         plan.budget_s = options.budget_factor * expected;
       }
       plan.trials.push_back(t);

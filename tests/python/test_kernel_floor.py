@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import aten_graphs
 import torch
-from torch._dynamo.backends.common import aot_autograd
 
 from torch_plugin.backend import collect_stats
 from torch_plugin.placement import backends as placement_backends
@@ -27,22 +27,6 @@ class _Mlp(torch.nn.Module):
         return self.again(h), self.tiny(h)
 
 
-def _aten_graph(model: torch.nn.Module, *inputs: Any) -> torch.fx.GraphModule:
-    graphs: list[torch.fx.GraphModule] = []
-
-    def capture(gm, example_inputs):  # type: ignore[no-untyped-def]
-        def fw(fx_g, _inputs):  # type: ignore[no-untyped-def]
-            graphs.append(fx_g)
-            return fx_g
-
-        return aot_autograd(fw_compiler=fw)(gm, example_inputs)
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=capture)(*inputs)
-    return graphs[0]
-
-
 def _compile_mlp(tmp_path: Any, **placement: Any) -> str:
     """The default compile of _Mlp, checked against eager; its one summary line. A wide budget
     and no finer search: what is tried never depends on this machine's compile speed."""
@@ -59,7 +43,7 @@ def _compile_mlp(tmp_path: Any, **placement: Any) -> str:
 
 
 def test_matmuls_groups_equal_matmuls_largest_first_and_leaves_small_ones_out() -> None:
-    gm = _aten_graph(_Mlp().eval(), torch.randn(64, 256))
+    gm = aten_graphs.forward_graph(_Mlp().eval(), torch.randn(64, 256))[0]
     groups = kernel_floor.matmuls(gm)
     # up and again: one group of two (2 x 64 x 256 x 1024 FLOPs each); down: one; tiny: none.
     assert [count for _, count in groups] == [2, 1], groups
@@ -70,7 +54,7 @@ def test_matmuls_groups_equal_matmuls_largest_first_and_leaves_small_ones_out() 
 
 
 def test_the_floor_sums_each_groups_fastest_call_and_stops_at_the_target() -> None:
-    gm = _aten_graph(_Mlp().eval(), torch.randn(64, 256))
+    gm = aten_graphs.forward_graph(_Mlp().eval(), torch.randn(64, 256))[0]
     timed: list[int] = []
 
     def timer(call: Any) -> float:

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from .backends import InductorBackend
+
 aten = torch.ops.aten
 
 # Smaller matmuls are left out: Inductor may turn them into loops of its own (a pooler's
@@ -35,9 +37,7 @@ MAX_MEASURE_S = 3.0
 def applies(backend: Any, inputs: Sequence[Any]) -> bool:
     """Whether Inductor's floor holds for this backend and these inputs: Inductor computing in
     f32 on the CPU with its default matmul lowering."""
-    import torch._inductor.config as inductor_config
-
-    from .backends import InductorBackend
+    import torch._inductor.config as inductor_config  # not at import: torch._inductor is large
 
     return (
         isinstance(backend, InductorBackend)
