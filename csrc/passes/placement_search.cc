@@ -119,9 +119,13 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     }
     return best;
   };
-  // Whether a compiler other than the reference already ran faster than the reference (the
-  // best of each one's timings).
-  auto beaten = [&] {
+  // Whether a compiler other than the reference already ran faster than the reference, or
+  // within close_ratio of it (the best of each one's timings): then the search has a measured
+  // near-tie of two compilers, and the budget's stretch (for a reference that stands alone)
+  // would buy a third compile at best a few percent faster. On the 2-core Xeon, OpenVINO's T5
+  // encoder ran 1.03x and its bert-base b8 1.05x Inductor's; stretched, ONNX Runtime's 16-17 s
+  // exports were compiled, lost, and the cold compiles were 2.1x and 2.3x Inductor's.
+  auto matched = [&] {
     double ref = 0.0;
     for (size_t i = 1; i < plan.trials.size(); ++i) {
       if (plan.trials[i].backend == options.reference) ref = best_of(times[i]);
@@ -129,7 +133,8 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     for (size_t i = 1; i < plan.trials.size(); ++i) {
       const auto& done = plan.trials[i];
       double t = best_of(times[i]);
-      if (done.compiled && done.backend != options.reference && t > 0 && (ref <= 0 || t < ref)) {
+      if (done.compiled && done.backend != options.reference && t > 0 &&
+          (ref <= 0 || t < ref * std::max(1.0, options.close_ratio))) {
         return true;
       }
     }
@@ -147,10 +152,10 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     double bound = Get(options.lower_bound_s, b);
     double expected = Get(options.expected_compile_s, b);
     double budget = plan.budget_s;
-    if (budget > 0 && reference_compile_s > 0 && !beaten()) {
+    if (budget > 0 && reference_compile_s > 0 && !matched()) {
       double stretched = std::max(budget, options.rescue_budget_factor * reference_compile_s);
       // Where the stretch alone lets this compiler in, a second timing of each graph settles
-      // whether one already beat the reference: one slow first sample of OpenVINO's graph on
+      // whether one already matched the reference: one slow first sample of OpenVINO's graph on
       // this noisy host stretched T5's budget for ONNX Runtime's 16.5 s compile (2.2x
       // Inductor's cold compile for a graph OpenVINO ran 1.5x faster than Inductor).
       bool decides = stretched > budget && (spent >= budget || expected > budget - spent);
@@ -167,7 +172,7 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
         }
         spent = measurer.elapsed();
       }
-      if (!beaten()) budget = stretched;
+      if (!matched()) budget = stretched;
     }
     bool cannot_win = false;  // ruled out by a bound, not by the budget
     if (replays) {

@@ -69,7 +69,8 @@ struct WholeGraphSearchOptions {
   double budget_factor = 1.25;
   std::string reference = "inductor";
   double fallback_budget_s = 30.0;
-  // While no other compiler has beaten the reference's graph (they failed, or ran slower), the
+  // While no other compiler's graph has run faster than the reference's, or within close_ratio
+  // of it (they failed, or ran clearly slower), the
   // budget stretches to this multiple of the reference's compile: the search would otherwise
   // end on the user's own compiler with the best chance still untried (T5 and BART at the
   // suite's sizes: OpenVINO fails on them, and ONNX Runtime, 1.6-1.9x Inductor there, was

@@ -510,6 +510,26 @@ TEST(PlacementSearch, ASlowFirstSampleDoesNotStretchTheBudget) {
   EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time openvino"), 2);
 }
 
+TEST(PlacementSearch, ANearTieWithTheReferenceDoesNotStretchTheBudget) {
+  // T5's encoder at batch 1 on the 2-core Xeon: OpenVINO's graph 1.03x Inductor's. Stretched,
+  // the budget let ONNX Runtime's 16.9 s export in (expected 10.2 s), and it lost.
+  Stub s;
+  s.run_s = {{"eager", 0.15}, {"inductor", 0.0975}, {"openvino", 0.1003}, {"onnxruntime", 0.0994}};
+  s.compile_s = {{"inductor", 25.0}, {"openvino", 1.5}, {"onnxruntime", 16.9}};
+  WholeGraphSearchOptions o;  // budget 1.25 x 25 s; 26.5 s spent at ONNX Runtime's turn
+  o.expected_compile_s = {{"inductor", 17.0}, {"openvino", 0.7}, {"onnxruntime", 10.2}};
+  auto plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
+  ASSERT_EQ(plan.trials.size(), 4u);
+  EXPECT_EQ(plan.trials[3].skipped,
+            "would take ~10.2 s to compile, 4.8 s of the 31.2 s budget left");
+  EXPECT_EQ(plan.pick, "inductor");
+  // Past close_ratio (1.1) it is no tie: the budget stretches to 1.75 x 25 s.
+  s.clock = 0.0;
+  s.run_s["openvino"] = 0.0975 * 1.15;
+  plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
+  EXPECT_TRUE(plan.trials[3].compiled) << plan.trials[3].skipped;
+}
+
 TEST(PlacementSearch, StopsCompilingOnceTheBudgetIsSpent) {
   Stub s;
   s.run_s = {{"eager", 10e-3}, {"inductor", 8e-3}, {"openvino", 5e-3}, {"onnxruntime", 4e-3}};
