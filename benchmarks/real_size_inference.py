@@ -32,11 +32,13 @@ and ours in a second process with the caches the first filled. Ours also records
 whole-graph plan: each compiler's compile time and measured run time (where the time goes).
 
     python benchmarks/real_size_inference.py [--models bert gpt2 ...] [--batches 1 8] [--merge]
+        [--name real_size_inference_xeon]
 
 The 1.2B Llama is too large for every contender's weights in one process here: its contenders
 are timed one process each, one after another (the row says so).
 
-Writes benchmarks/results/real_size_inference.{json,png}.
+Writes benchmarks/results/real_size_inference.{json,png} (--name: another stem, for another
+CPU's table: the EPYC's and the Xeon's differ, AMX making bf16 3x f32 on the Xeon).
 """
 
 from __future__ import annotations
@@ -647,6 +649,12 @@ def main() -> None:
     p.add_argument(
         "--retabulate", action="store_true", help="rewrite the tables of the last run's rows"
     )
+    p.add_argument(
+        "--name",
+        default="real_size_inference",
+        help="the results' file stem: another CPU's table beside the default one "
+        "(real_size_inference_xeon: the 2-core Xeon with AMX)",
+    )
     a = p.parse_args()
     if a.compile:
         print(json.dumps(compile_row(a.compile[0], int(a.compile[1]), a.compile[2])))
@@ -658,14 +666,14 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.provenance import kept_rows, provenance
 
-    path = RESULTS / "real_size_inference.json"
+    path = RESULTS / f"{a.name}.json"
 
     def save(data: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
         rows = sorted(rows, key=lambda r: (r["batch"], MODELS.index(r["model"])))
         data = {**data, "summary": summarise(rows), **tables(rows), "rows": rows}
         RESULTS.mkdir(exist_ok=True)
         path.write_text(json.dumps(data, indent=1) + "\n")
-        plot(rows, RESULTS / "real_size_inference.png")
+        plot(rows, RESULTS / f"{a.name}.png")
         return data
 
     if a.retabulate:  # the measured rows and their provenance as they were

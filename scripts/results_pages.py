@@ -32,6 +32,11 @@ PAGES = {
         "real_size_inference.py",
         "features/default_compile",
     ),
+    "real_size_inference_xeon": (
+        "CPU inference at real sizes on the 2-core Xeon (AMX): f32 and bf16",
+        "real_size_inference.py --name real_size_inference_xeon",
+        "features/default_compile",
+    ),
     "varying_lengths": (
         "CPU inference on padded batches of changing lengths",
         "varying_lengths.py",
