@@ -134,7 +134,7 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
       const auto& done = plan.trials[i];
       double t = best_of(times[i]);
       if (done.compiled && done.backend != options.reference && t > 0 &&
-          (ref <= 0 || t < ref * std::max(1.0, options.close_ratio))) {
+          (ref <= 0 || t < ref * options.close_ratio)) {
         return true;
       }
     }

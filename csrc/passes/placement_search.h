@@ -70,11 +70,11 @@ struct WholeGraphSearchOptions {
   std::string reference = "inductor";
   double fallback_budget_s = 30.0;
   // While no other compiler's graph has run faster than the reference's, or within close_ratio
-  // of it (they failed, or ran clearly slower), the
-  // budget stretches to this multiple of the reference's compile: the search would otherwise
-  // end on the user's own compiler with the best chance still untried (T5 and BART at the
-  // suite's sizes: OpenVINO fails on them, and ONNX Runtime, 1.6-1.9x Inductor there, was
-  // skipped with 2 s of a 15 s budget left). 1.75 keeps the whole compile within about 2x.
+  // of it (they failed, or ran clearly slower), the budget stretches to this multiple of the
+  // reference's compile: the search would otherwise end on the user's own compiler with the
+  // best chance still untried (T5 and BART at the suite's sizes: OpenVINO fails on them, and
+  // ONNX Runtime, 1.6-1.9x Inductor there, was skipped with 2 s of a 15 s budget left). 1.75
+  // keeps the whole compile within about 2x.
   double rescue_budget_factor = 1.75;
   // A compiler is picked over eager only when it is faster by this fraction.
   double keep_eager_margin = 0.02;
