@@ -2103,6 +2103,10 @@ def measure_f32_peak(threads: typing.SupportsInt | typing.SupportsIndex, seconds
     """
     The machine's f32 multiply-add peak in FLOP/s on `threads` threads, measured (csrc/cost/cpu_peak.h).
     """
+def mkldnn_from_bytes(data: typing.Any, sizes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], dtype: typing.Any, metadata: typing.Any) -> typing.Any:
+    """
+    A tensor of the mkldnn layout rebuilt from its packed bytes and its serialised oneDNN descriptor (torch.ops.mkldnn._get_mkldnn_serialized_md); it owns a copy of the bytes.
+    """
 def model_decode_layer(layer: dict, world: typing.SupportsInt | typing.SupportsIndex, strategy: str, device: typing.Any) -> dict:
     """
     Modelled decode step of one layer: times, bytes sent per rank, memory (dict). device: a preset name, or a dict {'base': preset, field: value} (mem_bandwidth, attention_bandwidth, link_bandwidth, ...).

@@ -284,6 +284,7 @@ void BindPlacement(py::module_& m, PassManagerClass& pm);      // placement.cc
 void BindSchedule(py::module_& m, PassManagerClass& pm);       // schedule.cc
 void BindLayout(py::module_& m);                               // layout.cc
 void BindFrozenWeights(py::module_& m);                        // frozen_weights.cc
+void BindMkldnnBlob(py::module_& m);                           // mkldnn_blob.cc
 }  // namespace tp::bindings
 
 PYBIND11_MODULE(_C, m) {
@@ -362,6 +363,7 @@ class PassError(RuntimeError):
   BindSchedule(m, pm);
   BindLayout(m);
   BindFrozenWeights(m);
+  BindMkldnnBlob(m);
 
   Struct<passes::RewriteOptions>(m, "RewriteOptions",
                                  "Typed options of the graph rewrites, one field per rewrite.")

@@ -123,6 +123,8 @@ class InductorBackend(Backend):
         from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+        from .inductor_artifact import describe, recorder
+
         # Outside the enclosing Dynamo frame's tracing context: the subgraph's guards and fake
         # mode are its own, not the user's frame's. A context of its own with a shape env,
         # which Inductor's FX graph cache needs ("Bypassing FX Graph Cache because 'No shape
@@ -164,8 +166,13 @@ class InductorBackend(Backend):
         ):
             warnings.simplefilter("ignore")
             hits = counters["inductor"]["fxgraph_cache_hit"]
+            # A static graph compiled with freezing may be kept for a later process
+            # (inductor_artifact.py): its frozen graph and output code are recorded.
+            recorded: list[dict[str, Any]] = []
             if _recomputes(gm):
                 compiled = _compile_partitioned(gm, mode, fake_inputs)
+            elif freeze and frame is None:
+                compiled = compile_fx(gm, fake_inputs, inner_compile=recorder(recorded))
             else:
                 compiled = compile_fx(gm, fake_inputs)
             self.last_from_cache = counters["inductor"]["fxgraph_cache_hit"] > hits
@@ -174,7 +181,13 @@ class InductorBackend(Backend):
             if frame is None
             else _with_symbolic_strides(compiled, frame[1])
         )
-        return _cast_outputs(compiled, casts) if any(c is not None for c in casts) else compiled
+        if any(c is not None for c in casts):
+            compiled = _cast_outputs(compiled, casts)
+        n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        ir = describe(recorded, n_inputs, casts) if recorded and not written_inputs(gm) else None
+        if ir is not None:  # known_graphs.release takes it
+            compiled.ir = {"inductor": ir}  # type: ignore[attr-defined]
+        return compiled
 
 
 @contextlib.contextmanager

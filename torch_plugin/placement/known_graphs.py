@@ -2,11 +2,13 @@
 
 A warm compile replays the cached decision, but AOTAutograd still traces Dynamo's graph to ATen
 first (bert-base: 0.85 s of a 4-5 s compile in a second process) and OpenVINO converts that ATen
-graph again (0.28 s). Where the default compile ran an inference graph as one OpenVINO or ONNX
-Runtime model with its weights frozen in, and AOTAutograd's calling convention is the plain one
-(each Dynamo input one ATen placeholder, none written, no output aliasing an input or another
-output), the model is kept beside the profile cache (OpenVINO's IR, its weights memory-mapped
-when read back; ONNX Runtime's export is kept there already) under a key of Dynamo's graph: its
+graph again (0.28 s); Inductor's pick ran its freezing passes again before its FX graph cache
+could serve it (5-6 s). Where the default compile ran an inference graph as one OpenVINO, ONNX
+Runtime or Inductor model with its weights frozen in, and AOTAutograd's calling convention is
+the plain one (each Dynamo input one ATen placeholder, none written, no output aliasing an input
+or another output), the model is kept beside the profile cache (OpenVINO's IR, its weights
+memory-mapped when read back; ONNX Runtime's export is kept there already; Inductor's output
+code and constants, inductor_artifact.py) under a key of Dynamo's graph: its
 code, its inputs' layouts and kinds, the options, the autocast state and the library versions.
 The frozen weights' digest is stored with it and compared on recall. A hit compiles the kept
 model and calls it with the user's tensors; a call whose weights changed since (in place or
@@ -158,8 +160,9 @@ def simple_convention() -> bool:
 
 def release(placed: fx.GraphModule) -> list[dict[str, Any]]:
     """What the placed graph's whole-graph groups hold for remember() (OpenVINO's model, ONNX
-    Runtime's artifact key), taken off them: OpenVINO's model shares the frozen weights' memory,
-    and kept with its callable it would keep weights the user has since replaced alive."""
+    Runtime's artifact key, Inductor's output code and constants), taken off them: OpenVINO's
+    model shares the frozen weights' memory, and kept with its callable it would keep weights
+    the user has since replaced alive."""
     from .materialize import _GroupCall
 
     taken = []
@@ -216,6 +219,19 @@ def remember(
         if weights > MAX_BYTES // 2 or not _save_ir(model["model"], directory, entry["artifact"]):
             return False
         entry["compute"] = model["compute"]
+    elif group.backend == "inductor":  # its output code and constants (inductor_artifact.py)
+        from . import inductor_artifact
+
+        entry["artifact"] = f"{key[:32]}-{entry['digest'][:32]}"
+        weights = {i: example_inputs[i] for i in frozen}
+        manifest = inductor_artifact.save(
+            directory, entry["artifact"], model["inductor"], weights, MAX_BYTES // 2
+        )
+        if manifest is None:
+            return False
+        _touch(directory, entry["artifact"], INDUCTOR_SUFFIXES)
+        _trim(directory)
+        entry["inductor"] = manifest
     else:  # ONNX Runtime's export, kept already (named by its weights' bytes)
         entry["artifact"], entry["names"] = model["artifact"], model["names"]
     cache = ProfileCache(cache_path)
@@ -248,11 +264,16 @@ def _save_ir(model: Any, directory: str, name: str) -> bool:
     return True
 
 
-def _touch(directory: str, name: str) -> None:
-    """Both files of an IR used now, at one time: the least recently used go first (_trim),
-    and a pair goes together."""
+# The files of a kept model: OpenVINO's IR, Inductor's output code and constants.
+OPENVINO_SUFFIXES = (".xml", ".bin")
+INDUCTOR_SUFFIXES = (".py", ".pt")
+
+
+def _touch(directory: str, name: str, suffixes: Sequence[str] = OPENVINO_SUFFIXES) -> None:
+    """The files of a kept model used now, at one time: the least recently used go first
+    (_trim), and a pair goes together."""
     now = time.time()
-    for suffix in (".xml", ".bin"):
+    for suffix in suffixes:
         os.utime(os.path.join(directory, name + suffix), (now, now))
 
 
@@ -284,12 +305,12 @@ def recall(
         return None
     if entry["digest"] != weights_digest(example_inputs, frozen):
         return None
-    fn = _runner(entry, directory, cache_path)
+    fn = _runner(entry, directory, cache_path, {i: example_inputs[i] for i in frozen})
     if fn is None:
         return None
     index, order = entry["index"], entry["order"]
     guard = _C.FrozenArguments(list(example_inputs), frozen)
-    state: dict[str, Any] = {}
+    state: dict[str, Any] = {"fn": fn}
 
     def run(*args: Any) -> Any:
         if "usual" in state:
@@ -299,9 +320,11 @@ def recall(
                 "torch_plugin: a weight of a known inference graph was replaced or changed in "
                 "place; compiling it the usual way"
             )
+            # The kept model goes: it may hold the replaced weights (Inductor's reads them).
+            del state["fn"]
             state["usual"] = usual(list(args))
             return state["usual"](*args)
-        res = fn(*[args[i] for i in index])
+        res = state["fn"](*[args[i] for i in index])
         return tuple([res[k] for k in order])
 
     run.backend = entry["backend"]  # type: ignore[attr-defined]
@@ -310,13 +333,26 @@ def recall(
     return run
 
 
-def _runner(entry: dict[str, Any], directory: str, cache_path: str | None) -> Any:
-    """The entry's compiled model as its backend calls it; None where it cannot be read."""
+def _runner(
+    entry: dict[str, Any],
+    directory: str,
+    cache_path: str | None,
+    weights: dict[int, torch.Tensor],
+) -> Any:
+    """The entry's compiled model as its backend calls it; None where it cannot be read.
+    `weights`: the frozen weights by argument index (Inductor's code reads them in place)."""
     from . import artifacts
     from .backends import get_backends
 
     try:
         name = entry["backend"]
+        if name == "inductor":
+            from . import inductor_artifact
+
+            fn = inductor_artifact.load(directory, entry["artifact"], entry["inductor"], weights)
+            if fn is not None:
+                _touch(directory, entry["artifact"], INDUCTOR_SUFFIXES)
+            return fn
         (backend,) = [
             b
             for b in get_backends([name], entry.get("compute", "f32"), cache_path)
