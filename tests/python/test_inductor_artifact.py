@@ -217,3 +217,43 @@ def test_views_are_found_only_inside_a_weight() -> None:
     assert inductor_artifact._view_of(base, weights) is None  # spans both
     assert inductor_artifact._view_of(torch.randn(3, 4), weights) is None
     assert known_graphs.INDUCTOR_SUFFIXES == (".py", ".pt")
+
+
+_ISA_PROBE = """
+import json, sys
+from torch._inductor import config, cpu_vec_isa
+from torch_plugin.placement import inductor_artifact
+flags = cpu_vec_isa.x86_isa_checker()
+isas = cpu_vec_isa.supported_vec_isa_list
+named = [str(i) for i in isas if all(f in flags for f in str(i).split())]
+inductor_artifact._vouch_for_isas(named[1:] + ["an ISA no CPU has"])  # not what was checked
+skipped_other = cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 0
+inductor_artifact._vouch_for_isas(named)
+print(json.dumps({
+    "named": named,
+    "skipped_other": skipped_other,
+    "listed": cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 1,
+    "valid": [str(i) for i in cpu_vec_isa.valid_vec_isa_list()],
+    "flag_restored": config.cpp.vec_isa_ok is None,
+}))
+"""
+
+
+def test_the_isa_probe_is_vouched_for_only_by_a_matching_check() -> None:
+    """In a new process (Inductor probes once per process): a list other than what this CPU's
+    flags name leaves the probe to Inductor; the matching list computes it without the base
+    probe, and Inductor's flag is back as it was."""
+    import json
+    import platform
+    import subprocess
+    import sys
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("Inductor's x86 ISA list")
+    out = subprocess.run(
+        [sys.executable, "-c", _ISA_PROBE], capture_output=True, text=True, timeout=300, check=True
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["skipped_other"] and got["listed"] and got["flag_restored"]
+    # The ISAs' own feature probes (VNNI, bf16, AMX) still run: each may only drop out.
+    assert set(got["valid"]) <= set(got["named"])
