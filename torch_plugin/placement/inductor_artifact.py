@@ -148,7 +148,8 @@ def load(
     directory: str, name: str, manifest: dict[str, Any], weights: dict[int, torch.Tensor]
 ) -> Callable[..., Any] | None:
     """The kept graph `name` bound to `weights` (the frozen weights by argument index), called
-    with the region's inputs; None where its files are gone or do not fit these weights."""
+    with the region's inputs, before its outputs' casts (output_casts); None where its files
+    are gone or do not fit these weights."""
     from torch._guards import tracing
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -164,7 +165,6 @@ def _load(
     from torch._inductor.codecache import PyCodeCache
 
     from .. import _C
-    from .backends import _cast_outputs
 
     if manifest.get("threads") != torch.get_num_threads():
         return None
@@ -203,8 +203,13 @@ def _load(
     def run(*args: Any) -> Any:
         return call(list(args))
 
-    casts = [None if c is None else _dtype(c) for c in manifest["casts"]]
-    return _cast_outputs(run, casts) if any(c is not None for c in casts) else run
+    return run
+
+
+def output_casts(manifest: dict[str, Any]) -> list[torch.dtype | None]:
+    """The dtype each output of the kept graph is cast to after it runs (None: as it is), as
+    the compiled graph's were (backends._cast_outputs)."""
+    return [None if c is None else _dtype(c) for c in manifest["casts"]]
 
 
 def _checked_isas() -> list[str] | None:

@@ -342,7 +342,7 @@ def _runner(
     """The entry's compiled model as its backend calls it; None where it cannot be read.
     `weights`: the frozen weights by argument index (Inductor's code reads them in place)."""
     from . import artifacts
-    from .backends import get_backends
+    from .backends import _cast_outputs, get_backends
 
     try:
         name = entry["backend"]
@@ -350,9 +350,11 @@ def _runner(
             from . import inductor_artifact
 
             fn = inductor_artifact.load(directory, entry["artifact"], entry["inductor"], weights)
-            if fn is not None:
-                _touch(directory, entry["artifact"], INDUCTOR_SUFFIXES)
-            return fn
+            if fn is None:
+                return None
+            _touch(directory, entry["artifact"], INDUCTOR_SUFFIXES)
+            casts = inductor_artifact.output_casts(entry["inductor"])
+            return _cast_outputs(fn, casts) if any(c is not None for c in casts) else fn
         (backend,) = [
             b
             for b in get_backends([name], entry.get("compute", "f32"), cache_path)
