@@ -17,8 +17,8 @@ import hashlib
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, BinaryIO
 
 import torch
 import torch.fx as fx
@@ -76,20 +76,33 @@ def load(directory: str | None, key: str, suffix: str) -> bytes | None:
 
 
 def store(directory: str | None, key: str, suffix: str, data: bytes) -> bool:
-    """Writes atomically (a temporary file renamed), then trims the directory to MAX_BYTES.
-    A failure to write is logged and ignored (False): the artifact is only a shortcut."""
+    """Writes atomically (write_file), then trims the directory to MAX_BYTES. A failure to
+    write is logged and ignored (False): the artifact is only a shortcut."""
     if directory is None or len(data) > MAX_BYTES // 2:
         return False
+    if not write_file(directory, key + suffix, lambda f: f.write(data)):
+        return False
+    _trim(directory)
+    return True
+
+
+def write_file(directory: str, filename: str, write: Callable[[BinaryIO], Any]) -> bool:
+    """`write` into a temporary file in `directory`, renamed to `filename` once whole: a reader
+    never sees half a file. A failure is logged and ignored (False), the temporary file gone."""
+    tmp = None
     try:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".part")
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, os.path.join(directory, key + suffix))
-        _trim(directory)
+            write(f)
+        os.replace(tmp, os.path.join(directory, filename))
+        tmp = None
     except OSError as e:
         log.info("torch_plugin placement: could not keep an artifact in %s (%s)", directory, e)
         return False
+    finally:
+        if tmp is not None:
+            os.unlink(tmp)
     return True
 
 

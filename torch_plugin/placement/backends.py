@@ -176,15 +176,16 @@ class InductorBackend(Backend):
             else:
                 compiled = compile_fx(gm, fake_inputs)
             self.last_from_cache = counters["inductor"]["fxgraph_cache_hit"] > hits
+        written = written_inputs(gm)
         compiled = (
-            _with_strides(compiled, inputs, written_inputs(gm))
+            _with_strides(compiled, inputs, written)
             if frame is None
             else _with_symbolic_strides(compiled, frame[1])
         )
         if any(c is not None for c in casts):
             compiled = _cast_outputs(compiled, casts)
         n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-        ir = describe(recorded, n_inputs, casts) if recorded and not written_inputs(gm) else None
+        ir = describe(recorded, n_inputs, casts) if recorded and not written else None
         if ir is not None:  # known_graphs.release takes it
             compiled.ir = {"inductor": ir}  # type: ignore[attr-defined]
         return compiled

@@ -27,12 +27,13 @@ import ast
 import ctypes
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.fx as fx
+
+from .artifacts import MAX_BYTES, write_file
 
 log = logging.getLogger("torch_plugin")
 
@@ -81,18 +82,18 @@ def describe(
     return {
         "source": compiled.source_code,
         "constants": constants,
-        "n_inputs": n_inputs,
         "casts": [None if c is None else str(c) for c in casts],
         "vec_isa": _checked_isas(),
     }
 
 
 def save(
-    directory: str, name: str, ir: dict[str, Any], weights: dict[int, torch.Tensor], limit: int
+    directory: str, name: str, ir: dict[str, Any], weights: dict[int, torch.Tensor]
 ) -> dict[str, Any] | None:
     """Writes `ir` (describe's) as `name`.py and `name`.pt in `directory`; returns what load
     needs besides (kept in the known graph's entry), or None where it was not written (over
-    `limit` bytes, or the disk refused it). `weights`: the frozen weights by argument index."""
+    half of the artifacts' MAX_BYTES, or the disk refused it). `weights`: the frozen weights by
+    argument index."""
     constants: dict[str, torch.Tensor] = ir["constants"]
     recipes = _mkl_recipes(ir["source"], constants)
     views: dict[str, Any] = {}
@@ -111,32 +112,17 @@ def save(
             views[cname] = view
         else:
             stored[cname] = t.detach()
-    if sum(t.nbytes for t in stored.values()) > limit:
+    if sum(t.nbytes for t in stored.values()) > MAX_BYTES // 2:
         return None
-    tmp = None
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".part")
-        with os.fdopen(fd, "wb") as f:
-            torch.save(stored, f)
-        os.replace(tmp, os.path.join(directory, name + ".pt"))
-        tmp = None
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".part")
-        with os.fdopen(fd, "w") as f:
-            f.write(ir["source"])
-        os.replace(tmp, os.path.join(directory, name + ".py"))
-        tmp = None
-    except OSError as e:
-        log.info("torch_plugin placement: could not keep Inductor's graph in %s (%s)", directory, e)
+    source = ir["source"].encode()
+    if not write_file(directory, name + ".pt", lambda f: torch.save(stored, f)):
         return None
-    finally:
-        if tmp is not None:
-            os.unlink(tmp)
+    if not write_file(directory, name + ".py", lambda f: f.write(source)):
+        return None
     return {
         "views": views,
         "packed": packed,
         "recipes": recipes,
-        "n_inputs": ir["n_inputs"],
         "casts": ir["casts"],
         # Inductor's kernels are generated for the thread count they were compiled under.
         "threads": torch.get_num_threads(),

@@ -224,9 +224,7 @@ def remember(
 
         entry["artifact"] = f"{key[:32]}-{entry['digest'][:32]}"
         weights = {i: example_inputs[i] for i in frozen}
-        manifest = inductor_artifact.save(
-            directory, entry["artifact"], model["inductor"], weights, MAX_BYTES // 2
-        )
+        manifest = inductor_artifact.save(directory, entry["artifact"], model["inductor"], weights)
         if manifest is None:
             return False
         _touch(directory, entry["artifact"], INDUCTOR_SUFFIXES)
