@@ -6,6 +6,7 @@
 #include "cpu/bias_gelu.h"
 #include "cpu/flash_attention.h"
 #include "cpu/fused_inference.h"
+#include "cpu/output_compare.h"
 #include "cpu/split_kv_attention.h"
 
 TORCH_LIBRARY(torch_plugin, m) {
@@ -33,6 +34,8 @@ TORCH_LIBRARY(torch_plugin, m) {
   m.def(
       "attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
       "bool is_causal=False, float? scale=None) -> (Tensor, Tensor)");
+  // The whole-graph search's output check (torch_plugin/placement/precision.py): float64 [4].
+  m.def("compare_outputs(Tensor got, Tensor want, float rtol, float atol) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
@@ -46,4 +49,5 @@ TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
   m.impl("add_layer_norm_stats", &tp::kernels::AddLayerNormStatsCpu);
   m.impl("scaled_masked_softmax", &tp::kernels::ScaledMaskedSoftmaxCpu);
   m.impl("attention", &tp::kernels::FlashAttentionCpu);
+  m.impl("compare_outputs", &tp::kernels::CompareOutputsCpu);
 }

@@ -220,3 +220,10 @@ def _attention_fake(
     if out is None or out.stride(-1) != 1:
         out = query.new_empty((b, h, sq, value.shape[-1]))
     return out, query.new_empty((b, sq, h)).transpose(1, 2)
+
+
+@torch.library.register_fake("torch_plugin::compare_outputs")
+def _compare_outputs_fake(
+    got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
+) -> torch.Tensor:
+    return got.new_empty((4,), dtype=torch.float64)

@@ -295,6 +295,60 @@ def test_output_error_is_infinite_where_outputs_cannot_be_compared() -> None:
     assert output_error((a * 1.01,), (a,)) == pytest.approx(0.01)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_the_output_check_kernel_agrees_with_torch(dtype: torch.dtype) -> None:
+    """kernels/cpu/output_compare.cc against the torch ops it replaces: the relative L2 error and
+    torch.allclose (absolute part scaled by the largest finite |want|, NaN equal to NaN), on
+    values with infinities, NaNs and elements on either side of the bound."""
+    from torch_plugin.placement import precision
+
+    torch.manual_seed(0)
+    want = (torch.randn(3, 70_001) * 4).to(dtype)
+    want[0, :3] = torch.tensor([float("inf"), float("-inf"), float("nan")], dtype=dtype)
+    got = want.clone()
+    tol = 1e-2
+    allowed = tol * float(want.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).max())
+
+    def by_torch(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return torch.allclose(a, b, rtol=tol, atol=allowed, equal_nan=True)
+
+    cases = {"equal": got}
+    near = got.clone()
+    near[1, 5] = float(near[1, 5]) + 0.5 * allowed  # inside
+    cases["inside"] = near
+    far = got.clone()
+    far[2, 70_000] = float(far[2, 70_000]) + 4 * allowed + 4 * tol * abs(float(far[2, 70_000]))
+    cases["outside"] = far
+    inf = got.clone()
+    inf[1, 7] = float("inf")
+    cases["infinite"] = inf
+    nan = got.clone()
+    nan[0, 0] = float("nan")  # against want's inf
+    cases["nan"] = nan
+    for name, a in cases.items():
+        err, ok = precision._stats(a, want, tol, tol)
+        assert ok == by_torch(a, want), name
+        assert math.isinf(err)  # want holds a NaN: every L2 error is NaN, reported as inf
+    finite = want.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+    off = finite * 1.01
+    err, ok = precision._stats(off, finite, tol, tol)
+    ref = float(torch.linalg.vector_norm(off.double() - finite.double())) / float(
+        torch.linalg.vector_norm(finite.double())
+    )
+    assert err == pytest.approx(ref, rel=1e-9)
+    assert ok == torch.allclose(off, finite, rtol=tol, atol=tol * float(finite.abs().max()))
+    # Non-contiguous outputs, and the same figures whatever the thread count.
+    t = finite.t()
+    assert precision._stats(t * 1.01, t, tol, tol) == pytest.approx((ref, ok))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = precision._stats(off, finite, tol, tol)
+    finally:
+        torch.set_num_threads(threads)
+    assert one == (err, ok)
+
+
 def test_bf16_reaches_the_compilers_that_have_it() -> None:
     got = {
         b.name: b.compute
