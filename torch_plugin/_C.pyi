@@ -1073,6 +1073,7 @@ class WholeGraphSearchOptions:
     allow_refine: bool
     always_refine: bool
     reference: str
+    stop_decided: bool
     def __init__(self, **kwargs) -> None:
         """
         Keyword arguments set fields by name; the rest keep their defaults.

@@ -212,6 +212,7 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("drop_ratio", &WholeGraphSearchOptions::drop_ratio)
       .field("turn_slack", &WholeGraphSearchOptions::turn_slack)
       .field("close_ratio", &WholeGraphSearchOptions::close_ratio)
+      .field("stop_decided", &WholeGraphSearchOptions::stop_decided)
       .field("budget_s", &WholeGraphSearchOptions::budget_s)
       .field("budget_factor", &WholeGraphSearchOptions::budget_factor)
       .field("reference", &WholeGraphSearchOptions::reference)

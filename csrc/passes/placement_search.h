@@ -61,6 +61,10 @@ struct WholeGraphSearchOptions {
   // 160 s compile (3.7x Inductor's), for a pick 25% ahead of the next.
   double turn_slack = 0.1;
   double close_ratio = 1.1;
+  // Before each later round, a graph whose median cannot become the pick whatever the rounds
+  // left measure (its best case against the leader's worst) is not timed again: those rounds
+  // cannot change the pick. At batch 8 they were seconds a graph (GPT-2: ~1 s a timing).
+  bool stop_decided = true;
   // Total compile time allowed. <= 0: budget_factor times the compile time of `reference`
   // (the compiler a user would otherwise pick), or fallback_budget_s when it did not compile.
   // 1.25: the compiles at most a quarter more than the user's own compiler; with the trace

@@ -142,6 +142,7 @@ TEST(PlacementSearch, AGraphTimedUnderItsBoundDisprovesTheBounds) {
       {"eager", 310e-3}, {"inductor", 200e-3}, {"openvino", 154e-3}, {"onnxruntime", 153e-3}};
   s.compile_s = {{"inductor", 12.0}, {"openvino", 0.5}, {"onnxruntime", 3.0}};
   WholeGraphSearchOptions o;
+  o.stop_decided = false;  // constant timings: rounds 3 on would be settled (below)
   o.budget_s = 100.0;
   o.lower_bound_s = {{"inductor", 167e-3}, {"openvino", 167e-3}, {"onnxruntime", 167e-3}};
   auto plan = SearchWholeGraphFirst({"openvino", "onnxruntime", "inductor"}, s.Measurer(), o);
@@ -310,6 +311,7 @@ TEST(PlacementSearch, GraphsWithinTheDropRatioAreTimedEveryRound) {
   Stub s;
   s.run_s = {{"eager", 10e-3}, {"inductor", 6e-3}, {"openvino", 5e-3}};
   WholeGraphSearchOptions o;
+  o.stop_decided = false;  // constant timings: rounds 3 on would be settled (below)
   o.turns = 3;
   auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
   EXPECT_EQ(plan.pick, "openvino");
@@ -331,6 +333,7 @@ TEST(PlacementSearch, OneGraphLeftRacingIsNotTimedAgain) {
   Stub s;
   s.run_s = {{"eager", 10e-3}, {"inductor", 9e-3}, {"openvino", 5e-3}};
   WholeGraphSearchOptions o;
+  o.stop_decided = false;  // constant timings: rounds 3 on would be settled (below)
   o.turns = 3;
   auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
   EXPECT_EQ(plan.pick, "openvino");
@@ -350,6 +353,7 @@ TEST(PlacementSearch, OneGraphLeftRacingIsNotTimedAgain) {
 TEST(PlacementSearch, RoundsThatOverrunTheBudgetTimeOnlyCloseGraphs) {
   // A 1.2B Llama's prefill on two cores: every timing is one run of 5-7 s, on the clock.
   WholeGraphSearchOptions o;  // 3 turns, budget 1.25 x 40 s = 50 s: spent by the first turn
+  o.stop_decided = false;  // constant timings: rounds 3 on would be settled (below)
   std::map<std::string, int64_t> timed;
   auto search = [&](double eager_s, double inductor_s, double openvino_s) {
     Stub s;
@@ -379,6 +383,59 @@ TEST(PlacementSearch, RoundsThatOverrunTheBudgetTimeOnlyCloseGraphs) {
   std::map<std::string, int64_t> all = {{"eager", 3}, {"inductor", 3}, {"openvino", 3}};
   EXPECT_EQ(timed, all);
   EXPECT_TRUE(plan.notes.empty()) << plan.notes;
+}
+
+TEST(PlacementSearch, RoundsThatCannotChangeThePickAreNotTimed) {
+  // Three turns; after two, a graph whose better timing is over the leader's worse one cannot
+  // overtake it in the third (median of three), so it is not timed again.
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 5.5e-3}, {"openvino", 5e-3}};
+  WholeGraphSearchOptions o;
+  auto timed = [&](const std::string& b) {
+    return std::count(s.calls.begin(), s.calls.end(), "time " + b);
+  };
+  auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "openvino");
+  EXPECT_EQ(timed("eager"), 1);  // 2x: dropped after the first round (drop_ratio)
+  EXPECT_EQ(timed("inductor"), 2);
+  EXPECT_EQ(timed("openvino"), 2);  // left alone: no third round
+  EXPECT_NE(plan.notes.find("from round 3 inductor not timed"), std::string::npos) << plan.notes;
+  // Overlapping timings (a noisy 6 ms OpenVINO sample): the third round could swap them.
+  s.calls.clear();
+  s.first_runs = {{"openvino", {5e-3, 6e-3}}};
+  plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(timed("inductor"), 3);
+  EXPECT_EQ(timed("openvino"), 3);
+  EXPECT_EQ(plan.pick, "openvino");  // 5, 6, 5 ms: median 5 against 5.5
+  // Off: every round times every racer.
+  s.calls.clear();
+  o.stop_decided = false;
+  SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(timed("inductor"), 3);
+}
+
+TEST(PlacementSearch, SettlingKeepsTheMarginOverEager) {
+  // Eager within the drop ratio (1.3x the leader): it stops racing once no timing left could
+  // keep the leader from beating it by the margin, and not before.
+  Stub s;
+  s.run_s = {{"eager", 6.5e-3}, {"inductor", 5e-3}};
+  WholeGraphSearchOptions o;
+  auto plan = SearchWholeGraphFirst({"inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "inductor");
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time eager"), 2);
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time inductor"), 2);
+  // Inductor 1% under eager, inside the 2% margin: eager leads, Inductor cannot be picked and
+  // stops racing; the pick is eager, as the full rounds would make it.
+  s.calls.clear();
+  s.run_s = {{"eager", 5e-3}, {"inductor", 4.95e-3}};
+  plan = SearchWholeGraphFirst({"inductor"}, s.Measurer(), o);
+  EXPECT_EQ(plan.pick, "eager");
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time inductor"), 2);
+  // Overlapping (eager's second timing 5.1 ms): raced to the end.
+  s.calls.clear();
+  s.first_runs = {{"eager", {5e-3, 5.1e-3}}};
+  plan = SearchWholeGraphFirst({"inductor"}, s.Measurer(), o);
+  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time inductor"), 3);
 }
 
 TEST(PlacementSearch, KeepsEagerUnlessACompilerBeatsItByTheMargin) {
