@@ -59,7 +59,7 @@ def install_whole_graph(seconds: dict[str, float], setattr_: Callable[..., Any] 
 
     from torch_plugin.placement import whole_graph
 
-    def fake(fn, args, samples, warm=False, ran_s=None):  # noqa: ANN001, ANN202
+    def fake(fn, args, samples, warm=False, ran_s=None, has_run=False):  # noqa: ANN001, ANN202
         fn(*args)
         while hasattr(fn, "__wrapped__"):  # run from a fixed generator state, written inputs
             fn = fn.__wrapped__

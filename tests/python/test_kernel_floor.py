@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import aten_graphs
+import pytest
 import torch
 
 from torch_plugin.backend import collect_stats
@@ -139,3 +140,27 @@ def test_a_floor_that_cannot_be_measured_is_no_bound(tmp_path, fixed_profile, mo
     monkeypatch.setattr(kernel_floor, "matmul_floor", fails)
     line = _compile_mlp(tmp_path, backends=["openvino", "inductor"])
     assert "inductor 0.500 ms" in line and "skipped" not in line, line
+
+
+def test_best_of_counts_the_warm_up_and_stops_past_max_s(monkeypatch) -> None:
+    """A fake clock: a 0.2 s call is made twice (warm-up and one more, 0.4 s > 0.3 s), a 10 ms
+    one four times; the warm-up's time counts in the minimum."""
+    clock = [0.0]
+    monkeypatch.setattr(kernel_floor.time, "perf_counter", lambda: clock[0])
+
+    def timed(durations: list[float]) -> tuple[Any, list[float]]:
+        made: list[float] = []
+
+        def fn() -> None:
+            t = durations[min(len(made), len(durations) - 1)]
+            made.append(t)
+            clock[0] += t
+
+        return fn, made
+
+    fn, made = timed([0.2])
+    assert kernel_floor.best_of(fn) == 0.2 and len(made) == 2
+    fn, made = timed([0.01])
+    assert kernel_floor.best_of(fn) == pytest.approx(0.01) and len(made) == 4
+    fn, made = timed([0.5, 0.9])  # one call past max_s still gets a second
+    assert kernel_floor.best_of(fn) == 0.5 and len(made) == 2

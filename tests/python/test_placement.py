@@ -219,6 +219,21 @@ def test_a_call_that_outlasts_max_s_is_timed_once(monkeypatch) -> None:
     assert not ran
     assert measure.time_end_to_end(call(0.3, ran), [], 7, ran_s=0.3) == pytest.approx(0.3)
     assert len(ran) == 2  # warm already: two samples, the first timing one
+    # A graph that ran before (a later round of the search): a first call of 20 ms or more is
+    # a sample, not a warm-up; shorter ones are still warmed up.
+    again: list[float] = []
+    assert measure.time_end_to_end(call(2.0, again), [], 7, has_run=True) == 2.0
+    assert len(again) == 1
+    again.clear()
+    assert measure.time_end_to_end(call(0.3, again), [], 7, has_run=True) == pytest.approx(0.3)
+    assert len(again) == 2  # the first call and one more: two samples
+    durations = iter([0.45, 0.2])
+    uneven.clear()
+    assert measure.time_end_to_end(jittery, [], 7, has_run=True) == pytest.approx(0.2)
+    assert len(uneven) == 2  # a slow first call counts in the minimum, not against it
+    again.clear()
+    assert measure.time_end_to_end(call(0.004, again), [], 7, has_run=True) == pytest.approx(0.004)
+    assert len(again) == 3 + 13  # as without has_run
 
 
 @pytest.mark.skipif(
