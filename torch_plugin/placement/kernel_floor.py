@@ -104,7 +104,7 @@ def _calls(key: tuple[Any, ...]) -> list[Callable[[], Any]]:
     right operand is a transposed (N, K) weight, as Inductor packs a frozen nn.Linear's."""
     op, a_shape, a_stride, b_shape, b_stride = key
     a, b = _strided(a_shape, a_stride), _strided(b_shape, b_stride)
-    bias = torch.randn(b_shape[1])
+    bias = torch.full((b_shape[1],), 0.25)
     calls: list[Callable[[], Any]] = [
         (lambda: torch.addmm(bias, a, b)) if op == "addmm" else (lambda: torch.mm(a, b))
     ]
@@ -117,9 +117,11 @@ def _calls(key: tuple[Any, ...]) -> list[Callable[[], Any]]:
 
 
 def _strided(shape: tuple[int, int], stride: tuple[int, int]) -> torch.Tensor:
-    """Random values in the operand's layout, whatever its strides (a broadcast one's 0)."""
+    """An operand in its layout, whatever its strides (a broadcast one's 0). Its values do not
+    change a BLAS call's time, so one value, not random ones: drawing GPT-2's 50257 x 768
+    vocabulary matrix took 0.23 s, filling it 0.04 s."""
     size = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
-    return torch.randn(size).as_strided(shape, stride)
+    return torch.full((size,), 0.25).as_strided(shape, stride)
 
 
 def matmul_floor(
