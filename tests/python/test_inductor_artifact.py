@@ -116,6 +116,37 @@ def test_a_known_inductor_graph_runs_its_kept_code_without_compiling(
     assert counted.inductor == 1
 
 
+def test_a_kept_inductor_graph_is_not_used_under_another_thread_count(
+    tmp_path, fixed_profile, monkeypatch, caplog
+) -> None:
+    """Inductor's code is generated for the compiling process's thread count: a process with
+    another count compiles the usual way, with eager's outputs (the profile cache's machine
+    key holds the count); and a kept graph read under another count, whatever led to it, is
+    refused and says why."""
+    fixed_profile({"inductor": 1e-5})
+    model, x = hf_suite.build("bert", batch=2)
+    model.eval()
+    opts = _opts(tmp_path)
+    with torch.no_grad():
+        _compile(model, x, opts)(**x)
+    threads = torch.get_num_threads()
+    other = 1 if threads > 1 else 2
+    try:
+        torch.set_num_threads(other)
+        with torch.no_grad(), collect_stats() as stats, caplog.at_level("INFO"):
+            f = _compile(model, x, opts)
+            _close(f(**x), model(**x))
+    finally:
+        torch.set_num_threads(threads)
+    assert not any(r["summary"].endswith("(known graph)") for r in stats), stats
+    # One kept graph per thread count; the first compile's is read under another count.
+    entry = next(e for e in _entries(tmp_path) if e["inductor"]["threads"] == threads)
+    moved = dict(entry["inductor"], threads=threads + 1)
+    with caplog.at_level("INFO"):
+        assert inductor_artifact.load(str(tmp_path), entry["artifact"], moved, {}) is None
+    assert f"compiled for {threads + 1} threads, this process runs {threads}" in caplog.text
+
+
 def test_a_known_inductor_graph_keeps_packed_bf16_weights(
     tmp_path, fixed_profile, monkeypatch
 ) -> None:

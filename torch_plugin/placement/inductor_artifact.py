@@ -153,6 +153,13 @@ def _load(
     from .. import _C
 
     if manifest.get("threads") != torch.get_num_threads():
+        # Inductor's code is generated for a thread count (its loops' split across threads).
+        log.info(
+            "torch_plugin placement: Inductor's kept graph was compiled for %s threads, this "
+            "process runs %d: compiling it again",
+            manifest.get("threads"),
+            torch.get_num_threads(),
+        )
         return None
     try:
         with open(os.path.join(directory, name + ".py")) as f:
