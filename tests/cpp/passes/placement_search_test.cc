@@ -353,7 +353,7 @@ TEST(PlacementSearch, OneGraphLeftRacingIsNotTimedAgain) {
 TEST(PlacementSearch, RoundsThatOverrunTheBudgetTimeOnlyCloseGraphs) {
   // A 1.2B Llama's prefill on two cores: every timing is one run of 5-7 s, on the clock.
   WholeGraphSearchOptions o;  // 3 turns, budget 1.25 x 40 s = 50 s: spent by the first turn
-  o.stop_decided = false;  // constant timings: rounds 3 on would be settled (below)
+  o.stop_decided = false;     // constant timings: rounds 3 on would be settled (below)
   std::map<std::string, int64_t> timed;
   auto search = [&](double eager_s, double inductor_s, double openvino_s) {
     Stub s;
