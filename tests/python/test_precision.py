@@ -326,12 +326,12 @@ def test_the_output_check_kernel_agrees_with_torch(dtype: torch.dtype) -> None:
     nan[0, 0] = float("nan")  # against want's inf
     cases["nan"] = nan
     for name, a in cases.items():
-        err, ok = precision._stats(a, want, tol, tol)
+        err, ok = precision._kernel_stats(a, want, tol, tol)
         assert ok == by_torch(a, want), name
         assert math.isinf(err)  # want holds a NaN: every L2 error is NaN, reported as inf
     finite = want.nan_to_num(0.0, posinf=0.0, neginf=0.0)
     off = finite * 1.01
-    err, ok = precision._stats(off, finite, tol, tol)
+    err, ok = precision._kernel_stats(off, finite, tol, tol)
     ref = float(torch.linalg.vector_norm(off.double() - finite.double())) / float(
         torch.linalg.vector_norm(finite.double())
     )
@@ -339,11 +339,11 @@ def test_the_output_check_kernel_agrees_with_torch(dtype: torch.dtype) -> None:
     assert ok == torch.allclose(off, finite, rtol=tol, atol=tol * float(finite.abs().max()))
     # Non-contiguous outputs, and the same figures whatever the thread count.
     t = finite.t()
-    assert precision._stats(t * 1.01, t, tol, tol) == pytest.approx((ref, ok))
+    assert precision._kernel_stats(t * 1.01, t, tol, tol) == pytest.approx((ref, ok))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = precision._stats(off, finite, tol, tol)
+        one = precision._kernel_stats(off, finite, tol, tol)
     finally:
         torch.set_num_threads(threads)
     assert one == (err, ok)
