@@ -136,8 +136,9 @@ def time_call(
     if not warm and ran_s is None:
         fn(*args)
         sync()
-        if prepare is None and time.perf_counter() - t_start >= settle_s:
-            once = time.perf_counter() - t_start
+        first = time.perf_counter() - t_start
+        if prepare is None and first >= settle_s:
+            once = first
     if not once:
         t0 = time.perf_counter()
         fn(*args)

@@ -21,6 +21,11 @@ struct Stub {
   bool timing_takes_time = false;  // a timing advances the clock by the run time
   std::vector<std::string> calls;
 
+  // How many times `call` ("time openvino", "compile inductor") was made.
+  int64_t Count(const std::string& call) const {
+    return std::count(calls.begin(), calls.end(), call);
+  }
+
   WholeGraphMeasurer Measurer() {
     return {[this](const std::string& b) {
               calls.push_back("compile " + b);
@@ -123,7 +128,7 @@ TEST(PlacementSearch, ACompilerThatCannotBeatTheFastestSoFarIsNotCompiled) {
   ASSERT_EQ(plan.trials.size(), 4u);
   EXPECT_FALSE(plan.trials[3].compiled);
   EXPECT_EQ(plan.trials[3].skipped, "cannot win: at least 40.0 ms at its peak, 28.0 ms measured");
-  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "compile onnxruntime"), 0);
+  EXPECT_EQ(s.Count("compile onnxruntime"), 0);
   // A bound under the fastest so far decides nothing: it is compiled and timed.
   o.lower_bound_s = {{"onnxruntime", 20e-3}};
   s.calls.clear();
@@ -158,7 +163,7 @@ TEST(PlacementSearch, AGraphTimedUnderItsBoundDisprovesTheBounds) {
   plan = SearchWholeGraphFirst({"openvino", "onnxruntime", "inductor"}, s.Measurer(), o);
   EXPECT_EQ(plan.pick, "openvino");
   EXPECT_TRUE(plan.notes.empty());
-  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "compile onnxruntime"), 0);
+  EXPECT_EQ(s.Count("compile onnxruntime"), 0);
 }
 
 TEST(PlacementSearch, AMeasuredFloorOverTheFastestRulesTheReferenceOutAndBudgetsOnItsExpectation) {
@@ -183,7 +188,7 @@ TEST(PlacementSearch, AMeasuredFloorOverTheFastestRulesTheReferenceOutAndBudgets
   EXPECT_FALSE(plan.trials[2].compiled);
   EXPECT_EQ(plan.trials[2].skipped,
             "cannot win: its matmuls alone take 140.0 ms, 108.0 ms measured");
-  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "compile inductor"), 0);
+  EXPECT_EQ(s.Count("compile inductor"), 0);
   EXPECT_DOUBLE_EQ(plan.budget_s, 1.25 * 13.5);
   EXPECT_TRUE(plan.trials[3].compiled);  // 2 s spent of 16.9
   EXPECT_EQ(plan.pick, "openvino");
@@ -315,12 +320,9 @@ TEST(PlacementSearch, GraphsWithinTheDropRatioAreTimedEveryRound) {
   o.turns = 3;
   auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
   EXPECT_EQ(plan.pick, "openvino");
-  auto timed = [&](const std::string& b) {
-    return std::count(s.calls.begin(), s.calls.end(), "time " + b);
-  };
-  EXPECT_EQ(timed("eager"), 1);     // 2x the fastest: dropped after the first round
-  EXPECT_EQ(timed("inductor"), 3);  // 1.2x: still racing
-  EXPECT_EQ(timed("openvino"), 3);
+  EXPECT_EQ(s.Count("time eager"), 1);     // 2x the fastest: dropped after the first round
+  EXPECT_EQ(s.Count("time inductor"), 3);  // 1.2x: still racing
+  EXPECT_EQ(s.Count("time openvino"), 3);
   EXPECT_DOUBLE_EQ(plan.eager_s, 10e-3);  // its one timing stands
   o.drop_ratio = 0.0;                     // off: every round times every graph
   Stub all = s;
@@ -339,15 +341,15 @@ TEST(PlacementSearch, OneGraphLeftRacingIsNotTimedAgain) {
   EXPECT_EQ(plan.pick, "openvino");
   EXPECT_DOUBLE_EQ(plan.pick_s, 5e-3);
   // 2x and 1.8x the fastest: both dropped after the first round, which leaves one racer.
-  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time openvino"), 1);
+  EXPECT_EQ(s.Count("time openvino"), 1);
   EXPECT_EQ(s.calls.size(), 5u);
   // Two racers (Inductor at 1.2x): the turns go on for both.
   Stub two = s;
   two.calls.clear();
   two.run_s["inductor"] = 6e-3;
   SearchWholeGraphFirst({"openvino", "inductor"}, two.Measurer(), o);
-  EXPECT_EQ(std::count(two.calls.begin(), two.calls.end(), "time openvino"), 3);
-  EXPECT_EQ(std::count(two.calls.begin(), two.calls.end(), "time inductor"), 3);
+  EXPECT_EQ(two.Count("time openvino"), 3);
+  EXPECT_EQ(two.Count("time inductor"), 3);
 }
 
 TEST(PlacementSearch, RoundsThatOverrunTheBudgetTimeOnlyCloseGraphs) {
@@ -362,7 +364,7 @@ TEST(PlacementSearch, RoundsThatOverrunTheBudgetTimeOnlyCloseGraphs) {
     s.timing_takes_time = true;
     auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
     for (const char* b : {"eager", "inductor", "openvino"}) {
-      timed[b] = std::count(s.calls.begin(), s.calls.end(), std::string("time ") + b);
+      timed[b] = s.Count(std::string("time ") + b);
     }
     return plan;
   };
@@ -391,27 +393,24 @@ TEST(PlacementSearch, RoundsThatCannotChangeThePickAreNotTimed) {
   Stub s;
   s.run_s = {{"eager", 10e-3}, {"inductor", 5.5e-3}, {"openvino", 5e-3}};
   WholeGraphSearchOptions o;
-  auto timed = [&](const std::string& b) {
-    return std::count(s.calls.begin(), s.calls.end(), "time " + b);
-  };
   auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
   EXPECT_EQ(plan.pick, "openvino");
-  EXPECT_EQ(timed("eager"), 1);  // 2x: dropped after the first round (drop_ratio)
-  EXPECT_EQ(timed("inductor"), 2);
-  EXPECT_EQ(timed("openvino"), 2);  // left alone: no third round
+  EXPECT_EQ(s.Count("time eager"), 1);  // 2x: dropped after the first round (drop_ratio)
+  EXPECT_EQ(s.Count("time inductor"), 2);
+  EXPECT_EQ(s.Count("time openvino"), 2);  // left alone: no third round
   EXPECT_NE(plan.notes.find("from round 3 inductor not timed"), std::string::npos) << plan.notes;
   // Overlapping timings (a noisy 6 ms OpenVINO sample): the third round could swap them.
   s.calls.clear();
   s.first_runs = {{"openvino", {5e-3, 6e-3}}};
   plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
-  EXPECT_EQ(timed("inductor"), 3);
-  EXPECT_EQ(timed("openvino"), 3);
+  EXPECT_EQ(s.Count("time inductor"), 3);
+  EXPECT_EQ(s.Count("time openvino"), 3);
   EXPECT_EQ(plan.pick, "openvino");  // 5, 6, 5 ms: median 5 against 5.5
   // Off: every round times every racer.
   s.calls.clear();
   o.stop_decided = false;
   SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
-  EXPECT_EQ(timed("inductor"), 3);
+  EXPECT_EQ(s.Count("time inductor"), 3);
 }
 
 TEST(PlacementSearch, SettlingKeepsTheMarginOverEager) {
@@ -422,20 +421,20 @@ TEST(PlacementSearch, SettlingKeepsTheMarginOverEager) {
   WholeGraphSearchOptions o;
   auto plan = SearchWholeGraphFirst({"inductor"}, s.Measurer(), o);
   EXPECT_EQ(plan.pick, "inductor");
-  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time eager"), 2);
-  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time inductor"), 2);
+  EXPECT_EQ(s.Count("time eager"), 2);
+  EXPECT_EQ(s.Count("time inductor"), 2);
   // Inductor 1% under eager, inside the 2% margin: eager leads, Inductor cannot be picked and
   // stops racing; the pick is eager, as the full rounds would make it.
   s.calls.clear();
   s.run_s = {{"eager", 5e-3}, {"inductor", 4.95e-3}};
   plan = SearchWholeGraphFirst({"inductor"}, s.Measurer(), o);
   EXPECT_EQ(plan.pick, "eager");
-  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time inductor"), 2);
+  EXPECT_EQ(s.Count("time inductor"), 2);
   // Overlapping (eager's second timing 5.1 ms): raced to the end.
   s.calls.clear();
   s.first_runs = {{"eager", {5e-3, 5.1e-3}}};
   plan = SearchWholeGraphFirst({"inductor"}, s.Measurer(), o);
-  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time inductor"), 3);
+  EXPECT_EQ(s.Count("time inductor"), 3);
 }
 
 TEST(PlacementSearch, KeepsEagerUnlessACompilerBeatsItByTheMargin) {
@@ -564,7 +563,7 @@ TEST(PlacementSearch, ASlowFirstSampleDoesNotStretchTheBudget) {
   plan = SearchWholeGraphFirst({"inductor", "openvino", "onnxruntime"}, s.Measurer(), o);
   EXPECT_TRUE(plan.trials[3].compiled) << plan.trials[3].skipped;
   // Its first timing and the second; later turns drop it (1.9x ONNX Runtime's first).
-  EXPECT_EQ(std::count(s.calls.begin(), s.calls.end(), "time openvino"), 2);
+  EXPECT_EQ(s.Count("time openvino"), 2);
 }
 
 TEST(PlacementSearch, ANearTieWithTheReferenceDoesNotStretchTheBudget) {
