@@ -94,7 +94,7 @@ class PassManager:
         """
     def search_whole_graph_first(self, backends: collections.abc.Sequence[str], measurer: typing.Any, options: WholeGraphSearchOptions) -> WholeGraphPlan:
         """
-        The default placement's driver: each compiler's whole graph compiled (reference first, within the budget) and measured in turns against eager; returns the pick and whether the finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache) and floor(backend, target_s) -> s (a lower bound on its run time, measured on demand).
+        The default placement's driver: each compiler's whole graph compiled (reference first, within the budget) and measured in turns against eager; returns the pick and whether the finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache), floor(backend, target_s) -> s (a lower bound on its run time, measured on demand) and free_bytes() -> bytes (the memory the process can still take).
         """
     def tune_schedule(self, sizes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], evaluate: collections.abc.Callable[[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], float | None], options: TuneOptions, *, progress: collections.abc.Callable[[typing.SupportsInt | typing.SupportsIndex, collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], typing.SupportsFloat | typing.SupportsIndex | None, typing.SupportsFloat | typing.SupportsIndex | None], None] = None) -> TuneResult:
         """
@@ -1107,6 +1107,12 @@ class WholeGraphSearchOptions:
     def close_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
+    def compile_bytes(self) -> dict[str, float]:
+        ...
+    @compile_bytes.setter
+    def compile_bytes(self, arg0: collections.abc.Mapping[str, typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        ...
+    @property
     def compiles_with(self) -> dict[str, str]:
         ...
     @compiles_with.setter
@@ -1147,6 +1153,12 @@ class WholeGraphSearchOptions:
         ...
     @lower_bound_s.setter
     def lower_bound_s(self, arg0: collections.abc.Mapping[str, typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def memory_slack(self) -> float:
+        ...
+    @memory_slack.setter
+    def memory_slack(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
     def min_gain(self) -> float:

@@ -228,7 +228,9 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("floor_slack", &WholeGraphSearchOptions::floor_slack)
       .field("expected_compile_s", &WholeGraphSearchOptions::expected_compile_s)
       .field("cheap_fraction", &WholeGraphSearchOptions::cheap_fraction)
-      .field("compiles_with", &WholeGraphSearchOptions::compiles_with);
+      .field("compiles_with", &WholeGraphSearchOptions::compiles_with)
+      .field("compile_bytes", &WholeGraphSearchOptions::compile_bytes)
+      .field("memory_slack", &WholeGraphSearchOptions::memory_slack);
   m.def("measure_f32_peak", &cost::MeasureF32Peak, py::arg("threads"), py::arg("seconds") = 0.02,
         py::arg("tries") = 3,
         "The machine's f32 multiply-add peak in FLOP/s on `threads` threads, measured "
@@ -285,14 +287,18 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
             return measurer.attr("floor")(b, target_s).cast<double>();
           };
         }
+        if (py::hasattr(measurer, "free_bytes")) {
+          m.free_bytes = [measurer]() { return measurer.attr("free_bytes")().cast<double>(); };
+        }
         return passes::SearchWholeGraphFirst(backends, m, options);
       },
       py::arg("backends"), py::arg("measurer"), py::arg("options"),
       "The default placement's driver: each compiler's whole graph compiled (reference first, "
       "within the budget) and measured in turns against eager; returns the pick and whether the "
       "finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, "
-      "elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache) "
-      "and floor(backend, target_s) -> s (a lower bound on its run time, measured on demand).");
+      "elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache), "
+      "floor(backend, target_s) -> s (a lower bound on its run time, measured on demand) and "
+      "free_bytes() -> bytes (the memory the process can still take).");
 
   using passes::EvolveOptions;
   Struct<EvolveOptions>(m, "EvolveOptions", "Options of the evolutionary offload search.")

@@ -45,6 +45,9 @@ struct WholeGraphMeasurer {
   // fastest graph so far over floor_slack): any partial sum is a bound too. Called only for a
   // compiler about to be compiled once a graph is timed. May be empty; 0: no bound.
   std::function<double(const std::string& backend, double target_s)> floor;
+  // The bytes of memory this process can still take, read now (before each compile: the
+  // graphs compiled so far hold theirs). May be empty; <= 0: unknown.
+  std::function<double()> free_bytes;
 };
 
 struct WholeGraphSearchOptions {
@@ -116,6 +119,16 @@ struct WholeGraphSearchOptions {
   // compile, its expectation had put it before Inductor (it then paid Inductor's compile) and
   // skipped it on the next graphs (GPT-2, ViT, DistilBERT on the H100 and H200).
   std::map<std::string, std::string> compiles_with;
+  // Per compiler, the bytes its compiled graph holds besides the model's own weights (its copy
+  // of the frozen weights, in the precision it computes in). One is not compiled where the free
+  // memory (WholeGraphMeasurer::free_bytes) is under memory_slack times it: every compiled
+  // graph is held until the pick, and a search that exhausts memory kills the user's process.
+  // The 1.2B Llama in f32: 4.9 GB of weights, OpenVINO's compile took 4.9 GB more and
+  // Inductor's another copy, three copies where the user's Inductor holds two. Absent or 0:
+  // not checked.
+  std::map<std::string, double> compile_bytes;
+  // Activations and workspaces on top of the weights' copy.
+  double memory_slack = 1.25;
 };
 
 struct WholeGraphTrial {

@@ -198,6 +198,38 @@ def test_bf16_skips_an_f32_compiler_that_cannot_beat_the_fastest_so_far(
     assert exported == []
 
 
+def test_a_compiler_whose_copy_of_the_weights_would_not_fit_in_memory_is_skipped(
+    tmp_path, fixed_profile, monkeypatch
+) -> None:
+    """Each compiled graph holds a copy of the frozen weights until the pick: with less memory
+    free than that copy needs, no compiler is compiled (the pick is eager) and the summary says
+    how much each would need; with the free memory unknown (0), the search is as before."""
+    from torch_plugin.placement import memory
+
+    fixed_profile({"openvino": 1e-5, "inductor": 5e-4, "onnxruntime": 1e-6})
+    compiled: list[str] = []
+    for cls in (placement_backends.InductorBackend, placement_backends.OpenVINOBackend):
+        real = cls.compile
+        monkeypatch.setattr(
+            cls, "compile", lambda self, *a, real=real: compiled.append(self.name) or real(self, *a)
+        )
+    model, x = _vit()
+    for free, pick in ((1e3, "eager"), (0.0, "onnxruntime")):
+        monkeypatch.setattr(memory, "free_bytes", lambda free=free: free)
+        compiled.clear()
+        torch._dynamo.reset()
+        f = torch.compile(model, backend="torch_plugin", options=_opts(tmp_path / str(free)))
+        with collect_stats() as stats, torch.no_grad():
+            _close(f(**x), model(**x))
+        (line,) = _summaries(stats)
+        assert f": {pick} (" in line, line
+        if pick == "eager":
+            assert compiled == [], compiled
+            assert "inductor skipped (would need ~0.0 GB of memory, 0.0 GB free)" in line, line
+        else:
+            assert "would need" not in line and "inductor" in compiled, (line, compiled)
+
+
 def test_a_compiler_expected_to_overrun_the_budget_is_skipped(
     tmp_path, fixed_profile, monkeypatch
 ) -> None:

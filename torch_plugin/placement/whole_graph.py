@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from .. import _C, fx_bridge
-from . import kernel_floor
+from . import kernel_floor, memory
 from .artifacts import artifact_dir, tensor_bytes
 from .backends import InductorBackend, for_device, get_backends, symbolic_placeholders
 from .cache import ProfileCache, device_key, machine_key
@@ -300,6 +300,7 @@ def place_whole_graph_first(
                     elapsed=lambda: time.perf_counter() - t_start,
                     served=lambda name: name in served,
                     floor=floor,
+                    free_bytes=lambda: memory.free_bytes(),
                 )
                 # As a dict: the profile cache keeps it as JSON.
                 plan = (
@@ -328,6 +329,7 @@ def place_whole_graph_first(
                                 for b in backends
                                 if b.graph_level and b.compiles_with
                             },
+                            compile_bytes=memory.compile_bytes(compilers, frozen, computes),
                         ),
                     )
                     .to_dict()

@@ -18,7 +18,8 @@ struct Stub {
   // Timings returned before run_s's: a noisy first sample, say.
   std::map<std::string, std::vector<double>> first_runs;
   double clock = 0.0;
-  bool timing_takes_time = false;  // a timing advances the clock by the run time
+  bool timing_takes_time = false;      // a timing advances the clock by the run time
+  std::function<double()> free_bytes;  // empty: memory unknown
   std::vector<std::string> calls;
 
   // How many times `call` ("time openvino", "compile inductor") was made.
@@ -42,7 +43,10 @@ struct Stub {
               if (timing_takes_time) clock += t;
               return t;
             },
-            [this] { return clock; }, nullptr, nullptr};
+            [this] { return clock; },
+            nullptr,
+            nullptr,
+            free_bytes};
   }
 };
 
@@ -435,6 +439,40 @@ TEST(PlacementSearch, SettlingKeepsTheMarginOverEager) {
   s.first_runs = {{"eager", {5e-3, 5.1e-3}}};
   plan = SearchWholeGraphFirst({"inductor"}, s.Measurer(), o);
   EXPECT_EQ(s.Count("time inductor"), 3);
+}
+
+TEST(PlacementSearch, ACompileThatWouldExhaustMemoryIsNotMade) {
+  // 10 GB free; OpenVINO's graph holds 6 GB, Inductor's 6 GB: after OpenVINO's compile 4 GB
+  // are left, under 1.25 x 6 GB, so Inductor is not compiled, and says why.
+  Stub s;
+  s.run_s = {{"eager", 10e-3}, {"inductor", 4e-3}, {"openvino", 5e-3}};
+  s.compile_s = {{"inductor", 8.0}, {"openvino", 1.0}};
+  double free = 10e9;
+  s.free_bytes = [&] { return free - 6e9 * static_cast<double>(s.Count("compile openvino")); };
+  WholeGraphSearchOptions o;
+  o.expected_compile_s = {{"openvino", 1.0}, {"inductor", 8.0}};
+  o.compile_bytes = {{"openvino", 6e9}, {"inductor", 6e9}};
+  auto plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(s.Count("compile openvino"), 1);
+  EXPECT_EQ(s.Count("compile inductor"), 0);
+  EXPECT_EQ(plan.pick, "openvino");
+  ASSERT_EQ(plan.trials.size(), 3u);
+  EXPECT_EQ(plan.trials[2].skipped, "would need ~7.5 GB of memory, 4.0 GB free");
+  // The reference skipped: the budget is what its compile was expected to take.
+  EXPECT_DOUBLE_EQ(plan.budget_s, 1.25 * 8.0);
+  // With 20 GB free both compile; unknown free memory (<= 0) or no need checks nothing.
+  for (double f : {20e9, 0.0}) {
+    s.calls.clear();
+    free = f;
+    plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+    EXPECT_EQ(s.Count("compile inductor"), 1) << f;
+    EXPECT_EQ(plan.pick, "inductor");
+  }
+  s.calls.clear();
+  free = 1e9;
+  o.compile_bytes.clear();
+  SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
+  EXPECT_EQ(s.Count("compile inductor"), 1);
 }
 
 TEST(PlacementSearch, KeepsEagerUnlessACompilerBeatsItByTheMargin) {
