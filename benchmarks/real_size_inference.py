@@ -386,16 +386,26 @@ def _ratios(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def compile_row(name: str, batch: int, contender: str) -> dict[str, Any]:
-    """First-call time of one contender in this process (whose caches the caller set)."""
+    """First-call time of one contender in this process (whose caches the caller set), and the
+    memory that call touched: "touched_gb", its minor page faults (new pages, each zeroed by the
+    kernel: slow on a host that backs memory lazily, where a 5 GB copy of weights took 49 s)
+    and "peak_rss_gb", the process's peak resident memory after it."""
+    import resource
+
     from torch_plugin import placement
 
     model, args = build(name, batch)
     (fn,) = contenders(model, args, [contender]).values()
     out: dict[str, Any] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
     with torch.no_grad(), placement.record() as placed:
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         fn(*args)
         out["cold_s"] = time.perf_counter() - t0
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        out["touched_gb"] = (usage.ru_minflt - faults) * page / 1e9
+        out["peak_rss_gb"] = usage.ru_maxrss * 1024 / 1e9  # kB on Linux
         if contender.startswith("ours"):
             out["plans"] = [_plan(r) for r in placed]
             torch._dynamo.reset()
