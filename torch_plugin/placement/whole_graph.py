@@ -388,10 +388,14 @@ def place_whole_graph_first(
     if not plan["cached"] or checked:
         cache = ProfileCache(opts.cache_path)
         try:
+            # A search that left a compiler out for the memory free at that moment is not
+            # kept: the next process, with more room, searches again.
+            for_memory = any(t["skipped"].startswith(SKIPPED_FOR_MEMORY) for t in plan["trials"])
             if not plan["cached"]:
                 keep = {k: v for k, v in plan.items() if k != "cached"}
                 keep["refined"] = bool(result.whole_graph and result.whole_graph.get("refined"))
-                cache.put_decision(decision_key, keep)
+                if not for_memory:
+                    cache.put_decision(decision_key, keep)
                 # Graphs with frozen weights only (Inductor serves others from its FX graph
                 # cache), and of those the compiles no cache served.
                 if frozen:
@@ -470,6 +474,8 @@ VERIFIED_VERSION = "whole-graph-verified-v1"
 # last few whole-graph compiles. v2: the output check's run no longer counted as compile time.
 RATE_VERSION = "compile-rate-v2"
 RATE_HISTORY = 8
+# How the C++ search words a compiler skipped because its copy of the weights would not fit.
+SKIPPED_FOR_MEMORY = "would need ~"
 
 
 def compile_rates(
