@@ -1227,6 +1227,7 @@ class WholeGraphPlan:
     """
     The default placement's pick.
     """
+    memory_limited: bool
     notes: str
     pick: str
     reason: str

@@ -261,7 +261,8 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       .field("predicted_gain", &WholeGraphSearchPlan::predicted_gain)
       .field("predicted_refine_s", &WholeGraphSearchPlan::predicted_refine_s)
       .field("reason", &WholeGraphSearchPlan::reason)
-      .field("notes", &WholeGraphSearchPlan::notes);
+      .field("notes", &WholeGraphSearchPlan::notes)
+      .field("memory_limited", &WholeGraphSearchPlan::memory_limited);
 
   pm.def(
       "search_whole_graph_first",

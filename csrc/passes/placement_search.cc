@@ -176,12 +176,13 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     }
     bool cannot_win = false;  // ruled out by a bound or by memory, not by the budget
     double need = Get(options.compile_bytes, b);
-    double free = need > 0 && measurer.free_bytes ? measurer.free_bytes() : 0.0;
+    double free = !replays && need > 0 && measurer.free_bytes ? measurer.free_bytes() : 0.0;
     if (replays) {
       // Tried whatever is left of the budget (below).
     } else if (free > 0 && free < options.memory_slack * need) {
       // First: past the memory a compile ends the process, whatever the budget allows.
       cannot_win = true;
+      plan.memory_limited = true;
       t.skipped = "would need ~" + fixed(options.memory_slack * need / 1e9) + " GB of memory, " +
                   fixed(free / 1e9) + " GB free";
     } else if (budget > 0 && spent >= budget) {

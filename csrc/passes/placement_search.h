@@ -151,6 +151,9 @@ struct WholeGraphSearchPlan {
   double predicted_refine_s = 0.0;
   std::string reason;  // one line: why refine is (not) run
   std::string notes;   // what the search found unexpected (bounds disproved), else empty
+  // A compiler was left out for the memory free at that moment (compile_bytes): the plan holds
+  // for that moment only, and is not to be kept for later processes.
+  bool memory_limited = false;
 };
 
 // Times eager, then compiles in WholeGraphOrder, timing each compiled graph once right away

@@ -300,7 +300,7 @@ def place_whole_graph_first(
                     elapsed=lambda: time.perf_counter() - t_start,
                     served=lambda name: name in served,
                     floor=floor,
-                    free_bytes=lambda: memory.free_bytes(),
+                    free_bytes=memory.free_bytes,
                 )
                 # As a dict: the profile cache keeps it as JSON.
                 plan = (
@@ -388,13 +388,12 @@ def place_whole_graph_first(
     if not plan["cached"] or checked:
         cache = ProfileCache(opts.cache_path)
         try:
-            # A search that left a compiler out for the memory free at that moment is not
-            # kept: the next process, with more room, searches again.
-            for_memory = any(t["skipped"].startswith(SKIPPED_FOR_MEMORY) for t in plan["trials"])
             if not plan["cached"]:
                 keep = {k: v for k, v in plan.items() if k != "cached"}
                 keep["refined"] = bool(result.whole_graph and result.whole_graph.get("refined"))
-                if not for_memory:
+                # A search that left a compiler out for the memory free at that moment is not
+                # kept: the next process, with more room, searches again.
+                if not plan["memory_limited"]:
                     cache.put_decision(decision_key, keep)
                 # Graphs with frozen weights only (Inductor serves others from its FX graph
                 # cache), and of those the compiles no cache served.
@@ -474,8 +473,6 @@ VERIFIED_VERSION = "whole-graph-verified-v1"
 # last few whole-graph compiles. v2: the output check's run no longer counted as compile time.
 RATE_VERSION = "compile-rate-v2"
 RATE_HISTORY = 8
-# How the C++ search words a compiler skipped because its copy of the weights would not fit.
-SKIPPED_FOR_MEMORY = "would need ~"
 
 
 def compile_rates(

@@ -458,6 +458,7 @@ TEST(PlacementSearch, ACompileThatWouldExhaustMemoryIsNotMade) {
   EXPECT_EQ(plan.pick, "openvino");
   ASSERT_EQ(plan.trials.size(), 3u);
   EXPECT_EQ(plan.trials[2].skipped, "would need ~7.5 GB of memory, 4.0 GB free");
+  EXPECT_TRUE(plan.memory_limited);
   // The reference skipped: the budget is what its compile was expected to take.
   EXPECT_DOUBLE_EQ(plan.budget_s, 1.25 * 8.0);
   // With 20 GB free both compile; unknown free memory (<= 0) or no need checks nothing.
@@ -467,6 +468,7 @@ TEST(PlacementSearch, ACompileThatWouldExhaustMemoryIsNotMade) {
     plan = SearchWholeGraphFirst({"openvino", "inductor"}, s.Measurer(), o);
     EXPECT_EQ(s.Count("compile inductor"), 1) << f;
     EXPECT_EQ(plan.pick, "inductor");
+    EXPECT_FALSE(plan.memory_limited);
   }
   s.calls.clear();
   free = 1e9;
