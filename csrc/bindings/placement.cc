@@ -291,6 +291,11 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
         if (py::hasattr(measurer, "free_bytes")) {
           m.free_bytes = [measurer]() { return measurer.attr("free_bytes")().cast<double>(); };
         }
+        if (py::hasattr(measurer, "saved_s")) {
+          m.saved_s = [measurer](const std::string& b) {
+            return measurer.attr("saved_s")(b).cast<double>();
+          };
+        }
         return passes::SearchWholeGraphFirst(backends, m, options);
       },
       py::arg("backends"), py::arg("measurer"), py::arg("options"),
@@ -298,8 +303,9 @@ void BindPlacement(py::module_& m, py::class_<passes::PassManager>& pm) {
       "within the budget) and measured in turns against eager; returns the pick and whether the "
       "finer search may run. measurer: compile(backend) -> bool, time(backend) -> s, "
       "elapsed() -> s, optionally served(backend) -> bool (its last compile came from a cache), "
-      "floor(backend, target_s) -> s (a lower bound on its run time, measured on demand) and "
-      "free_bytes() -> bytes (the memory the process can still take).");
+      "floor(backend, target_s) -> s (a lower bound on its run time, measured on demand), "
+      "free_bytes() -> bytes (the memory the process can still take) and saved_s(backend) -> s "
+      "(what the user's own compile of it would have taken beyond its last one).");
 
   using passes::EvolveOptions;
   Struct<EvolveOptions>(m, "EvolveOptions", "Options of the evolutionary offload search.")

@@ -221,8 +221,9 @@ WholeGraphSearchPlan SearchWholeGraphFirst(const std::vector<std::string>& backe
     if (plan.budget_s <= 0 && b == options.reference && t.compiled) {
       // A reference served from its cache compiled in seconds that say nothing of what the
       // user's compiler costs; its expected compile stands in (else a decision made afresh
-      // beside a warm Inductor cache left every other compiler ~1 s).
-      double basis = t.compile_s;
+      // beside a warm Inductor cache left every other compiler ~1 s). Work it ran side by side
+      // counts as long as the user's compiler, running it in turn, takes over it.
+      double basis = t.compile_s + (measurer.saved_s ? measurer.saved_s(b) : 0.0);
       if (measurer.served && measurer.served(b)) basis = std::max(basis, expected);
       plan.budget_s = options.budget_factor * basis;
       reference_compile_s = basis;

@@ -48,6 +48,13 @@ struct WholeGraphMeasurer {
   // The bytes of memory this process can still take, read now (before each compile: the
   // graphs compiled so far hold theirs). May be empty; <= 0: unknown.
   std::function<double()> free_bytes;
+  // Seconds that the user's own compile of `backend`'s graph would have taken beyond the one
+  // just made: work this compile ran side by side that the compiler runs one step after
+  // another (Inductor's probes of the CPU's vector ISAs in a process's first compile: 9.6 s
+  // in turn, 4.9 s two at a time on the 2-core Xeon). Added to the reference's compile where
+  // it fixes the budget, a multiple of what the user's compiler takes: else the time saved
+  // would shrink the budget by as much. May be empty (none saved).
+  std::function<double(const std::string& backend)> saved_s;
 };
 
 struct WholeGraphSearchOptions {

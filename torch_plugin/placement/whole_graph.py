@@ -180,6 +180,7 @@ def place_whole_graph_first(
     digest = _weights_digest(gm, frozen) if _may_skip_check(frozen, inputs) else None
     passed: list[str] = []
     served: set[str] = set()  # compilers whose whole graph came from a cache: not a compile
+    saved: dict[str, float] = {}  # what the user's own compile would have taken on top
 
     from torch._dynamo.exc import RestartAnalysis
 
@@ -191,6 +192,7 @@ def place_whole_graph_first(
             )
             if backend.last_from_cache:
                 served.add(name)
+            saved[name] = backend.last_saved_s
             placed_mod = materialize(gm, [group], [fn])
             mod = replaying(placed_mod)
             if not check:
@@ -299,6 +301,7 @@ def place_whole_graph_first(
                     time=time_whole,
                     elapsed=lambda: time.perf_counter() - t_start,
                     served=lambda name: name in served,
+                    saved_s=lambda name: saved.get(name, 0.0),
                     floor=floor,
                     free_bytes=memory.free_bytes,
                 )
