@@ -49,6 +49,17 @@ def test_nothing_is_run_without_a_pending_probe_or_a_second_core(
     assert made == []
 
 
+class _Failing:
+    def __bool__(self) -> bool:
+        raise TypeError("another probe API")
+
+
+def test_a_probe_that_raises_leaves_the_probes_to_inductor(monkeypatch) -> None:
+    """Our side-by-side probing must never fail Inductor's compile: Inductor probes again."""
+    monkeypatch.setattr(vec_isa, "_pending", lambda: [_Failing(), _Failing()])
+    assert vec_isa.probe_side_by_side(workers=2) == 0.0
+
+
 def test_once_inductor_listed_the_valid_isas_nothing_is_pending() -> None:
     from torch._inductor import cpu_vec_isa
 
