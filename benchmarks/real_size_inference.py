@@ -26,6 +26,11 @@ products). A contender at 90% of the peak leaves no compiler more than 1.11x. An
 through torch.compile costs before any backend runs (Dynamo's guards and weight arguments, with
 the caches cold as after an inference): the contenders called directly do not pay it.
 
+Ours is timed on the program its cold compile picked (that compile's profile cache; the plan
+the row records), as a user's program runs after its first compile, not on a decision made
+afresh in the timing process, where the other contenders had already compiled Inductor's
+kernels.
+
 Compile times come from fresh processes with empty caches (Inductor's FX cache, our profile
 cache): Inductor with freezing, ours cold, ours warm (same process after torch._dynamo.reset())
 and ours in a second process with the caches the first filled. Ours also records the
@@ -164,10 +169,40 @@ def contenders(model: torch.nn.Module, args: tuple, which: list[str]) -> dict[st
             import torch_plugin  # noqa: F401 - registers the backend
 
             opts = {"precision": "bf16"} if name == "ours_bf16" else {}
-            out[name] = torch.compile(model, backend="torch_plugin", options=opts)
+            compiled = torch.compile(model, backend="torch_plugin", options=opts)
+            db = os.environ.get(f"BENCH_{name.upper()}_PROFILE_DB")
+            out[name] = _recalling(compiled, db) if db else compiled
         else:
             raise ValueError(name)
     return out
+
+
+def _recalling(compiled: Any, db: str) -> Any:
+    """`compiled` whose first call (its compile) reads and writes the profile cache `db`: the
+    cache a cold compile of the same contender filled, so it runs the program that compile
+    picked (the plan the row records), as the user's program does after its first compile.
+    Decided afresh in the timing process instead, ours' search saw Inductor's kernels already
+    compiled by the Inductor contenders (same cache folder): its Inductor compile took 5.5 s
+    where a user's cold one took 12 s, the budget it fixes skipped ONNX Runtime, and ResNet-50
+    was timed on OpenVINO's graph, 5% slower than the ONNX Runtime graph the cold compile
+    picked."""
+    state = {"first": True}
+
+    def run(*a: Any) -> Any:
+        if not state["first"]:
+            return compiled(*a)
+        state["first"] = False
+        before = os.environ.get("TORCH_PLUGIN_PROFILE_DB")
+        os.environ["TORCH_PLUGIN_PROFILE_DB"] = db
+        try:
+            return compiled(*a)
+        finally:
+            if before is None:
+                del os.environ["TORCH_PLUGIN_PROFILE_DB"]
+            else:
+                os.environ["TORCH_PLUGIN_PROFILE_DB"] = before
+
+    return run
 
 
 def _ov_convert(model: torch.nn.Module, args: tuple, threads: int, f32: bool) -> Any:
@@ -497,10 +532,15 @@ def run(
                     print(name, batch, c, json.dumps(compile_s[c])[:300], flush=True)
                 second = _child(["--compile", *spec, "ours"], caches("ours"))
                 compile_s["ours_second_process"] = second
+                # Ours is timed on the program its cold compile picked (_recalling).
+                recall = {
+                    f"BENCH_{c.upper()}_PROFILE_DB": caches(c)["TORCH_PLUGIN_PROFILE_DB"]
+                    for c in ("ours", "ours_bf16")
+                }
                 if name in ONE_PER_PROCESS:
-                    row = _time_apart(spec, min(rounds, 3), caches)
+                    row = _time_apart(spec, min(rounds, 3), lambda c, r=recall: {**caches(c), **r})
                 else:
-                    row = _child(["--time", *spec, str(rounds)], caches("timing"))
+                    row = _child(["--time", *spec, str(rounds)], {**caches("timing"), **recall})
             row.update(model=name, batch=batch, compile=compile_s, **here)
             ind = compile_s["inductor_freezing"].get("cold_s")
             ours = compile_s["ours"]
