@@ -170,11 +170,17 @@ def contenders(model: torch.nn.Module, args: tuple, which: list[str]) -> dict[st
 
             opts = {"precision": "bf16"} if name == "ours_bf16" else {}
             compiled = torch.compile(model, backend="torch_plugin", options=opts)
-            db = os.environ.get(f"BENCH_{name.upper()}_PROFILE_DB")
+            db = os.environ.get(_recall_var(name))
             out[name] = _recalling(compiled, db) if db else compiled
         else:
             raise ValueError(name)
     return out
+
+
+def _recall_var(contender: str) -> str:
+    """The environment variable that names the profile cache of `contender`'s cold compile for
+    the timing process (run sets it, contenders reads it)."""
+    return f"BENCH_{contender.upper()}_PROFILE_DB"
 
 
 def _recalling(compiled: Any, db: str) -> Any:
@@ -534,7 +540,7 @@ def run(
                 compile_s["ours_second_process"] = second
                 # Ours is timed on the program its cold compile picked (_recalling).
                 recall = {
-                    f"BENCH_{c.upper()}_PROFILE_DB": caches(c)["TORCH_PLUGIN_PROFILE_DB"]
+                    _recall_var(c): caches(c)["TORCH_PLUGIN_PROFILE_DB"]
                     for c in ("ours", "ours_bf16")
                 }
                 if name in ONE_PER_PROCESS:
