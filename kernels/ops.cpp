@@ -6,6 +6,7 @@
 #include "cpu/bias_gelu.h"
 #include "cpu/flash_attention.h"
 #include "cpu/fused_inference.h"
+#include "cpu/linear_bf16x3.h"
 #include "cpu/output_compare.h"
 #include "cpu/split_kv_attention.h"
 
@@ -36,6 +37,10 @@ TORCH_LIBRARY(torch_plugin, m) {
       "bool is_causal=False, float? scale=None) -> (Tensor, Tensor)");
   // The whole-graph search's output check (torch_plugin/placement/precision.py): float64 [4].
   m.def("compare_outputs(Tensor got, Tensor want, float rtol, float atol) -> Tensor");
+  // f32 linears as three bf16 products under "high" matmul precision (placement/bf16x3.py).
+  m.def("linear_bf16x3_available() -> bool", &tp::kernels::LinearBf16x3Available);
+  m.def("split_bf16x3_weight(Tensor weight) -> Tensor");
+  m.def("linear_bf16x3(Tensor x, Tensor weight3, Tensor? bias=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
@@ -50,4 +55,6 @@ TORCH_LIBRARY_IMPL(torch_plugin, CPU, m) {
   m.impl("scaled_masked_softmax", &tp::kernels::ScaledMaskedSoftmaxCpu);
   m.impl("attention", &tp::kernels::FlashAttentionCpu);
   m.impl("compare_outputs", &tp::kernels::CompareOutputsCpu);
+  m.impl("split_bf16x3_weight", &tp::kernels::SplitBf16x3WeightCpu);
+  m.impl("linear_bf16x3", &tp::kernels::LinearBf16x3Cpu);
 }

@@ -227,3 +227,15 @@ def _compare_outputs_fake(
     got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
 ) -> torch.Tensor:
     return got.new_empty((4,), dtype=torch.float64)
+
+
+@torch.library.register_fake("torch_plugin::split_bf16x3_weight")
+def _split_bf16x3_weight_fake(weight: torch.Tensor) -> torch.Tensor:
+    return weight.new_empty((weight.shape[0], 2 * weight.shape[1]), dtype=torch.bfloat16)
+
+
+@torch.library.register_fake("torch_plugin::linear_bf16x3")
+def _linear_bf16x3_fake(
+    x: torch.Tensor, weight3: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight3.shape[0]))

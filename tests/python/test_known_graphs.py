@@ -142,7 +142,8 @@ def test_a_graph_that_sets_the_grad_mode_is_not_kept(tmp_path, fixed_profile) ->
 
 def test_a_graph_is_not_known_where_the_call_differs(tmp_path) -> None:
     """No key for a call that needs gradients, a fake or size argument, a graph holding a
-    tensor of its own; the key tells input layouts, options and autocast apart."""
+    tensor of its own; the key tells input layouts, options, autocast and the float32 matmul
+    precision apart."""
     g = torch.fx.Graph()
     a, b = g.placeholder("a"), g.placeholder("b")
     g.output((g.call_function(torch.add, (a, b)),))
@@ -165,6 +166,12 @@ def test_a_graph_is_not_known_where_the_call_differs(tmp_path) -> None:
             assert key(gm, [w, x], kinds, "opts") != base  # torch.ones(3) in the code
         finally:
             torch.set_default_dtype(default)
+        precision = torch.get_float32_matmul_precision()
+        try:
+            torch.set_float32_matmul_precision("high")  # linears as bf16 products (bf16x3.py)
+            assert key(gm, [w, x], kinds, "opts") != base
+        finally:
+            torch.set_float32_matmul_precision(precision)
         assert key(gm, [w, 4], kinds, "opts") is None
         with torch.inference_mode():
             made = torch.randn(4)

@@ -144,7 +144,11 @@ class InductorBackend(Backend):
         frame = _frame_fakes(gm)
         gm = _views_as_reshapes(gm)
         casts: list[Any] = []
-        if self.compute != "f32":
+        if self.compute == "f32x3":  # f32 linears as three bf16 products (bf16x3.py)
+            from .bf16x3 import with_bf16x3_linears
+
+            gm, _ = with_bf16x3_linears(gm)
+        elif self.compute != "f32":
             from .precision import defer_output_casts, lower_precision_graph
 
             gm = lower_precision_graph(gm, frame[1] if frame else inputs, self.compute)
@@ -1346,6 +1350,9 @@ DEFAULT_BACKENDS = ("aten", "fused", "inductor", "openvino", "onnxruntime")
 # at f32, which meets the bf16 bound too. Eager ("aten") is the reference; our fused kernels
 # are f32.
 LOWER_PRECISION = ("inductor", "openvino")
+# Backends whose f32 linears run as three bf16 products under "high" float32 matmul precision
+# (compute "f32x3", bf16x3.py); the others keep f32.
+BF16X3 = ("inductor",)
 
 
 def for_device(backends: Sequence[Backend], device: str) -> list[Backend]:
@@ -1369,7 +1376,8 @@ def get_backends(
     names: Sequence[str], compute: str = "f32", cache_path: str | None = ":memory:"
 ) -> list[Backend]:
     """Instances of the named backends that can run here; 'aten' is always included first.
-    compute: "bf16" lets the backends in LOWER_PRECISION compute in it. cache_path: the
+    compute: "bf16" lets the backends in LOWER_PRECISION compute in it, "f32x3" those in BF16X3
+    run f32 linears as three bf16 products. cache_path: the
     profile cache the backends keep their own measurements in (None: the default one)."""
     unknown = [n for n in names if n not in BACKENDS]
     if unknown:
@@ -1382,7 +1390,7 @@ def get_backends(
         if name == "aten":
             continue
         backend = BACKENDS[name]()
-        if compute != "f32" and name in LOWER_PRECISION:
+        if compute != "f32" and name in (BF16X3 if compute == "f32x3" else LOWER_PRECISION):
             backend.compute = compute
         backend.cache_path = cache_path
         reason = backend.unavailable()

@@ -83,7 +83,10 @@ def structure_key(
         h.update(repr((tuple(x.shape), x.stride(), str(x.dtype), x.requires_grad, kind)).encode())
     h.update(repr(options).encode())
     autocast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
-    h.update(repr((autocast, torch.is_grad_enabled(), torch.get_default_dtype())).encode())
+    # The float32 matmul precision decides whether Inductor's linears run as three bf16
+    # products (bf16x3.py): a graph kept under "high" must not serve a call under "highest".
+    state = (autocast, torch.is_grad_enabled(), torch.get_default_dtype())
+    h.update(repr((*state, torch.get_float32_matmul_precision())).encode())
     return h.hexdigest()
 
 

@@ -174,9 +174,14 @@ def _ms(s: float | None) -> str:
 def _precision_note(w: dict[str, Any]) -> str:
     """Where the precision is not f32: what the pick computes in and its measured error."""
     precision = w.get("precision", "f32")
-    if precision == "f32":
-        return ""
     pick = w["pick"]
+    if precision == "f32":
+        if w.get("compute", {}).get(pick) != "f32x3":
+            return ""
+        err = w.get("errors", {}).get(pick)
+        return "; float32 matmul precision 'high': its linears as three bf16 products" + (
+            f", error {err:.1e}" if err is not None else ""
+        )
     if w.get("refined"):
         return f"; {precision} precision: the finer placement's regions compute in f32"
     compute = w.get("compute", {}).get(pick, "f32") if pick != "eager" else "eager's dtypes"

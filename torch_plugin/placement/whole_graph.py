@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from .. import _C, fx_bridge
-from . import kernel_floor, memory
+from . import bf16x3, kernel_floor, memory
 from .artifacts import artifact_dir, tensor_bytes
 from .backends import InductorBackend, for_device, get_backends, symbolic_placeholders
 from .cache import ProfileCache, device_key, machine_key
@@ -85,6 +85,14 @@ def place_whole_graph_first(
     compute = "bf16" if opts.precision == "bf16" and kind == "inference" else "f32"
     inputs = list(example_inputs) if example_inputs is not None else synthesize_inputs(gm)
     device = device_key(inputs)
+    if compute == "f32" and precision == "f32" and kind == "inference":
+        # The user's "high" float32 matmul precision: Inductor's linears may run as three bf16
+        # products (bf16x3.py), checked against the f32 bound as every candidate is.
+        why_not = bf16x3.applies(device)
+        if why_not is None:
+            compute = bf16x3.COMPUTE
+        elif torch.get_float32_matmul_precision() == "high":
+            log.info("torch_plugin placement: f32 linears stay f32: %s", why_not)
     backends = for_device(get_backends(opts.backends, compute, opts.cache_path), device)
     # A dynamic-shape graph (its sizes symbols, their values arguments) goes only to compilers
     # that keep its sizes symbolic: the others compile for the sizes they are shown, which the
