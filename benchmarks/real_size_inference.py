@@ -14,6 +14,10 @@ Runtime's intra-op pools all get torch.get_num_threads()):
   bf16: Inductor with freezing under torch.autocast; OpenVINO's backend and ov.convert_model
         at their default (bf16 on a CPU with bf16 units); ours with
         options={"precision": "bf16"}.
+  f32 under torch.set_float32_matmul_precision("high"): Inductor with freezing and ours,
+        compiled and called under it (ours runs Inductor's linears as three bf16 products
+        there); against them and every f32 contender above whose program the setting leaves
+        as it is (Inductor with freezing at "highest", OpenVINO and ONNX Runtime at f32).
 OpenVINO's backend fails on some models under this torch or runs them in torch (outputs
 bit-equal to eager's); the row records that as a failure and its convert_model path stands.
 Each contender's error is the relative L2 error of its output against f32 eager; a ratio is
@@ -140,7 +144,7 @@ def contenders(model: torch.nn.Module, args: tuple, which: list[str]) -> dict[st
             out[name] = model
         elif name == "inductor":
             out[name] = torch.compile(model)
-        elif name in ("inductor_freezing", "inductor_freezing_bf16"):
+        elif name in ("inductor_freezing", "inductor_freezing_bf16", "inductor_freezing_high"):
             compiled = torch.compile(model)
             bf16 = name.endswith("bf16")
 
@@ -151,7 +155,7 @@ def contenders(model: torch.nn.Module, args: tuple, which: list[str]) -> dict[st
                 ):
                     return compiled(*a)
 
-            out[name] = run
+            out[name] = _under_high(run) if name.endswith("high") else run
         elif name in ("openvino", "openvino_f32"):
             import openvino.torch  # noqa: F401 - registers the backend
 
@@ -165,16 +169,35 @@ def contenders(model: torch.nn.Module, args: tuple, which: list[str]) -> dict[st
             out[name] = _ov_convert(model, args, threads, f32=name.endswith("f32"))
         elif name == "onnxruntime":
             out[name] = _onnxruntime(model, args, threads)
-        elif name in ("ours", "ours_bf16"):
+        elif name in ("ours", "ours_bf16", "ours_high"):
             import torch_plugin  # noqa: F401 - registers the backend
 
             opts = {"precision": "bf16"} if name == "ours_bf16" else {}
             compiled = torch.compile(model, backend="torch_plugin", options=opts)
             db = os.environ.get(_recall_var(name))
-            out[name] = _recalling(compiled, db) if db else compiled
+            compiled = _recalling(compiled, db) if db else compiled
+            out[name] = _under_high(compiled) if name.endswith("high") else compiled
         else:
             raise ValueError(name)
     return out
+
+
+def _under_high(fn: Any) -> Any:
+    """`fn` compiled and called under torch.set_float32_matmul_precision("high"), as in a
+    program that sets it (a common line in training scripts, for TF32 on GPUs): PyTorch allows
+    its f32 matmuls to treat each float as the sum of two bf16s there. On this CPU torch's own
+    matmuls stay f32 (oneDNN's TF32 mode); ours runs Inductor's linears as three bf16 products
+    (torch_plugin/placement/bf16x3.py). Restored after each call."""
+
+    def run(*a: Any) -> Any:
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high")
+        try:
+            return fn(*a)
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+    return run
 
 
 def _recall_var(contender: str) -> str:
@@ -288,6 +311,11 @@ F32 = [
     "ours",
 ]
 BF16 = ["inductor_freezing_bf16", "openvino", "ov_convert", "ours_bf16"]
+# f32 under "high" float32 matmul precision: what torch.set_float32_matmul_precision("high")
+# changes (Inductor's and ours' graphs), compiled and called under it. OpenVINO and ONNX Runtime
+# do not read torch's setting: their f32 runs in the same process stand for themselves there.
+HIGH = ["inductor_freezing_high", "ours_high"]
+HIGH_ALSO = ["inductor_freezing", "openvino_f32", "ov_convert_f32", "onnxruntime"]
 
 
 def time_row(name: str, batch: int, rounds: int, only: str | None = None) -> dict[str, Any]:
@@ -298,7 +326,7 @@ def time_row(name: str, batch: int, rounds: int, only: str | None = None) -> dic
     model, args = build(name, batch)
     with torch.no_grad():
         want = model(*args)
-    fns = contenders(model, args, [only] if only else F32 + BF16)
+    fns = contenders(model, args, [only] if only else F32 + BF16 + HIGH)
     row: dict[str, Any] = {"model": name, "batch": batch, "error": {}, "failed": {}, "ran": {}}
     with torch.no_grad():
         for key in list(fns):
@@ -406,7 +434,7 @@ def _peak_fractions(row: dict[str, Any]) -> dict[str, float]:
         return {}
     limits = {"f32": peak, "bf16": _bf16_limit_gflops(peak)}
     out = {}
-    for prec, names in (("f32", F32), ("bf16", BF16)):
+    for prec, names in (("f32", F32 + HIGH), ("bf16", BF16)):
         for k in names:
             if k in row.get("ms", {}) and limits[prec]:
                 out[k] = gflop / (row["ms"][k] * 1e-3) / limits[prec]
@@ -417,7 +445,11 @@ def _ratios(row: dict[str, Any]) -> dict[str, Any]:
     """The best other contender of each precision and its time over ours; each contender's
     fraction of its precision's peak."""
     row["peak_fraction"] = _peak_fractions(row)
-    for prec, names, ours in (("f32", F32, "ours"), ("bf16", BF16, "ours_bf16")):
+    for prec, names, ours in (
+        ("f32", F32, "ours"),
+        ("bf16", BF16, "ours_bf16"),
+        ("f32_high", HIGH + HIGH_ALSO, "ours_high"),
+    ):
         others = {k: row["ms"][k] for k in names if k in row["ms"] and k != ours}
         if ours in row["ms"] and others:
             best = min(others, key=others.__getitem__)
@@ -492,7 +524,7 @@ ONE_PER_PROCESS = {"llama_1b"}
 def _time_apart(spec: list[str], rounds: int, caches: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"error": {}, "failed": {}, "ran": {}, "ms": {}, "spread_ms": {}}
     peaks = []
-    for c in F32 + BF16:
+    for c in F32 + BF16 + HIGH:
         part = _child(["--time", *spec, str(rounds), c], caches(f"timing_{c}"))
         if "model" not in part:  # the child itself failed (memory, timeout)
             row["failed"][c] = "; ".join(part.get("failed", []))[:200]
@@ -533,7 +565,7 @@ def run(
                 compile_s: dict[str, Any] = {}
                 spec = [name, str(batch)]
                 # Each in fresh caches of its own, then ours again with the caches it filled.
-                for c in ("inductor_freezing", "ours", "ours_bf16"):
+                for c in ("inductor_freezing", "ours", "ours_bf16", "ours_high"):
                     compile_s[c] = _child(["--compile", *spec, c], caches(c))
                     print(name, batch, c, json.dumps(compile_s[c])[:300], flush=True)
                 second = _child(["--compile", *spec, "ours"], caches("ours"))
@@ -541,7 +573,7 @@ def run(
                 # Ours is timed on the program its cold compile picked (_recalling).
                 recall = {
                     _recall_var(c): caches(c)["TORCH_PLUGIN_PROFILE_DB"]
-                    for c in ("ours", "ours_bf16")
+                    for c in ("ours", "ours_bf16", "ours_high")
                 }
                 if name in ONE_PER_PROCESS:
                     row = _time_apart(spec, min(rounds, 3), lambda c, r=recall: {**caches(c), **r})
@@ -557,6 +589,8 @@ def run(
                 row["compile_ratio_second_process"] = second_s / ind if second_s else None
                 bf16_s = compile_s["ours_bf16"].get("cold_s")
                 row["compile_ratio_cold_bf16"] = bf16_s / ind if bf16_s else None
+                high_s = compile_s["ours_high"].get("cold_s")
+                row["compile_ratio_cold_high"] = high_s / ind if high_s else None
             print(json.dumps({k: row.get(k) for k in ("model", "batch", "ms", "error")}))
             rows.append(row)
             write(rows)
@@ -571,9 +605,13 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "geomean_ratio_f32": geomean([r.get("ratio_f32") for r in rows]),
         "geomean_ratio_bf16": geomean([r.get("ratio_bf16") for r in rows]),
+        "geomean_ratio_f32_high": geomean([r.get("ratio_f32_high") for r in rows]),
         "geomean_compile_ratio_cold": geomean([r.get("compile_ratio_cold") for r in rows]),
         "geomean_compile_ratio_cold_bf16": geomean(
             [r.get("compile_ratio_cold_bf16") for r in rows]
+        ),
+        "geomean_compile_ratio_cold_high": geomean(
+            [r.get("compile_ratio_cold_high") for r in rows]
         ),
         "geomean_compile_ratio_warm": geomean([r.get("compile_ratio_warm") for r in rows]),
         "geomean_compile_ratio_second_process": geomean(
@@ -614,10 +652,15 @@ def _outside_search(row: dict[str, Any]) -> float | None:
 def tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The rows as the results page shows them: ms per contender and precision (ratio: the best
     other contender over ours), compile seconds, what ours ran."""
-    out: dict[str, list[dict[str, Any]]] = {"f32_ms": [], "bf16_ms": [], "compile_s": []}
+    out: dict[str, list[dict[str, Any]]] = {
+        "f32_ms": [],
+        "bf16_ms": [],
+        "f32_high_ms": [],
+        "compile_s": [],
+    }
     for r in rows:
         head = {"model": r["model"], "batch": r["batch"]}
-        for prec, names in (("f32", F32), ("bf16", BF16)):
+        for prec, names in (("f32", F32), ("bf16", BF16), ("f32_high", HIGH + HIGH_ALSO)):
             rec = dict(head)
             for n in names:
                 rec[n] = r.get("ms", {}).get(n, r.get("failed", {}).get(n, "-")[:40])
@@ -626,7 +669,7 @@ def tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
             # How near the hardware's limit the fastest runs: the room left for any compiler.
             frac = r.get("peak_fraction", {})
             rec["GFLOP"] = r.get("gflop")
-            ours = "ours" if prec == "f32" else "ours_bf16"
+            ours = {"f32": "ours", "bf16": "ours_bf16", "f32_high": "ours_high"}[prec]
             rec["ours, of peak"] = frac.get(ours)
             rec["best other, of peak"] = frac.get(r.get(f"best_{prec}"))
             rec["error of ours"] = r.get("error", {}).get(ours)
@@ -646,8 +689,10 @@ def tables(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
                 "ours warm": c.get("ours", {}).get("warm_s"),
                 "ours, second process": c.get("ours_second_process", {}).get("cold_s"),
                 "ours bf16 cold": c.get("ours_bf16", {}).get("cold_s"),
+                "ours 'high' cold": c.get("ours_high", {}).get("cold_s"),
                 "cold / inductor": r.get("compile_ratio_cold"),
                 "bf16 cold / inductor": r.get("compile_ratio_cold_bf16"),
+                "'high' cold / inductor": r.get("compile_ratio_cold_high"),
                 "warm / inductor": r.get("compile_ratio_warm"),
                 "second process / inductor": r.get("compile_ratio_second_process"),
                 "ours' search in the second process": _search_s(c.get("ours_second_process", {})),
@@ -675,8 +720,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     labels = [f"{r['model']}\nb{r['batch']}" for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), squeeze=False)
-    for ax, names, title in ((axes[0][0], F32, "f32"), (axes[0][1], BF16, "bf16")):
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4), squeeze=False)
+    panels = (
+        (axes[0][0], F32, "f32"),
+        (axes[0][1], BF16, "bf16"),
+        (axes[0][2], HIGH + HIGH_ALSO, 'f32, matmul precision "high"'),
+    )
+    for ax, names, title in panels:
         width = 0.8 / len(names)
         for i, n in enumerate(names):
             ys = [r.get("ms", {}).get(n, float("nan")) for r in rows]

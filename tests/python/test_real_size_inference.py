@@ -57,6 +57,32 @@ def test_the_timing_child_is_handed_each_cold_compiles_cache(
     bench.run(["bert"], [1], 1, {})
     compiles = {a[-1]: e for a, e in envs if a[0] == "--compile"}
     ((_, timing),) = [(a, e) for a, e in envs if a[0] == "--time"]
-    for c in ("ours", "ours_bf16"):
+    for c in ("ours", "ours_bf16", "ours_high"):
         assert timing[f"BENCH_{c.upper()}_PROFILE_DB"] == compiles[c]["TORCH_PLUGIN_PROFILE_DB"]
     assert timing["TORCH_PLUGIN_PROFILE_DB"] != compiles["ours"]["TORCH_PLUGIN_PROFILE_DB"]
+
+
+def test_the_high_contenders_compile_and_run_under_high_and_restore_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import real_size_inference as bench
+
+    seen: list[str] = []
+
+    def compiled(*args: Any) -> Any:
+        seen.append(torch.get_float32_matmul_precision())
+        return args
+
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiled)
+    monkeypatch.delenv("BENCH_OURS_HIGH_PROFILE_DB", raising=False)
+    before = torch.get_float32_matmul_precision()
+    fns = bench.contenders(torch.nn.Identity(), (), ["ours_high", "inductor_freezing_high", "ours"])
+    for name in ("ours_high", "inductor_freezing_high", "ours"):
+        fns[name](1)
+    assert seen == ["high", "high", before]
+    assert torch.get_float32_matmul_precision() == before
+    row = bench._ratios(
+        {"ms": {"ours_high": 5.0, "inductor_freezing_high": 9.0, "onnxruntime": 8.0, "ours": 7.0}}
+    )
+    assert row["best_f32_high"] == "onnxruntime" and row["ratio_f32_high"] == 8.0 / 5.0
