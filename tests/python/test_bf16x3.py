@@ -110,6 +110,32 @@ def test_rewrite_takes_each_large_linear_on_a_frozen_weight_and_leaves_gm_alone(
     assert _relative(got, want) < 2e-5
 
 
+class _Conv1DStack(torch.nn.Module):
+    """GPT-2's Conv1D four times over, each weight stored [in, out] and of the same shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(128, 128)) for _ in range(4))
+        self.b = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(128)) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w, b in zip(self.w, self.b, strict=True):
+            x = torch.addmm(b, x, w) / 16
+        return x
+
+
+def test_rewrite_splits_each_of_same_shaped_weights_stored_in_out() -> None:
+    torch.manual_seed(0)
+    model, x = _Conv1DStack().eval(), torch.randn(128, 128)
+    out, count = bf16x3.with_bf16x3_linears(_frozen_aten_graph(model, x))
+    assert count == 4
+    assert len({t.data_ptr() for t in out.buffers()} & {w.data_ptr() for w in model.w}) == 0
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(x.double())
+        got = out(x)
+    assert _relative(got, want) < 2e-5
+
+
 def test_applies_only_under_high_precision_on_a_cpu_with_amx(monkeypatch) -> None:
     monkeypatch.setattr(bf16x3, "_amx", lambda: True)
     assert "not 'high'" in str(bf16x3.applies("cpu"))  # the default, "highest"

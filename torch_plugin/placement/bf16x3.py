@@ -66,22 +66,21 @@ def _constant(gm: fx.GraphModule, n: Any) -> torch.Tensor | None:
     return obj if isinstance(obj, torch.Tensor) else None
 
 
-def _weight(gm: fx.GraphModule, mat2: Any) -> torch.Tensor | None:
-    """The [N, K] weight that `mat2` ([K, N], the matmul's right operand) is the transpose of,
-    where it is a frozen 2-D f32 constant or a transpose of one."""
+def _weight(gm: fx.GraphModule, mat2: Any) -> tuple[torch.Tensor, bool] | None:
+    """The frozen 2-D f32 constant that `mat2` (the matmul's right operand, [K, N]) reads, and
+    whether it is stored [K, N] (GPT-2's Conv1D; else [N, K], read through a transpose)."""
     if not isinstance(mat2, fx.Node):
         return None
-    w = _constant(gm, mat2)
-    if w is not None:  # stored [K, N] (GPT-2's Conv1D)
-        return w.t() if w.dim() == 2 and w.dtype == torch.float32 else None
-    if mat2.op != "call_function" or mat2.target not in _TRANSPOSES:
+    stored = _constant(gm, mat2)
+    if stored is None and mat2.op == "call_function" and mat2.target in _TRANSPOSES:
+        if mat2.target is not _aten.permute.default or list(mat2.args[1]) == [1, 0]:
+            w = _constant(gm, mat2.args[0])
+            if w is not None and w.dim() == 2 and w.dtype == torch.float32:
+                return w, False
         return None
-    if mat2.target is _aten.permute.default and list(mat2.args[1]) != [1, 0]:
+    if stored is None or stored.dim() != 2 or stored.dtype != torch.float32:
         return None
-    w = _constant(gm, mat2.args[0])
-    if w is None or w.dim() != 2 or w.dtype != torch.float32:
-        return None
-    return w
+    return stored, True
 
 
 def _is_f32_2d(n: Any) -> bool:
@@ -94,7 +93,7 @@ def with_bf16x3_linears(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     x, w.t()) and mm(x, w.t()), call torch_plugin.linear_bf16x3 on the weight split once; and
     how many it rewrote. `gm` itself is unchanged: the other compilers take it."""
     out = fx.GraphModule(gm, gm.graph.__deepcopy__(), class_name=type(gm).__name__)
-    split: dict[int, str] = {}  # a weight's id -> the buffer of its split
+    split: dict[tuple[int, bool], str] = {}  # a weight (and its layout) -> its split's buffer
     replaced: list[Any] = []  # the right operands replaced, dropped where no longer read
     rewritten = 0
     for n in list(out.graph.nodes):
@@ -109,24 +108,28 @@ def with_bf16x3_linears(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
             bias_node, (x, mat2) = None, n.args
         else:
             continue
-        w = _weight(out, mat2)
-        if w is None or not _is_f32_2d(x) or not _is_f32_2d(n):
+        found = _weight(out, mat2)
+        if found is None or not _is_f32_2d(x) or not _is_f32_2d(n):
             continue
+        stored, as_k_n = found
         rows = x.meta["val"].shape[0]
-        if isinstance(rows, int) and 2 * rows * w.shape[0] * w.shape[1] < MIN_FLOPS:
+        if isinstance(rows, int) and 2 * rows * stored.numel() < MIN_FLOPS:
             continue
-        if id(w) not in split:
+        # Keyed by the module's own constant (alive as long as `out`), not a transient view.
+        key = (id(stored), as_k_n)
+        if key not in split:
             free = (i for i in itertools.count() if not hasattr(out, f"_bf16x3_{i}"))
             name = f"_bf16x3_{next(free)}"
+            weight = stored.t() if as_k_n else stored
             with torch.no_grad():
-                out.register_buffer(name, torch.ops.torch_plugin.split_bf16x3_weight(w))
-            split[id(w)] = name
+                out.register_buffer(name, torch.ops.torch_plugin.split_bf16x3_weight(weight))
+            split[key] = name
         with out.graph.inserting_before(n):
-            w3 = out.graph.get_attr(split[id(w)])
+            w3 = out.graph.get_attr(split[key])
             call = out.graph.call_function(
                 torch.ops.torch_plugin.linear_bf16x3.default, (x, w3, bias_node)
             )
-        val = getattr(out, split[id(w)])
+        val = getattr(out, split[key])
         fake = getattr(n.meta["val"], "fake_mode", None)
         if fake is not None:
             w3.meta["val"] = fake.from_tensor(val, static_shapes=True)
