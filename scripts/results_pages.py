@@ -37,6 +37,11 @@ PAGES = {
         "real_size_inference.py --name real_size_inference_xeon",
         "features/default_compile",
     ),
+    "bf16x3_linear": (
+        'f32 linears as three bf16 products (matmul precision "high") against f32',
+        "bf16x3_linear.py",
+        "features/default_compile",
+    ),
     "varying_lengths": (
         "CPU inference on padded batches of changing lengths",
         "varying_lengths.py",

@@ -1,0 +1,143 @@
+"""f32 linears as three bf16 products (torch_plugin::linear_bf16x3, what the default compile runs
+under torch.set_float32_matmul_precision("high") on a CPU with AMX) against torch's f32 linear,
+at the linear layers of the real-size models: bert-base and GPT-2 at 128 tokens (batch 1 and
+8), the 1.2B Llama at 512 prompt tokens.
+
+Per shape, timed in turns (benchmarks/timing.round_robin, 5 rounds): torch's f32
+`F.linear` (what eager and Inductor run at "highest"), ours (the activation's split and two MKL
+bf16 GEMMs with f32 output), and one bf16 product (`F.linear` on bf16 tensors: oneDNN on AMX,
+PyTorch's "medium"). Each says its GFLOP/s (2MNK per call) and how near the limits it runs:
+f32 against the f32 multiply-add peak measured in the same process (no f32 GEMM runs faster),
+ours against a third of the one-product rate (three products cannot run faster than three
+products of the fastest bf16 GEMM measured here). Error: relative L2 against float64.
+
+    python benchmarks/bf16x3_linear.py [--rounds 5]
+
+Writes benchmarks/results/bf16x3_linear.{json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import torch_plugin  # noqa: F401 - registers torch.ops.torch_plugin
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance  # noqa: E402
+from timing import round_robin  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# model, layer, M (tokens in the batch), K (in), N (out)
+SHAPES = [
+    ("bert-base b1", "attention qkv / out", 128, 768, 768),
+    ("bert-base b1", "MLP up", 128, 768, 3072),
+    ("bert-base b1", "MLP down", 128, 3072, 768),
+    ("bert-base b8", "attention qkv / out", 1024, 768, 768),
+    ("bert-base b8", "MLP up", 1024, 768, 3072),
+    ("bert-base b8", "MLP down", 1024, 3072, 768),
+    ("GPT-2 b1", "LM head", 128, 768, 50257),
+    ("Llama 1.2B", "attention q / out", 512, 2048, 2048),
+    ("Llama 1.2B", "MLP gate / up", 512, 2048, 8192),
+    ("Llama 1.2B", "MLP down", 512, 8192, 2048),
+]
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
+def run(rounds: int) -> list[dict[str, Any]]:
+    from torch_plugin import _C
+
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for model, layer, m, k, n in SHAPES:
+        x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) / math.sqrt(k)
+        b = torch.randn(n, generator=g)
+        w2 = torch.ops.torch_plugin.split_bf16x3_weight(w)
+        xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
+        fns = {
+            "f32": lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b),
+            "ours_bf16x3": lambda x=x, w2=w2, b=b: torch.ops.torch_plugin.linear_bf16x3(x, w2, b),
+            "bf16_one_product": lambda x=xb, w=wb, b=bb: torch.nn.functional.linear(x, w, b),
+        }
+        want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+        errors = {key: _relative(fn(), want) for key, fn in fns.items()}
+        peak = float(_C.measure_f32_peak(torch.get_num_threads())) / 1e9
+        per = round_robin(fns, (), rounds, window_s=0.3)
+        ms = {key: statistics.median(v) * 1e3 for key, v in per.items()}
+        gflop = 2 * m * k * n / 1e9
+        rate = {key: gflop / (t * 1e-3) for key, t in ms.items()}
+        row = {
+            "model": model,
+            "layer": layer,
+            "M": m,
+            "K": k,
+            "N": n,
+            "ms": ms,
+            "gflops": rate,
+            "error": errors,
+            "f32_peak_gflops": peak,
+            "speedup_vs_f32": ms["f32"] / ms["ours_bf16x3"],
+            "f32_of_peak": rate["f32"] / peak,
+            "ours_of_three_products_limit": rate["ours_bf16x3"] / (rate["bf16_one_product"] / 3),
+        }
+        rows.append(row)
+        print(
+            f"{model:<13} {layer:<20} {m}x{k}x{n}: f32 {ms['f32']:.2f} ms, ours "
+            f"{ms['ours_bf16x3']:.2f} ms ({row['speedup_vs_f32']:.2f}x, error "
+            f"{errors['ours_bf16x3']:.1e}), one bf16 product {ms['bf16_one_product']:.2f} ms",
+            flush=True,
+        )
+    return rows
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4))
+    labels = [f"{r['model']}\n{r['layer']}" for r in rows]
+    ax.bar(range(len(rows)), [r["speedup_vs_f32"] for r in rows])
+    ax.axhline(1.0, color="black", lw=0.7)
+    ax.set_xticks(range(len(rows)), labels, fontsize=6)
+    ax.set_ylabel("f32 linear time / ours (higher: ours faster)")
+    ax.set_title("f32 linears as three bf16 products, against torch's f32 linear")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    if not torch.ops.torch_plugin.linear_bf16x3_available():
+        raise SystemExit("this torch build does not export MKL's bf16 GEMM")
+    rows = run(args.rounds)
+    speedups = [r["speedup_vs_f32"] for r in rows]
+    summary = {
+        "geomean_speedup_vs_f32": math.exp(sum(map(math.log, speedups)) / len(speedups)),
+        "worst_error_ours": max(r["error"]["ours_bf16x3"] for r in rows),
+        "worst_error_f32": max(r["error"]["f32"] for r in rows),
+    }
+    print(json.dumps(summary, indent=1))
+    RESULTS.mkdir(exist_ok=True)
+    data = {**provenance(), "summary": summary, "rows": rows}
+    (RESULTS / "bf16x3_linear.json").write_text(json.dumps(data, indent=1) + "\n")
+    _plot(rows, RESULTS / "bf16x3_linear.png")
+
+
+if __name__ == "__main__":
+    main()
