@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 import torch_plugin  # noqa: F401 - registers torch.ops.torch_plugin
+from torch_plugin.placement import bf16x3
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import provenance  # noqa: E402
@@ -45,9 +46,11 @@ SHAPES = [
     ("bert-base b8", "MLP up", 1024, 768, 3072),
     ("bert-base b8", "MLP down", 1024, 3072, 768),
     ("GPT-2 b1", "LM head", 128, 768, 50257),
+    ("GPT-2 b8", "LM head", 1024, 768, 50257),
     ("Llama 1.2B", "attention q / out", 512, 2048, 2048),
     ("Llama 1.2B", "MLP gate / up", 512, 2048, 8192),
     ("Llama 1.2B", "MLP down", 512, 8192, 2048),
+    ("Llama 1.2B", "LM head", 512, 2048, 128256),
 ]
 
 
@@ -88,6 +91,9 @@ def run(rounds: int) -> list[dict[str, Any]]:
             "error": errors,
             "f32_peak_gflops": peak,
             "speedup_vs_f32": ms["f32"] / ms["ours_bf16x3"],
+            # Whether the default compile runs this linear so (bf16x3.worth: not a weight past
+            # the caches read by few rows, which the two GEMMs read 1.5x the bytes of).
+            "taken_by_the_compile": bf16x3.worth(m, n * k),
             "f32_of_peak": rate["f32"] / peak,
             "ours_of_three_products_limit": rate["ours_bf16x3"] / (rate["bf16_one_product"] / 3),
         }
@@ -127,8 +133,12 @@ def main() -> None:
         raise SystemExit("this torch build does not export MKL's bf16 GEMM")
     rows = run(args.rounds)
     speedups = [r["speedup_vs_f32"] for r in rows]
+    taken = [r["speedup_vs_f32"] for r in rows if r["taken_by_the_compile"]]
     summary = {
         "geomean_speedup_vs_f32": math.exp(sum(map(math.log, speedups)) / len(speedups)),
+        "geomean_speedup_vs_f32_where_the_compile_takes_it": math.exp(
+            sum(map(math.log, taken)) / len(taken)
+        ),
         "worst_error_ours": max(r["error"]["ours_bf16x3"] for r in rows),
         "worst_error_f32": max(r["error"]["f32"] for r in rows),
     }

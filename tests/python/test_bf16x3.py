@@ -136,6 +136,14 @@ def test_rewrite_splits_each_of_same_shaped_weights_stored_in_out() -> None:
     assert _relative(got, want) < 2e-5
 
 
+@pytest.mark.parametrize("rows", [128, 256])
+def test_a_weight_past_the_caches_read_by_few_rows_stays_f32(rows: int) -> None:
+    model = torch.nn.Linear(1024, 8200).eval()  # 33.6 MB of f32, past LARGE_WEIGHT_BYTES
+    assert model.weight.numel() * 4 > bf16x3.LARGE_WEIGHT_BYTES
+    _, count = bf16x3.with_bf16x3_linears(_frozen_aten_graph(model, torch.randn(rows, 1024)))
+    assert count == (rows >= bf16x3.MIN_ROWS_FOR_LARGE)
+
+
 def test_applies_only_under_high_precision_on_a_cpu_with_amx(monkeypatch) -> None:
     monkeypatch.setattr(bf16x3, "_amx", lambda: True)
     assert "not 'high'" in str(bf16x3.applies("cpu"))  # the default, "highest"

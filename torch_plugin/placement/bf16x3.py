@@ -24,6 +24,12 @@ COMPUTE = "f32x3"
 # Smaller linears are left to f32: splitting the input costs a pass over it, and a GEMM of a few
 # hundred thousand multiply-adds gains nothing from AMX.
 MIN_FLOPS = 1 << 22
+# A weight past the caches, read by few rows, is left to f32 too: such a GEMM is bound by
+# reading the weight, and the two bf16 GEMMs read 1.5x its f32 bytes. GPT-2's LM head at 128
+# tokens (154 MB): 41.5 ms against f32's 39.5; at 1024 tokens 244 against 298 ms, and the 1.2B
+# Llama's (1 GB) at 512 tokens 675 against 1023 ms (benchmarks/bf16x3_linear.py).
+LARGE_WEIGHT_BYTES = 32 << 20
+MIN_ROWS_FOR_LARGE = 256
 
 _aten = torch.ops.aten
 _TRANSPOSES = {_aten.t.default, _aten.transpose.int, _aten.permute.default}
@@ -55,6 +61,14 @@ def applies(device: str) -> str | None:
     if not _kernel_available():
         return "this torch build does not export MKL's bf16 GEMM (cblas_gemm_bf16bf16f32)"
     return None
+
+
+def worth(rows: int, weight_numel: int) -> bool:
+    """Whether a linear of `rows` rows on a weight of `weight_numel` f32 elements is taken: not
+    under MIN_FLOPS, nor a weight past the caches read by fewer than MIN_ROWS_FOR_LARGE rows."""
+    if 2 * rows * weight_numel < MIN_FLOPS:
+        return False
+    return weight_numel * 4 <= LARGE_WEIGHT_BYTES or rows >= MIN_ROWS_FOR_LARGE
 
 
 def _constant(gm: fx.GraphModule, n: Any) -> torch.Tensor | None:
@@ -113,7 +127,7 @@ def with_bf16x3_linears(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
             continue
         stored, as_k_n = found
         rows = x.meta["val"].shape[0]
-        if isinstance(rows, int) and 2 * rows * stored.numel() < MIN_FLOPS:
+        if isinstance(rows, int) and not worth(rows, stored.numel()):
             continue
         # Keyed by the module's own constant (alive as long as `out`), not a transient view.
         key = (id(stored), as_k_n)
