@@ -95,11 +95,11 @@ def _frozen_aten_graph(model: torch.nn.Module, x: torch.Tensor) -> torch.fx.Grap
 
 def test_rewrite_takes_each_large_linear_on_a_frozen_weight_and_leaves_gm_alone() -> None:
     torch.manual_seed(0)
-    model, x = _Mlp().eval(), torch.randn(128, 128)
+    model, x = _Mlp().eval(), torch.randn(512, 128)
     gm = _frozen_aten_graph(model, x)
     before = str(gm.graph)
     out, count = bf16x3.with_bf16x3_linears(gm)
-    assert count == 3  # fc, proj, the Conv1D; not `small` (2*128*256*4 < MIN_FLOPS)
+    assert count == 3  # fc, proj, the Conv1D; not `small` (2*512*256*4 < MIN_FLOPS)
     assert str(gm.graph) == before
     targets = [n.target for n in out.graph.nodes if n.op == "call_function"]
     assert targets.count(torch.ops.torch_plugin.linear_bf16x3.default) == 3
@@ -126,7 +126,7 @@ class _Conv1DStack(torch.nn.Module):
 
 def test_rewrite_splits_each_of_same_shaped_weights_stored_in_out() -> None:
     torch.manual_seed(0)
-    model, x = _Conv1DStack().eval(), torch.randn(128, 128)
+    model, x = _Conv1DStack().eval(), torch.randn(512, 128)
     out, count = bf16x3.with_bf16x3_linears(_frozen_aten_graph(model, x))
     assert count == 4
     assert len({t.data_ptr() for t in out.buffers()} & {w.data_ptr() for w in model.w}) == 0
@@ -136,12 +136,11 @@ def test_rewrite_splits_each_of_same_shaped_weights_stored_in_out() -> None:
     assert _relative(got, want) < 2e-5
 
 
-@pytest.mark.parametrize("rows", [128, 256])
-def test_a_weight_past_the_caches_read_by_few_rows_stays_f32(rows: int) -> None:
-    model = torch.nn.Linear(1024, 8200).eval()  # 33.6 MB of f32, past LARGE_WEIGHT_BYTES
-    assert model.weight.numel() * 4 > bf16x3.LARGE_WEIGHT_BYTES
-    _, count = bf16x3.with_bf16x3_linears(_frozen_aten_graph(model, torch.randn(rows, 1024)))
-    assert count == (rows >= bf16x3.MIN_ROWS_FOR_LARGE)
+@pytest.mark.parametrize("rows", [256, 512])
+def test_a_linear_of_few_rows_stays_f32(rows: int) -> None:
+    model = torch.nn.Linear(256, 256).eval()
+    _, count = bf16x3.with_bf16x3_linears(_frozen_aten_graph(model, torch.randn(rows, 256)))
+    assert count == (rows >= bf16x3.MIN_ROWS)
 
 
 def test_applies_only_under_high_precision_on_a_cpu_with_amx(monkeypatch) -> None:
@@ -194,7 +193,7 @@ def test_default_compile_runs_inductors_linears_as_three_products_under_high(
         lambda gm: seen.append(1) or rewrite(gm),  # type: ignore[func-returns-value]
     )
     torch.manual_seed(0)
-    model, x = _Mlp().eval(), torch.randn(128, 128)
+    model, x = _Mlp().eval(), torch.randn(512, 128)
     got, line = _compile(tmp_path, model, x)
     assert ": inductor (" in line and "its linears as three bf16 products" in line, line
     assert seen, "Inductor's graph was not rewritten"
@@ -207,7 +206,7 @@ def test_default_compile_keeps_f32_linears_under_highest(tmp_path, fixed_profile
     fixed_profile({"inductor": 1e-5})
     monkeypatch.setattr(bf16x3, "_amx", lambda: True)
     assert torch.get_float32_matmul_precision() == "highest"
-    model, x = _Mlp().eval(), torch.randn(128, 128)
+    model, x = _Mlp().eval(), torch.randn(512, 128)
     got, line = _compile(tmp_path, model, x)
     assert ": inductor (" in line and "bf16 products" not in line, line
     with torch.no_grad():

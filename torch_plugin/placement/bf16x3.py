@@ -21,15 +21,14 @@ import torch
 import torch.fx as fx
 
 COMPUTE = "f32x3"
-# Smaller linears are left to f32: splitting the input costs a pass over it, and a GEMM of a few
-# hundred thousand multiply-adds gains nothing from AMX.
+# Linears of fewer rows are left to f32. Inductor with freezing runs f32 linears on MKL's
+# prepacked sgemm, and a GEMM of few rows is bound by reading its weight, of which the two bf16
+# GEMMs read 1.5x the f32 bytes: bert-base's 72 linears, each weight read from memory as in the
+# model, ran at 0.94x the packed f32 at 128 rows, 1.02x at 256, 1.31x at 512 and 1.26x at 1024
+# (benchmarks/bf16x3_linear.py).
+MIN_ROWS = 512
+# Nor a GEMM of a few million multiply-adds (a classifier head): nothing to gain from AMX.
 MIN_FLOPS = 1 << 22
-# A weight past the caches, read by few rows, is left to f32 too: such a GEMM is bound by
-# reading the weight, and the two bf16 GEMMs read 1.5x its f32 bytes. GPT-2's LM head at 128
-# tokens (154 MB): 41.5 ms against f32's 39.5; at 1024 tokens 244 against 298 ms, and the 1.2B
-# Llama's (1 GB) at 512 tokens 675 against 1023 ms (benchmarks/bf16x3_linear.py).
-LARGE_WEIGHT_BYTES = 32 << 20
-MIN_ROWS_FOR_LARGE = 256
 
 _aten = torch.ops.aten
 _TRANSPOSES = {_aten.t.default, _aten.transpose.int, _aten.permute.default}
@@ -64,11 +63,9 @@ def applies(device: str) -> str | None:
 
 
 def worth(rows: int, weight_numel: int) -> bool:
-    """Whether a linear of `rows` rows on a weight of `weight_numel` f32 elements is taken: not
-    under MIN_FLOPS, nor a weight past the caches read by fewer than MIN_ROWS_FOR_LARGE rows."""
-    if 2 * rows * weight_numel < MIN_FLOPS:
-        return False
-    return weight_numel * 4 <= LARGE_WEIGHT_BYTES or rows >= MIN_ROWS_FOR_LARGE
+    """Whether a linear of `rows` rows on a weight of `weight_numel` f32 elements is taken:
+    MIN_ROWS rows or more, MIN_FLOPS or more."""
+    return rows >= MIN_ROWS and 2 * rows * weight_numel >= MIN_FLOPS
 
 
 def _constant(gm: fx.GraphModule, n: Any) -> torch.Tensor | None:
