@@ -4,9 +4,9 @@ float32 number as the sum of two bfloat16 numbers".
 
 On CPU, PyTorch maps "high" to oneDNN's TF32 mode, which a CPU without TF32 runs as plain f32.
 On a CPU with AMX-bf16 a bf16 GEMM runs ~5x an f32 one, so three (hi*hi + hi*lo + lo*hi, summed
-in f32; kernels/cpu/linear_bf16x3.cc) run 1.3-1.7x an f32 GEMM at bert-base's and the 1.2B
-Llama's shapes on the 2-core Xeon, with a relative error of ~4e-6 against f32's ~4e-7: well
-within the f32 bound every candidate is checked against (precision.TOLERANCE). Inductor's graph
+in f32; kernels/cpu/linear_bf16x3.cc) run 1.2-1.4x MKL's packed f32 GEMM (what Inductor with
+freezing calls) at 512 rows or more on the 2-core Xeon, with a relative error of 3e-6 against
+f32's 3e-7: well within the f32 bound every candidate is checked against (precision.TOLERANCE). Inductor's graph
 takes them (compute "f32x3"); the other compilers keep f32, and the search picks what runs
 fastest.
 """
@@ -24,7 +24,7 @@ COMPUTE = "f32x3"
 # Linears of fewer rows are left to f32. Inductor with freezing runs f32 linears on MKL's
 # prepacked sgemm, and a GEMM of few rows is bound by reading its weight, of which the two bf16
 # GEMMs read 1.5x the f32 bytes: bert-base's 72 linears, each weight read from memory as in the
-# model, ran at 0.94x the packed f32 at 128 rows, 1.02x at 256, 1.31x at 512 and 1.26x at 1024
+# model, ran at 0.95x the packed f32 at 128 rows, 0.96x at 256, 1.29x at 512 and 1.30x at 1024
 # (benchmarks/bf16x3_linear.py).
 MIN_ROWS = 512
 # Nor a GEMM of a few million multiply-adds (a classifier head): nothing to gain from AMX.
