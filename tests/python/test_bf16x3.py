@@ -195,11 +195,24 @@ def test_default_compile_runs_inductors_linears_as_three_products_under_high(
     torch.manual_seed(0)
     model, x = _Mlp().eval(), torch.randn(512, 128)
     got, line = _compile(tmp_path, model, x)
-    assert ": inductor (" in line and "its linears as three bf16 products" in line, line
+    assert ": inductor (" in line and "'high': 3 linears as three bf16 products" in line, line
     assert seen, "Inductor's graph was not rewritten"
     with torch.no_grad():
         want = copy.deepcopy(model).double()(x.double())
     assert 1e-8 < _relative(got, want) < 2e-5  # f32 alone gives ~1e-7
+
+
+def test_default_compile_says_where_no_linear_has_enough_rows(
+    tmp_path, fixed_profile, monkeypatch, high
+) -> None:
+    fixed_profile({"inductor": 1e-5})
+    monkeypatch.setattr(bf16x3, "_amx", lambda: True)
+    model, x = _Mlp().eval(), torch.randn(128, 128)
+    got, line = _compile(tmp_path, model, x)
+    assert "'high': no linear of 512 rows or more, all f32" in line, line
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(x.double())
+    assert _relative(got, want) < 2e-6
 
 
 def test_default_compile_keeps_f32_linears_under_highest(tmp_path, fixed_profile, monkeypatch):

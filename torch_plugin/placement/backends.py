@@ -67,6 +67,9 @@ class Backend:
     # Seconds that the user's own compile of the last graph would have taken beyond this
     # one's: work it ran side by side that the compiler runs in turn (vec_isa.py).
     last_saved_s = 0.0
+    # How many f32 linears the last compile runs as three bf16 products (compute "f32x3",
+    # bf16x3.py): none where the graph has no linear of enough rows.
+    last_bf16x3 = 0
     # The profile cache for what a backend measures of its own (OpenVINO's GEMM kernels);
     # get_backends sets the placement's. ":memory:" keeps it to this instance.
     cache_path: str | None = ":memory:"
@@ -110,12 +113,14 @@ class InductorBackend(Backend):
         self.last_saved_s = 0.0
         if key is not None and key in self._graphs:
             self.last_from_cache = True
+            self.last_bf16x3 = getattr(self._graphs[key], "bf16x3_linears", 0)
             return self._graphs[key]
         if _on_cpu(gm, inputs):
             from .vec_isa import probe_side_by_side
 
             self.last_saved_s = probe_side_by_side()
         compiled = self._compile(gm, inputs)
+        self.last_bf16x3 = getattr(compiled, "bf16x3_linears", 0)
         if key is not None:
             self._graphs[key] = compiled
         return compiled
@@ -144,10 +149,11 @@ class InductorBackend(Backend):
         frame = _frame_fakes(gm)
         gm = _views_as_reshapes(gm)
         casts: list[Any] = []
+        linears = 0
         if self.compute == "f32x3":  # f32 linears as three bf16 products (bf16x3.py)
             from .bf16x3 import with_bf16x3_linears
 
-            gm, _ = with_bf16x3_linears(gm)
+            gm, linears = with_bf16x3_linears(gm)
         elif self.compute != "f32":
             from .precision import defer_output_casts, lower_precision_graph
 
@@ -200,6 +206,8 @@ class InductorBackend(Backend):
         ir = describe(recorded, n_inputs, casts) if recorded and not written else None
         if ir is not None:  # known_graphs.release takes it
             compiled.ir = {"inductor": ir}  # type: ignore[attr-defined]
+        if linears:
+            compiled.bf16x3_linears = linears  # type: ignore[attr-defined]
         return compiled
 
 

@@ -6,9 +6,9 @@ On CPU, PyTorch maps "high" to oneDNN's TF32 mode, which a CPU without TF32 runs
 On a CPU with AMX-bf16 a bf16 GEMM runs ~5x an f32 one, so three (hi*hi + hi*lo + lo*hi, summed
 in f32; kernels/cpu/linear_bf16x3.cc) run 1.2-1.4x MKL's packed f32 GEMM (what Inductor with
 freezing calls) at 512 rows or more on the 2-core Xeon, with a relative error of 3e-6 against
-f32's 3e-7: well within the f32 bound every candidate is checked against (precision.TOLERANCE). Inductor's graph
-takes them (compute "f32x3"); the other compilers keep f32, and the search picks what runs
-fastest.
+f32's 3e-7: well within the f32 bound every candidate is checked against
+(precision.TOLERANCE). Inductor's graph takes them (compute "f32x3"); the other compilers keep
+f32, and the search picks what runs fastest.
 """
 
 from __future__ import annotations

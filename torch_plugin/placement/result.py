@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .bf16x3 import MIN_ROWS
+
 
 @dataclasses.dataclass
 class Group:
@@ -178,8 +180,13 @@ def _precision_note(w: dict[str, Any]) -> str:
     if precision == "f32":
         if w.get("compute", {}).get(pick) != "f32x3":
             return ""
+        linears = w.get("bf16x3_linears", {}).get(pick, 0)
+        if not linears:
+            return (
+                f"; float32 matmul precision 'high': no linear of {MIN_ROWS} rows or more, all f32"
+            )
         err = w.get("errors", {}).get(pick)
-        return "; float32 matmul precision 'high': its linears as three bf16 products" + (
+        return f"; float32 matmul precision 'high': {linears} linears as three bf16 products" + (
             f", error {err:.1e}" if err is not None else ""
         )
     if w.get("refined"):

@@ -360,6 +360,9 @@ def place_whole_graph_first(
             plan["errors"] = errors
             plan["precision"] = precision
             plan["compute"] = computes
+            plan["bf16x3_linears"] = {
+                n: by_name[n].last_bf16x3 for n in compilers if computes[n] == bf16x3.COMPUTE
+            }
     finally:
         cache.close()
 
