@@ -136,6 +136,40 @@ def test_rewrite_splits_each_of_same_shaped_weights_stored_in_out() -> None:
     assert _relative(got, want) < 2e-5
 
 
+def test_rewrite_reads_a_transpose_only_where_it_swaps_the_dims() -> None:
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    outs = []
+    for dims in ((0, 1), (0, 0), (-1, 0)):  # w.t(), w itself, w.t()
+        w = g.get_attr(f"w{len(outs)}")
+        outs.append(
+            g.call_function(
+                torch.ops.aten.mm.default,
+                (x, g.call_function(torch.ops.aten.transpose.int, (w, *dims))),
+            )
+        )
+    g.output(tuple(outs))
+    root = torch.nn.Module()
+    for i in range(3):
+        root.register_buffer(f"w{i}", torch.randn(512, 512))
+    gm = torch.fx.GraphModule(root, g)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_x = mode.from_tensor(torch.randn(512, 512))
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                n.meta["val"] = fake_x
+            elif n.op == "call_function" and n.target is torch.ops.aten.mm.default:
+                n.meta["val"] = fake_x.new_empty((512, 512))
+    out, count = bf16x3.with_bf16x3_linears(gm)
+    assert count == 2
+    x_ = torch.randn(512, 512)
+    got, want = out(x_), gm(x_)
+    for a, b in zip(got, want, strict=True):
+        assert _relative(a, b.double()) < 2e-5
+
+
 @pytest.mark.parametrize("rows", [256, 512])
 def test_a_linear_of_few_rows_stays_f32(rows: int) -> None:
     model = torch.nn.Linear(256, 256).eval()

@@ -84,11 +84,16 @@ def _weight(gm: fx.GraphModule, mat2: Any) -> tuple[torch.Tensor, bool] | None:
         return None
     stored = _constant(gm, mat2)
     if stored is None and mat2.op == "call_function" and mat2.target in _TRANSPOSES:
-        if mat2.target is not _aten.permute.default or list(mat2.args[1]) == [1, 0]:
-            w = _constant(gm, mat2.args[0])
-            if w is not None and w.dim() == 2 and w.dtype == torch.float32:
-                return w, False
-        return None
+        w = _constant(gm, mat2.args[0])
+        if w is None or w.dim() != 2 or w.dtype != torch.float32:
+            return None
+        if mat2.target is _aten.permute.default:
+            swaps = [d % 2 for d in mat2.args[1]] == [1, 0]
+        elif mat2.target is _aten.transpose.int:
+            swaps = mat2.args[1] % 2 != mat2.args[2] % 2  # transpose(w, 0, 0) is w itself
+        else:
+            swaps = True  # aten.t
+        return (w, False) if swaps else None
     if stored is None or stored.dim() != 2 or stored.dtype != torch.float32:
         return None
     return stored, True
