@@ -67,6 +67,15 @@ class BridgeContext:
 # ---------------------------------------------------------------- export helpers
 
 
+def attribute(gm: fx.GraphModule, target: Any) -> Any:
+    """The object that a get_attr node's dotted `target` names on `gm` (a constant, a
+    parameter, a submodule's buffer)."""
+    obj: Any = gm
+    for part in str(target).split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def op_name(target: Any) -> str:
     """Qualified op string for a call_function target: 'aten::mm.default', ..."""
     if isinstance(target, torch._ops.OpOverload):

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..fx_bridge import attribute
+
 COMPUTE = "f32x3"
 # Linears of fewer rows are left to f32. Inductor with freezing runs f32 linears on MKL's
 # prepacked sgemm, and a GEMM of few rows is bound by reading its weight, of which the two bf16
@@ -71,9 +73,7 @@ def worth(rows: int, weight_numel: int) -> bool:
 def _constant(gm: fx.GraphModule, n: Any) -> torch.Tensor | None:
     if not isinstance(n, fx.Node) or n.op != "get_attr":
         return None
-    obj: Any = gm
-    for part in str(n.target).split("."):
-        obj = getattr(obj, part, None)
+    obj = attribute(gm, n.target)
     return obj if isinstance(obj, torch.Tensor) else None
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
+from ..fx_bridge import attribute
 from .backends import Backend
 from .result import Group
 
@@ -59,10 +60,7 @@ def build_subgraph(
     g.output(tuple(env[o] for o in outputs))
     for n in g.nodes:
         if n.op == "get_attr" and str(n.target) not in root:
-            obj: Any = gm
-            for part in str(n.target).split("."):
-                obj = getattr(obj, part)
-            root[str(n.target)] = obj
+            root[str(n.target)] = attribute(gm, n.target)
     return fx.GraphModule(root, g)
 
 
@@ -202,10 +200,7 @@ def materialize(
         if n.op == "placeholder":
             env[n.name] = g.node_copy(n, lambda a: env[a.name])
         elif n.op == "get_attr":  # lifted constants: the new module needs them too
-            obj: Any = gm
-            for part in str(n.target).split("."):
-                obj = getattr(obj, part)
-            root[str(n.target)] = obj
+            root[str(n.target)] = attribute(gm, n.target)
     for gi, (group, fn) in enumerate(zip(groups, compiled, strict=True)):
         if fn is None:
             for name in sorted(group.nodes, key=list(by_name).index):

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..fx_bridge import attribute
+
 PRECISIONS = ("f32", "bf16")
 # Stated bounds: f32 elementwise (rtol = atol, the latter scaled by the output's largest
 # magnitude); bf16 the relative L2 error of each floating output. bf16 keeps 8 significant bits
@@ -346,9 +348,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
     const: dict[fx.Node, torch.Tensor] = {}
     for n in gm.graph.nodes:
         if n.op == "get_attr":
-            obj: Any = gm
-            for part in str(n.target).split("."):
-                obj = getattr(obj, part)
+            obj = attribute(gm, n.target)
             if isinstance(obj, torch.Tensor):
                 const[n] = obj
     made = 0

@@ -20,6 +20,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..fx_bridge import attribute
 from .recompute import CHECKPOINT_CALLS, tag_checkpointed_calls
 
 
@@ -115,9 +116,7 @@ def _module_params(gm: fx.GraphModule, node: fx.Node) -> list[tuple[str, nn.Para
         mod = gm.get_submodule(str(node.target))
         return [(f"{node.target}.{n}", p) for n, p in mod.named_parameters()]
     if node.op == "get_attr":
-        obj = gm
-        for part in str(node.target).split("."):
-            obj = getattr(obj, part)
+        obj = attribute(gm, node.target)
         if isinstance(obj, nn.Parameter):
             return [(str(node.target), obj)]
     return []
@@ -195,10 +194,7 @@ def cost_graph(
             elif node.op == "call_method":
                 out = getattr(args[0], str(node.target))(*args[1:], **kwargs)
             else:  # get_attr
-                obj = gm
-                for part in str(node.target).split("."):
-                    obj = getattr(obj, part)
-                out = obj
+                out = attribute(gm, node.target)
         env[node] = out
         if isinstance(out, torch.Tensor):  # what ShapeProp would record: values' shapes
             node.meta["tensor_meta"] = _extract_tensor_metadata(out)
