@@ -50,6 +50,22 @@ inline void Split(float v, uint16_t* hi, uint16_t* lo) {
   *lo = Bits(c10::BFloat16(v - static_cast<float>(h)));
 }
 
+// Each of `rows` rows of `src` ([rows, k] f32) split into `dst`'s rows of `stride` bf16: hi at
+// column 0, lo at column `lo_at`; with `hi_again_at` > 0 hi also there (the activation's
+// [hi | hi | lo], whose first GEMM reads [hi | hi]).
+void SplitRows(const float* src, int64_t rows, int64_t k, uint16_t* dst, int64_t stride,
+               int64_t lo_at, int64_t hi_again_at, int64_t grain) {
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      uint16_t* row = dst + r * stride;
+      for (int64_t i = 0; i < k; ++i) Split(src[r * k + i], &row[i], &row[lo_at + i]);
+      if (hi_again_at > 0) {
+        std::memcpy(row + hi_again_at, row, static_cast<size_t>(k) * sizeof(uint16_t));
+      }
+    }
+  });
+}
+
 }  // namespace
 
 bool LinearBf16x3Available() { return Gemm() != nullptr; }
@@ -61,14 +77,8 @@ at::Tensor SplitBf16x3WeightCpu(const at::Tensor& weight) {
   const auto w = weight.contiguous();
   const int64_t n = w.size(0), k = w.size(1);
   auto out = at::empty({n, 2 * k}, w.options().dtype(at::kBFloat16));
-  const float* src = w.data_ptr<float>();
-  auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  at::parallel_for(0, n, 16, [&](int64_t lo_row, int64_t hi_row) {
-    for (int64_t r = lo_row; r < hi_row; ++r) {
-      uint16_t* row = dst + r * 2 * k;
-      for (int64_t i = 0; i < k; ++i) Split(src[r * k + i], &row[i], &row[k + i]);
-    }
-  });
+  SplitRows(w.data_ptr<float>(), n, k, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
+            2 * k, /*lo_at=*/k, /*hi_again_at=*/0, /*grain=*/16);
   return out;
 }
 
@@ -104,15 +114,9 @@ at::Tensor LinearBf16x3Cpu(const at::Tensor& x, const at::Tensor& weight3,
   }
   if (m == 0 || n == 0) return out.reshape(sizes);
   auto split = at::empty({m, 3 * k}, a.options().dtype(at::kBFloat16));
-  const float* src = a.data_ptr<float>();
   auto* dst = reinterpret_cast<uint16_t*>(split.data_ptr<at::BFloat16>());
-  at::parallel_for(0, m, 8, [&](int64_t lo_row, int64_t hi_row) {
-    for (int64_t r = lo_row; r < hi_row; ++r) {
-      uint16_t* row = dst + r * 3 * k;
-      for (int64_t i = 0; i < k; ++i) Split(src[r * k + i], &row[i], &row[2 * k + i]);
-      std::memcpy(row + k, row, static_cast<size_t>(k) * sizeof(uint16_t));
-    }
-  });
+  SplitRows(a.data_ptr<float>(), m, k, dst, 3 * k, /*lo_at=*/2 * k, /*hi_again_at=*/k,
+            /*grain=*/8);
   const auto* w_bits = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
   // x.hi * w.hi + x.hi * w.lo, then + x.lo * w.hi.
