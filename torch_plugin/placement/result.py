@@ -174,7 +174,8 @@ def _ms(s: float | None) -> str:
 
 
 def _precision_note(w: dict[str, Any]) -> str:
-    """Where the precision is not f32: what the pick computes in and its measured error."""
+    """Where the precision is not f32, or f32 linears may run as three bf16 products ("high"
+    matmul precision): what the pick computes in and its measured error."""
     precision = w.get("precision", "f32")
     pick = w["pick"]
     if precision == "f32":
