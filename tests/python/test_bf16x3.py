@@ -6,6 +6,7 @@ default compile taking it only where the user's matmul precision allows it. Timi
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -247,6 +248,18 @@ def test_default_compile_says_where_no_linear_has_enough_rows(
     with torch.no_grad():
         want = copy.deepcopy(model).double()(x.double())
     assert _relative(got, want) < 2e-6
+
+
+def test_default_compile_logs_why_linears_stay_f32_under_high(
+    tmp_path, fixed_profile, monkeypatch, high, caplog
+) -> None:
+    fixed_profile({"inductor": 1e-5})
+    monkeypatch.setattr(bf16x3, "_amx", lambda: False)
+    model, x = _Mlp().eval(), torch.randn(512, 128)
+    with caplog.at_level(logging.INFO, logger="torch_plugin"):
+        _, line = _compile(tmp_path, model, x)
+    assert "f32 linears stay f32: the CPU has no AMX tiles" in caplog.text
+    assert "bf16 products" not in line and "'high'" not in line, line
 
 
 def test_default_compile_keeps_f32_linears_under_highest(tmp_path, fixed_profile, monkeypatch):
